@@ -1,0 +1,136 @@
+"""measure engine on the CPU: allocator-level peaks, budgets as OOM, partial runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vramplan.engines.measure import Setup, measure, measure_setup
+from vramplan.job import Job
+from vramplan.search import BudgetExceeded, max_batch_size
+
+JOB = Job(model="tiny", batch_size=4, seq_len=32, precision="fp32")
+
+
+class TinyLM(torch.nn.Module):
+    """An embedding, two MLP blocks and an LM head: enough to have activations."""
+
+    def __init__(self, vocab=256, hidden=64, fail_at_call=None, interrupt_at_call=None):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        self.blocks = torch.nn.Sequential(*[torch.nn.Sequential(
+            torch.nn.Linear(hidden, 4 * hidden), torch.nn.GELU(),
+            torch.nn.Linear(4 * hidden, hidden)) for _ in range(2)])
+        self.head = torch.nn.Linear(hidden, vocab)
+        self.calls, self.fail_at_call, self.interrupt_at_call = 0, fail_at_call, interrupt_at_call
+
+    def forward(self, input_ids, labels):
+        self.calls += 1
+        if self.calls == self.fail_at_call:
+            raise ValueError("user code broke: shapes do not match")
+        if self.calls == self.interrupt_at_call:
+            raise KeyboardInterrupt
+        logits = self.head(self.blocks(self.embed(input_ids)))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def tiny_setup(job: Job = JOB, optimizer="adamw", **model_kw) -> Setup:
+    torch.manual_seed(0)
+    model = TinyLM(**model_kw)
+    opt = (torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True) if optimizer == "adamw"
+           else torch.optim.SGD(model.parameters(), lr=1e-2))
+
+    def batch():
+        ids = torch.randint(0, 256, (job.batch_size, job.seq_len))
+        return {"input_ids": ids, "labels": ids}
+    return Setup(model=model, optimizer=opt, make_batch=batch,
+                 loss_fn=lambda m, b: m(**b), samples_per_micro=job.batch_size,
+                 tokens_per_micro=job.batch_size * job.seq_len, grad_accum=job.grad_accum,
+                 model_name="tiny")
+
+
+def param_bytes(setup):
+    return sum(p.numel() * p.element_size() for p in setup.model.parameters())
+
+
+def test_cpu_measure_reports_peak_categories_and_timing():
+    setup = tiny_setup()
+    report = measure_setup(setup, JOB, steps=3, warmup=2)
+    w = param_bytes(setup)
+    assert report.engine == "measure"
+    assert report.categories["weights"] == w
+    assert report.categories["optimizer_states"] >= 2 * w  # AdamW: exp_avg + exp_avg_sq
+    # the peak holds at least weights + gradients + Adam states
+    assert report.peak_allocated >= 4 * w
+    assert set(report.phase_peaks) == {"forward", "backward", "optimizer"}
+    assert report.peak_phase in report.phase_peaks
+    assert report.peak_allocated == max(report.phase_peaks.values())
+    m = report.measured
+    assert m["complete"] and m["steps"] == 5 and len(m["losses"]) == 5
+    assert m["step_time_median_s"] > 0 and m["step_time_p90_s"] >= m["step_time_median_s"]
+    assert m["samples_per_s"] == pytest.approx(4 / m["step_time_median_s"])
+    assert m["tokens_per_s"] == pytest.approx(4 * 32 / m["step_time_median_s"])
+    assert m["non_finite_losses"] == 0 and m["skipped_steps"] == 0
+    assert report.peak_reserved == report.peak_allocated  # no caching allocator on the CPU
+
+
+def test_cpu_peak_grows_with_batch_and_matches_the_allocator():
+    peaks = [measure_setup(tiny_setup(JOB.with_changes(batch_size=b)), JOB, steps=1,
+                           warmup=1).peak_allocated for b in (2, 8, 32)]
+    assert peaks[0] < peaks[1] < peaks[2]
+    # logits (b x s x vocab x 4 bytes) alone grow by this much from batch 8 to 32
+    assert peaks[2] - peaks[1] >= 24 * 32 * 256 * 4
+
+
+def test_budget_turns_into_budget_exceeded_and_search_uses_it():
+    setup = tiny_setup()
+    peak = measure_setup(setup, JOB, steps=1, warmup=1).peak_allocated
+    with pytest.raises(BudgetExceeded, match="over the budget"):
+        measure_setup(tiny_setup(), JOB, steps=1, warmup=1, budget_bytes=peak // 2)
+
+    def oracle(job):
+        return measure_setup(tiny_setup(job), job, steps=1, warmup=1,
+                             budget_bytes=budget).peak_allocated
+    budget = 3 * peak
+    result = max_batch_size(JOB, oracle, budget, margin=0.0, maximum=4096)
+    assert result.best is not None and result.best > JOB.batch_size
+    assert any(t.error.startswith("BudgetExceeded") for t in result.trials) or result.capped
+    assert oracle(JOB.with_changes(batch_size=result.best)) <= budget
+
+
+def test_user_error_keeps_partial_results():
+    report = measure_setup(tiny_setup(fail_at_call=3), JOB, steps=3, warmup=1)
+    m = report.measured
+    assert not m["complete"] and len(m["losses"]) == 2
+    assert "ValueError: user code broke" in m["stopped"]
+    assert any("partial run" in n for n in report.notes)
+    assert report.peak_allocated > 0
+
+
+def test_ctrl_c_gives_partial_report():
+    report = measure_setup(tiny_setup(interrupt_at_call=4), JOB, steps=5, warmup=1)
+    assert "interrupted" in report.measured["stopped"] and len(report.measured["losses"]) == 3
+
+
+def test_non_finite_losses_and_skipped_fp16_steps():
+    setup = tiny_setup()
+    with torch.no_grad():
+        setup.model.head.weight[0, 0] = float("inf")
+    setup.grad_scaler = True
+    report = measure_setup(setup, JOB, steps=2, warmup=1)
+    assert report.measured["non_finite_losses"] == 3
+    assert report.measured["skipped_steps"] == 3
+
+
+def test_grad_accum_counts_tokens_per_optimizer_step():
+    job = JOB.with_changes(grad_accum=2)
+    report = measure_setup(tiny_setup(job), job, steps=2, warmup=1)
+    assert report.tokens_per_step == 2 * 4 * 32
+    assert report.categories["gradients"] > 0
+
+
+def test_measure_job_end_to_end_with_shared_builders():
+    pytest.importorskip("vramplan.models.build")
+    job = Job(model="tiny-llama", batch_size=2, seq_len=64, precision="fp32")
+    report = measure(job, steps=2, warmup=1)
+    assert report.peak_allocated > report.categories["weights"] > 0

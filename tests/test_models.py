@@ -1,0 +1,280 @@
+"""The model catalog and config parsing (vramplan.models).
+
+Parameter counts are checked against transformers: the same config is built on the meta device
+(no weights are allocated) and its unique parameters counted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from vramplan.errors import ModelConfigError, UnknownNameError
+from vramplan.models import (
+    SUPPORTED_MODEL_TYPES, Architecture, architecture_from_config, list_models, load_architecture,
+)
+
+CATALOG = [e.name for e in list_models()]
+
+def _auto_class(model_type: str, task: str):
+    import transformers as tf
+    return {
+        "causal-lm": tf.AutoModelForCausalLM,
+        "masked-lm": tf.AutoModelForMaskedLM,
+        "seq-classification": tf.AutoModelForSequenceClassification,
+        "seq2seq": tf.AutoModelForSeq2SeqLM,
+        "image-classification": tf.AutoModelForImageClassification,
+        "speech-seq2seq": tf.AutoModelForSpeechSeq2Seq,
+    }[task]
+
+
+def _hf_param_count(arch: Architecture, task: str) -> int:
+    import torch
+    from transformers import AutoConfig
+
+    raw = dict(arch.extra)
+    raw.pop("architectures", None)
+    if task in ("seq-classification", "image-classification"):
+        raw.pop("id2label", None), raw.pop("label2id", None)
+        raw["num_labels"] = arch.num_labels
+    config = AutoConfig.for_model(**raw)
+    with torch.device("meta"):
+        model = _auto_class(arch.model_type, task).from_config(config)
+    return sum(p.numel() for p in model.parameters())   # unique: tied weights counted once
+
+
+def _cases():
+    for name in CATALOG:
+        arch = load_architecture(name)
+        for task in arch.tasks:
+            yield pytest.param(name, task, id=f"{name}:{task}")
+
+
+@pytest.mark.parametrize("name,task", list(_cases()))
+def test_param_count_matches_transformers(name, task):
+    arch = load_architecture(name)
+    assert arch.total_params(task) == _hf_param_count(arch, task)
+
+
+# ------------------------------------------------------------------ catalog
+
+
+def test_catalog_size_and_known_totals():
+    assert len(CATALOG) >= 32
+    assert load_architecture("llama-3.1-8b").total_params() == 8_030_261_248
+    gpt2 = load_architecture("gpt2")
+    assert gpt2.total_params() == 124_439_808
+    assert gpt2.tied_embeddings and gpt2.head_params["causal-lm"] == 0
+    assert load_architecture("resnet-50").total_params() == 25_557_032
+
+
+def test_catalog_entries_are_complete():
+    for e in list_models():
+        assert e.hf_id and e.family and e.description and e.path.is_file()
+        assert e.source.startswith("https://huggingface.co/") and e.source.endswith("config.json")
+        assert len(e.date) == 10 and e.params > 0
+        assert load_architecture(e.name).source == e.source
+
+
+def test_list_models_filters():
+    llamas = list_models(family="LLAMA")
+    assert {e.name for e in llamas} >= {"llama-2-7b", "llama-3.1-8b", "llama-3.2-1b"}
+    assert all(e.family == "llama" for e in llamas)
+    assert [e.name for e in list_models(name_contains="Qwen2.5-7B")] == ["qwen2.5-7b"]
+    small = list_models(max_params=200_000_000)
+    assert "gpt2" in {e.name for e in small} and all(e.params <= 200_000_000 for e in small)
+    big = list_models(min_params=100_000_000_000)
+    assert {e.name for e in big} == {"llama-3.1-405b"}
+    assert list_models(family="nope") == []
+
+
+def test_lookup_by_hf_id_and_case():
+    a = load_architecture("meta-llama/Llama-3.1-8B")
+    assert a.name == "llama-3.1-8b"
+    assert load_architecture("LLaMA-3.1-8B") is a
+    assert load_architecture("llama_3_1_8b").name == "llama-3.1-8b"   # separators ignored
+    assert load_architecture("Qwen/Qwen2.5-72B").name == "qwen2.5-72b"
+    assert load_architecture("google/vit-huge-patch14-224-in21k").name == "vit-huge-patch14-224"
+    assert load_architecture("Llama-2-7b-hf").name == "llama-2-7b"
+
+
+@pytest.mark.parametrize("typo,suggestion", [("lama-3.1-8b", "llama-3.1-8b"),
+                                             ("mistal-7b", "mistral-7b")])
+def test_misspelling_suggests(typo, suggestion):
+    with pytest.raises(UnknownNameError) as ei:
+        load_architecture(typo)
+    assert suggestion in str(ei.value) and "Did you mean" in str(ei.value)
+
+
+def test_unknown_names():
+    with pytest.raises(UnknownNameError):
+        load_architecture("")
+    with pytest.raises(UnknownNameError, match="Did you mean .meta-llama/Llama-3.1-8B."):
+        load_architecture("meta-llama/Llama-3.1-8B-Instruct")
+
+
+def test_import_does_not_load_torch():
+    code = ("import sys, vramplan, vramplan.models as m; m.list_models(); "
+            "m.load_architecture('llama-3.1-8b'); "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------------ local configs
+
+
+def _llama_cfg() -> dict:
+    return json.loads(list_models(name_contains="llama-3.2-1b")[0].path.read_text())
+
+
+def test_load_config_file_and_folder(tmp_path):
+    cfg = _llama_cfg()
+    f = tmp_path / "my.json"
+    f.write_text(json.dumps(cfg))
+    a = load_architecture(str(f))
+    assert a.total_params() == load_architecture("llama-3.2-1b").total_params()
+    assert a.name == str(f) and a.extra["hidden_size"] == 2048
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert load_architecture(str(folder)).total_params() == a.total_params()
+    assert load_architecture(folder).total_params() == a.total_params()   # PathLike
+
+
+def test_missing_path_and_empty_folder(tmp_path):
+    with pytest.raises(ModelConfigError, match="no such file"):
+        load_architecture(str(tmp_path / "nope" / "config.json"))
+    with pytest.raises(ModelConfigError, match="no such file"):
+        load_architecture("./nope/config.json")
+    with pytest.raises(ModelConfigError, match="no config.json"):
+        load_architecture(str(tmp_path))
+
+
+def test_malformed_json_names_line(tmp_path):
+    f = tmp_path / "config.json"
+    f.write_text('{\n  "model_type": "llama",\n  "hidden_size": 4096,,\n}\n')
+    with pytest.raises(ModelConfigError) as ei:
+        load_architecture(str(f))
+    assert "line 3" in str(ei.value) and str(f) in str(ei.value)
+
+
+def test_unsupported_model_type_lists_supported(tmp_path):
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps({"model_type": "mamba", "hidden_size": 768}))
+    with pytest.raises(ModelConfigError) as ei:
+        load_architecture(str(f))
+    msg = str(ei.value)
+    assert "mamba" in msg and all(t in msg for t in ("llama", "bert", "whisper", "resnet"))
+    assert set(SUPPORTED_MODEL_TYPES) >= {"gpt2", "bert", "roberta", "t5", "llama", "mistral",
+                                          "mixtral", "qwen2", "gemma2", "phi3", "vit", "resnet",
+                                          "whisper"}
+    with pytest.raises(ModelConfigError, match="model_type"):
+        architecture_from_config({"hidden_size": 1}, "x.json")
+
+
+def test_missing_key_names_key_and_file():
+    cfg = _llama_cfg()
+    del cfg["intermediate_size"]
+    with pytest.raises(ModelConfigError) as ei:
+        architecture_from_config(cfg, "/some/config.json")
+    assert "intermediate_size" in str(ei.value) and "/some/config.json" in str(ei.value)
+
+
+# ------------------------------------------------------------------ shapes
+
+
+def test_attention_shapes():
+    a = load_architecture("llama-3.1-8b")
+    (s,) = a.stacks
+    assert (s.num_layers, s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim) == (32, 4096, 32, 8, 128)
+    assert s.mlp == "gated" and s.norm == "rmsnorm" and a.kind == "decoder"
+    assert a.vocab_size == 128256 and a.max_positions == 131072 and not a.tied_embeddings
+    names = [lin.name for lin in s.linears]
+    assert names == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert {lin.name: lin.out_features for lin in s.linears}["k_proj"] == 1024
+
+    assert load_architecture("llama-2-7b").stacks[0].num_kv_heads == 32
+    assert load_architecture("llama-2-70b").stacks[0].num_kv_heads == 8
+    g9 = load_architecture("gemma-2-9b").stacks[0]
+    assert g9.head_dim == 256 and g9.num_heads * g9.head_dim == 4096 != g9.hidden_size
+    assert load_architecture("gemma-2-27b").stacks[0].head_dim == 128
+    assert load_architecture("gemma-2-2b").tied_embeddings
+    q = load_architecture("qwen2.5-7b").stacks[0]
+    assert q.num_kv_heads == 4 and [lin.bias for lin in q.linears[:4]] == [True, True, True, False]
+    phi = load_architecture("phi-3-mini-4k").stacks[0]
+    assert [lin.name for lin in phi.linears] == ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+
+
+def test_moe():
+    a = load_architecture("mixtral-8x7b")
+    (s,) = a.stacks
+    assert s.num_experts == 8 and s.experts_per_token == 2 and s.intermediate_size == 14336
+    experts = [lin for lin in s.linears if lin.count == 8]
+    assert len(experts) == 3 and all(lin.name in ("w1", "w2", "w3") for lin in experts)
+
+
+def test_encoder_decoder_and_encoders():
+    t5 = load_architecture("t5-3b")
+    enc, dec = t5.stacks
+    assert (enc.role, dec.role, dec.cross_attention) == ("encoder", "decoder", True)
+    assert enc.num_heads * enc.head_dim == 4096 and enc.intermediate_size == 16384
+    assert [lin.name for lin in dec.linears] == ["q", "k", "v", "o"] * 2 + ["wi", "wo"]
+    bert = load_architecture("bert-base-uncased")
+    assert bert.kind == "encoder" and bert.max_positions == 512
+    assert set(bert.tasks) == {"masked-lm", "seq-classification"}
+    assert load_architecture("roberta-base").max_positions == 512
+    assert load_architecture("gpt2").stacks[0].linears[0].name == "c_attn"
+
+
+def test_vision_and_speech():
+    vit = load_architecture("vit-base-patch16-224")
+    assert (vit.image_size, vit.patch_size, vit.num_channels, vit.num_labels) == (224, 16, 3, 1000)
+    assert vit.stacks[0].sequence == "patches" and vit.kind == "vision"
+    assert load_architecture("vit-huge-patch14-224").num_labels == 1000   # in21k: no labels
+    w = load_architecture("whisper-large-v3")
+    assert w.num_mel_bins == 128 and w.max_source_positions == 3000 and w.max_positions == 448
+    assert [s.sequence for s in w.stacks] == ["audio", "text"]
+    assert w.kind == "encoder-decoder" and w.tied_embeddings
+
+
+def _saved_feature_maps(config: dict, size: int) -> list[tuple[int, int]]:
+    """(channels, stride) of every per-sample tensor autograd saves, each storage once."""
+    import torch
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch.manual_seed(0)
+    model = ResNetForImageClassification(ResNetConfig(**config)).train()
+    batch = 2
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen, out = set(), []
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params and ptr not in seen and t.dim() >= 2 and t.shape[0] == batch:
+            seen.add(ptr)
+            out.append((t.shape[1], size // t.shape[2] if t.dim() == 4 else size))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(pixel_values=torch.randn(batch, config.get("num_channels", 3), size, size))
+    return out
+
+
+@pytest.mark.parametrize("config", [
+    "resnet-50",
+    {"model_type": "resnet", "layer_type": "basic", "embedding_size": 16, "depths": [2, 1, 2],
+     "hidden_sizes": [16, 32, 64], "num_labels": 10},
+    {"model_type": "resnet", "layer_type": "bottleneck", "embedding_size": 8, "depths": [1, 2],
+     "hidden_sizes": [32, 64], "downsample_in_first_stage": True, "downsample_in_bottleneck": True},
+], ids=["resnet-50", "basic", "downsample-variants"])
+def test_resnet_feature_maps_match_autograd(config):
+    arch = (load_architecture(config) if isinstance(config, str)
+            else architecture_from_config(config, "test"))
+    size = 64
+    expected = [(c, s if s != arch.image_size else size) for c, s in arch.feature_maps]
+    assert sorted(_saved_feature_maps(dict(arch.extra), size)) == sorted(expected)
+    if not isinstance(config, str):
+        assert arch.total_params() == _hf_param_count(arch, "image-classification")

@@ -1,0 +1,21 @@
+"""vramplan: how much GPU memory a training job needs, and where it fits.
+
+    >>> import vramplan
+    >>> report = vramplan.estimate(vramplan.Job(model="llama-3.2-1b", batch_size=4))
+    >>> report.peak_allocated  # bytes per GPU
+
+Importing vramplan never imports torch: the formula engine answers instantly.
+"""
+
+from vramplan.api import estimate, run_engine
+from vramplan.engines.report import CATEGORIES, GpuFit, MemoryReport
+from vramplan.errors import (
+    EngineError, JobError, JobFileError, ModelConfigError, UnknownNameError, VramplanError,
+)
+from vramplan.job import Job, Offload, Parallel, Peft, Runtime
+
+__all__ = sorted([
+    "CATEGORIES", "EngineError", "GpuFit", "Job", "JobError", "JobFileError", "MemoryReport",
+    "ModelConfigError", "Offload", "Parallel", "Peft", "Runtime", "UnknownNameError",
+    "VramplanError", "estimate", "run_engine",
+])

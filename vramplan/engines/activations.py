@@ -1,0 +1,174 @@
+"""Activations: the tensors one transformer block saves for its backward pass.
+
+Each block is described as a list of saved tensors (name, bytes), so the total can be
+explained and compared tensor by tensor with a trace. The model follows what PyTorch's
+autograd keeps for the Hugging Face implementations:
+  * a linear saves its input only when its weight is trained (or a LoRA adapter reads it);
+    under autocast each linear casts an fp32 input separately, so a norm output read by
+    q, k and v is saved three times in 16-bit;
+  * RMSNorm (Llama) saves its input and the fp32 normalised tensor; LayerNorm its input;
+  * sdpa (flash / memory-efficient) saves q, k, v, the output and an fp32 logsumexp;
+    eager attention adds the fp32 softmax of the b*a*s*s scores and its 16-bit copy;
+  * dropout with p > 0 saves a 1-byte mask;
+  * the activation function saves its input (relu: its output).
+Per-layer totals reduce to Korthikanti et al. (2022), s*b*h*(34 + 5*a*s/h) bytes for GPT-3
+in 16-bit, when the same assumptions are made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramplan.engines.precision import Dtypes
+from vramplan.models.arch import Stack
+
+# Tensors an activation function saves besides its own output (which the next linear saves).
+# gelu_new is transformers' tanh formula written out in Python: it keeps x, tanh(.), 0.5*x
+# and 1 + tanh(.) alive (transformers/activations.py NewGELUActivation).
+ACTIVATION_SAVES = {
+    "gelu": 1, "gelu_pytorch_tanh": 1, "gelu_fast": 1, "silu": 1, "swish": 1,
+    "relu": 0, "quick_gelu": 2, "gelu_new": 3, "gelu_10": 1,
+}
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """What one block sees: batch b, its sequence s, and (for cross-attention) encoder s."""
+
+    batch: int
+    seq: int
+    encoder_seq: int = 0
+
+
+@dataclass(frozen=True)
+class Adapters:
+    """Which linears of a block carry LoRA adapters, and whether base weights train."""
+
+    targets: frozenset[str] = frozenset()
+    rank: int = 0
+    dropout: float = 0.0
+    base_trainable: bool = True
+
+
+def _activation_saves(name: str) -> int:
+    return ACTIVATION_SAVES.get(name, 1)
+
+
+def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attention: str,
+                        hidden_dropout: float, attention_dropout: float, activation: str,
+                        adapters: Adapters, norms_per_block: int = 2,
+                        upcast_softmax: bool = True) -> list[tuple[str, int]]:
+    """(name, bytes) of every tensor one block keeps for backward, per GPU (no parallelism)."""
+    b, s = shape.batch, shape.seq
+    h, a, k, d, f = (stack.hidden_size, stack.num_heads, stack.num_kv_heads, stack.head_dim,
+                     stack.intermediate_size)
+    n_h, n_q, n_kv = b * s * h, b * s * a * d, b * s * k * d
+    c = dt.compute
+    saved: list[tuple[str, int]] = []
+
+    def linear_inputs(tensor: str, elements: int, consumers: list[str], fp32_input: bool):
+        """Inputs saved for the linears in `consumers` that read one tensor."""
+        trained = [n for n in consumers if adapters.base_trainable]
+        lora = [n for n in consumers if n in adapters.targets]
+        if trained:
+            if dt.autocast and (fp32_input or dt.linear_saved == 1):
+                # each linear casts the fp32 (or fp8) input on its own
+                saved.append((f"{tensor} cast x{len(trained)}",
+                              len(trained) * dt.linear_saved * elements))
+            elif tensor != "encoder out":  # one encoder output serves every layer: counted once
+                saved.append((tensor, c * elements))
+        if lora:
+            if adapters.dropout > 0:  # each adapter drops out its own copy
+                saved.append((f"{tensor} lora dropout x{len(lora)}", len(lora) * (c + 1) * elements))
+            elif not trained:
+                saved.append((tensor, c * elements))
+            rank_elems = elements // max(1, _width(tensor, stack)) * adapters.rank
+            saved.append((f"{tensor} lora A out x{len(lora)}", len(lora) * c * rank_elems))
+
+    def norm(name: str):
+        if stack.norm == "rmsnorm":
+            # input (fp32 under autocast, else an fp32 copy) + fp32 normalised, or 16-bit
+            # normalised when the model runs in 16-bit
+            second = 4 if dt.residual == 4 else 2
+            saved.append((name, (4 + second) * n_h))
+        else:
+            saved.append((name, (4 if dt.autocast else dt.residual) * n_h))
+
+    def dropout_mask(name: str, elements: int, p: float):
+        if p > 0:
+            saved.append((name, elements))
+
+    fp32_norm_out = dt.autocast and dt.residual == 4
+
+    # --- self-attention ---------------------------------------------------------------
+    norm("attn norm")
+    linear_inputs("attn in", n_h, _pick(stack, "attn_in"), fp32_norm_out)
+    saved.extend(_attention_core(b, s, s, a, k, d, c, attention, attention_dropout,
+                                 upcast_softmax or dt.autocast, "self"))
+    linear_inputs("attn out", n_q, _pick(stack, "attn_out"), False)
+    dropout_mask("attn resid dropout", n_h, hidden_dropout)
+
+    # --- cross-attention (decoder of encoder-decoder) ------------------------------------
+    if stack.cross_attention:
+        n_enc = b * shape.encoder_seq * h
+        norm("cross norm")
+        linear_inputs("cross q in", n_h, _pick(stack, "cross_q"), fp32_norm_out)
+        linear_inputs("encoder out", n_enc, _pick(stack, "cross_kv"), dt.autocast)
+        saved.extend(_attention_core(b, s, shape.encoder_seq, a, a, d, c, attention,
+                                     attention_dropout, upcast_softmax or dt.autocast, "cross"))
+        linear_inputs("cross out", n_q, _pick(stack, "cross_out"), False)
+        dropout_mask("cross resid dropout", n_h, hidden_dropout)
+
+    # --- MLP ------------------------------------------------------------------------------
+    routed = stack.experts_per_token if stack.num_experts > 1 else 1
+    n_f = b * s * f * routed
+    norm("mlp norm")
+    if stack.num_experts > 1:
+        saved.append(("router logits fp32", 2 * 4 * b * s * stack.num_experts))
+        saved.append(("expert inputs gathered", c * b * s * routed * h))
+        saved.append(("expert outputs", c * b * s * routed * h))
+    linear_inputs("mlp in", n_h * (routed if stack.num_experts > 1 else 1),
+                  _pick(stack, "mlp_in"), fp32_norm_out and stack.num_experts == 1)
+    if stack.mlp == "gated":
+        # gate out (act input), act out, up out: each saved by the elementwise product
+        saved.append(("gate/up/act", (2 + _activation_saves(activation)) * c * n_f))
+    else:
+        saved.append(("mlp act input", _activation_saves(activation) * c * n_f))
+    dropout_mask("mlp inner dropout", n_f, hidden_dropout if stack.mlp == "relu" else 0.0)
+    linear_inputs("mlp mid", n_f, _pick(stack, "mlp_out"), False)
+    dropout_mask("mlp resid dropout", n_h, hidden_dropout)
+    for i in range(norms_per_block - 2 - int(stack.cross_attention)):
+        norm(f"extra norm {i + 1}")  # Gemma-2's post-attention / post-MLP norms
+    return saved
+
+
+def _attention_core(b: int, s_q: int, s_k: int, a: int, k: int, d: int, c: int, attention: str,
+                    dropout: float, fp32_softmax: bool, tag: str) -> list[tuple[str, int]]:
+    n_q, n_kv = b * s_q * a * d, b * s_k * k * d
+    if attention == "sdpa":
+        # q, k, v, output, fp32 logsumexp [b, a, s] (flash/mem-efficient backward needs them)
+        return [(f"{tag} q,k,v", c * (n_q + 2 * n_kv)), (f"{tag} sdpa out", c * n_q),
+                (f"{tag} logsumexp", 4 * b * a * s_q)]
+    scores = b * a * s_q * s_k
+    # eager: k and v are repeated to every head (repeat_kv) before the matmuls
+    out = [(f"{tag} q,k,v (kv repeated)", c * 3 * n_q)]
+    out.append((f"{tag} softmax", (4 if fp32_softmax else c) * scores))
+    if fp32_softmax and c != 4:
+        out.append((f"{tag} probs 16-bit", c * scores))
+    if dropout > 0:
+        out.append((f"{tag} attn dropout", (1 + c) * scores))
+    return out
+
+
+def _pick(stack: Stack, role: str) -> list[str]:
+    """Names of the block's linears that play `role` (see Linear.role)."""
+    return [ln.name for ln in stack.linears if ln.role == role]
+
+
+def _width(tensor: str, stack: Stack) -> int:
+    """Feature width of a named block tensor (to turn its element count into tokens)."""
+    if tensor == "mlp mid":
+        return stack.intermediate_size
+    if tensor in ("attn out", "cross out"):
+        return stack.num_heads * stack.head_dim
+    return stack.hidden_size

@@ -1,0 +1,467 @@
+"""Formula engine: closed-form memory of a training step, from the architecture alone.
+
+No torch: it answers in well under a millisecond for any model size. Every figure is per
+GPU. The step is modelled as three phases and the peak is the largest of them:
+
+  forward   weights + optimizer states + (grads kept across micro-steps) + activations
+            + 16-bit weight copies (autocast) + logits and loss buffers
+  backward  at its start, the same plus the loss gradient buffers; at its end, all grads
+  optimizer weights + states + grads + the step's temporaries
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramplan.engines import activations as act
+from vramplan.engines.precision import (
+    NF4_BYTES_PER_PARAM, NF4_DOUBLE_QUANT_BYTES_PER_PARAM, STATE_COPIES, Dtypes, adapter_bytes,
+    dtypes_for, eight_bit_state_bytes, frozen_base_bytes, optimizer_step_temp_copies,
+)
+from vramplan.engines.report import CATEGORIES, MemoryReport
+from vramplan.engines.runtime import fit_table, workspaces_bytes
+from vramplan.errors import JobError
+from vramplan.hardware import get_gpu, list_gpus
+from vramplan.hardware.gpu import GPU
+from vramplan.job import Job
+from vramplan.models import Architecture, Stack, load_architecture
+
+# Families whose positions are learned tables: a longer sequence cannot run at all.
+LEARNED_POSITIONS = {"gpt2", "bert", "roberta", "whisper", "opt", "gpt_neo"}
+# DeepSpeed's default reduce/allreduce bucket (reduce_bucket_size = 5e8 elements).
+ZERO_BUCKET_ELEMENTS = 500_000_000
+# FSDP keeps the current block gathered and prefetches the next (forward and backward).
+FSDP_GATHERED_BLOCKS = 2
+CLASSIFIER_TASKS = ("seq-classification", "image-classification")
+# Liger-style fused linear cross-entropy processes about b*s*h/V tokens per chunk.
+_LOSS_CHUNK_MIN_TOKENS = 1
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """Token counts the job feeds through each stack, and what the loss sees."""
+
+    stack_seq: tuple[int, ...]   # sequence length per stack, in arch.stacks order
+    loss_tokens: int             # positions scored against the vocabulary, per micro-batch
+    input_bytes: int             # the micro-batch as the data loader hands it over
+    tokens_per_sample: int       # for throughput: text tokens (or 1 for images)
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ParamMemory:
+    """Parameter-derived memory for the whole model, before any sharding."""
+
+    total: int                # parameters of the model with its task head
+    trainable: int
+    weights: float            # bytes as stored
+    gradients: float          # bytes of gradients of trainable params
+    optimizer: float          # bytes of optimizer state
+    cast_copies: float        # 16-bit (or fp8) weight copies autocast keeps fwd -> bwd
+    step_temp: float          # temporaries of optimizer.step()
+    largest_block: float      # bytes of the largest block's weights as stored
+    notes: tuple[str, ...] = ()
+
+
+def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
+    """Peak memory per GPU of one training step of `job`, by closed-form formulas.
+
+    >>> from vramplan import Job, estimate
+    >>> report = estimate(Job(model="llama-3.2-1b", batch_size=2, seq_len=1024))
+    >>> report.peak_allocated > 0
+    True
+    """
+    arch = load_architecture(job.model)
+    task = _task(job, arch)
+    shapes = _shapes(job, arch, task)
+    runtime_gpu = get_gpu(job.gpu) if job.gpu else None
+    params = _param_memory(job, arch, task)
+    dt = _activation_dtypes(job)
+
+    tp, cp = job.parallel.tensor_parallel, job.parallel.context_parallel
+    _check_parallel(job, arch)
+    layer_acts, peak_block_acts = _stack_activations(job, arch, shapes, dt)
+    activations = (layer_acts + _outside_block_activations(job, arch, shapes, dt, task)) / (tp * cp)
+    if job.activation_offload:
+        activations = min(activations, 2 * peak_block_acts / (tp * cp))
+    logits_fwd, logits_bwd = _loss_buffers(job, arch, shapes, dt, task)
+
+    w, g, o, cast, gathered, comm, notes = _per_gpu_params(job, params)
+    ws = workspaces_bytes(job.runtime, runtime_gpu)
+    inputs = shapes.input_bytes / cp
+    g_kept = g if job.grad_accum > 1 else 0.0
+    step_temp = params.step_temp / (tp * job.parallel.shard_degree)
+    if job.optimizer_in_backward:
+        g = min(g, params.largest_block / (tp * job.parallel.shard_degree))
+
+    base = dict(weights=w, optimizer_states=o, inputs=inputs)
+    phases = {
+        "forward": dict(base, gradients=g_kept, activations=activations,
+                        temporary=cast + logits_fwd + gathered + comm + ws),
+        "backward": dict(base, gradients=g_kept, activations=activations,
+                         temporary=cast + logits_bwd + gathered + comm + ws),
+        "backward_end": dict(base, gradients=g, activations=0.0, temporary=gathered + comm + ws),
+        "optimizer": dict(base, gradients=g, activations=0.0, temporary=step_temp + comm + ws),
+    }
+    totals = {name: sum(parts.values()) for name, parts in phases.items()}
+    peak_name = max(totals, key=totals.get)
+    at_peak = {k: int(round(v)) for k, v in phases[peak_name].items()}
+    allocated = sum(at_peak.values())
+    at_peak["allocator_overhead"] = int(allocated * job.runtime.allocator_overhead)
+    at_peak["runtime_context"] = job.runtime.cuda_context_bytes
+    phase_peaks = {"forward": totals["forward"],
+                   "backward": max(totals["backward"], totals["backward_end"]),
+                   "optimizer": totals["optimizer"]}
+
+    report = MemoryReport(
+        engine="formula", job=job.model_dump(), model_name=arch.name,
+        params_total=params.total, params_trainable=params.trainable,
+        per_gpu_of=job.parallel.num_gpus,
+        categories={c: at_peak[c] for c in CATEGORIES},
+        phase_peaks={k: int(round(v)) for k, v in phase_peaks.items()},
+        peak_phase="backward" if peak_name == "backward_end" else peak_name,
+        runtime_gpu=runtime_gpu.name if runtime_gpu else None,
+        tokens_per_step=shapes.tokens_per_sample * job.effective_batch,
+        notes=[*shapes.notes, *params.notes, *notes, *_technique_notes(job, arch)],
+    )
+    catalog = gpus if gpus is not None else ([runtime_gpu] if runtime_gpu else list_gpus())
+    return report.model_copy(update={"fits": fit_table(report, job.runtime, catalog,
+                                                       runtime_gpu)})
+
+
+# --- the job's shape --------------------------------------------------------------------
+
+
+def _task(job: Job, arch: Architecture) -> str:
+    task = job.task or arch.default_task
+    if task not in arch.head_params:
+        raise JobError(f"{arch.name} does not support task {task!r}; it supports: "
+                       f"{', '.join(arch.tasks)}")
+    return task
+
+
+def _shapes(job: Job, arch: Architecture, task: str) -> Shapes:
+    b, notes = job.batch_size, []
+    if arch.kind == "cnn" or (arch.stacks and arch.stacks[0].sequence == "patches"):
+        size = job.image_size or arch.image_size
+        if arch.patch_size and size % arch.patch_size:
+            raise JobError(f"image_size {size} is not a multiple of {arch.name}'s patch size "
+                           f"{arch.patch_size}")
+        seq = (size // arch.patch_size) ** 2 + 1 if arch.patch_size else 0
+        pixels = 4 * b * arch.num_channels * size * size  # fp32 pixel_values
+        return Shapes(tuple(seq for _ in arch.stacks), 0, pixels + 8 * b, 1)
+
+    seq = _text_len(job.seq_len, arch, "seq_len", notes)
+    if arch.stacks[0].sequence == "audio":
+        frames = arch.max_source_positions  # Whisper pads every clip to 30 s (3000 frames)
+        if job.audio_seconds and job.audio_seconds > frames / 100:
+            raise JobError(f"{arch.name} accepts at most {frames / 100:g} s of audio "
+                           f"(got audio_seconds={job.audio_seconds:g})")
+        if job.audio_seconds and job.audio_seconds < frames / 100:
+            notes.append(f"{arch.name} pads every clip to {frames / 100:g} s: memory is that "
+                         "of a full-length clip")
+        target = _text_len(job.target_len or job.seq_len, arch, "target_len", notes)
+        features = 4 * b * arch.num_mel_bins * frames
+        return Shapes((frames // 2, target), b * target,
+                      features + 16 * b * target, target, tuple(notes))
+    if arch.kind == "encoder-decoder":
+        target = job.target_len or seq
+        # input_ids + attention_mask (encoder), labels + decoder_input_ids (decoder), int64
+        return Shapes((seq, target), b * target, 16 * b * seq + 16 * b * target, seq + target,
+                      tuple(notes))
+    scored = b * seq if task in ("causal-lm", "masked-lm") else 0
+    # input_ids, attention_mask and labels, int64 each
+    return Shapes(tuple(seq for _ in arch.stacks), scored, 24 * b * seq, seq, tuple(notes))
+
+
+def _text_len(requested: int | None, arch: Architecture, field: str, notes: list[str]) -> int:
+    limit = arch.max_positions
+    if requested is None:
+        chosen = min(2048, limit) if limit else 2048
+        notes.append(f"{field} not given: using {chosen}")
+        return chosen
+    if limit and requested > limit:
+        if arch.model_type in LEARNED_POSITIONS:
+            raise JobError(f"{field}={requested} is longer than {arch.name}'s {limit} learned "
+                           f"positions: use {field} <= {limit}")
+        notes.append(f"warning: {field}={requested} exceeds {arch.name}'s "
+                     f"max_position_embeddings={limit}; it needs RoPE scaling to train well")
+    return requested
+
+
+# --- parameters, gradients, optimizer state ---------------------------------------------
+
+
+def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
+    dt = dtypes_for(job)
+    total = arch.total_params(task)
+    linear_params = sum(s.num_layers * sum(ln.in_features * ln.out_features * ln.count
+                                           for ln in s.linears) for s in arch.stacks)
+    head = arch.head_params[task]
+    matmul_params = linear_params + (head or (arch.vocab_size * _hidden(arch)
+                                              if task in ("causal-lm", "masked-lm") else 0))
+    notes = []
+    if job.peft is None:
+        trainable, weights = total, total * dt.weight
+        cast = matmul_params * (dt.linear_saved if dt.autocast else 0)
+        if dt.autocast:
+            notes.append("autocast keeps a 16-bit copy of every matmul weight from forward "
+                         "to backward (counted in temporary)")
+        block_bytes = max((s.params_per_layer for s in arch.stacks), default=0) * dt.weight
+        largest = max(_largest_tensor(arch), 1)
+    else:
+        adapters = _adapter_params(job, arch)
+        # a new classifier head trains beside the adapters (peft's modules_to_save);
+        # a language-model head stays frozen
+        head = head if task in CLASSIFIER_TASKS else 0
+        trainable = adapters + head
+        frozen = total - head
+        base = frozen_base_bytes(job)
+        if job.peft.method == "qlora":
+            per = (NF4_DOUBLE_QUANT_BYTES_PER_PARAM if job.peft.double_quant
+                   else NF4_BYTES_PER_PARAM)
+            weights = linear_params * per + (frozen - linear_params) * base
+            notes.append("QLoRA: block linears in 4-bit NF4, the rest in 16-bit; "
+                         "prepare_model_for_kbit_training would upcast the rest to fp32")
+        else:
+            weights = frozen * base
+        weights += adapters * adapter_bytes(job) + head * dt.weight
+        cast = 0.0
+        block_bytes = max((s.params_per_layer for s in arch.stacks), default=0) * base
+        largest = max((ln.in_features * ln.out_features for s in arch.stacks
+                       for ln in s.linears), default=1)
+        dt = Dtypes(adapter_bytes(job), adapter_bytes(job), dt.compute, dt.residual,
+                    dt.autocast, dt.linear_saved)
+    grads = trainable * dt.grad
+    optimizer = _optimizer_bytes(job, arch, trainable, dt.weight)
+    step_temp = optimizer_step_temp_copies(job) * trainable * dt.weight
+    if job.optimizer_impl == "loop" or job.optimizer in ("sgd-momentum", "lion"):
+        step_temp = max(step_temp, largest * dt.weight)  # one param's update at a time
+    return ParamMemory(total, trainable, weights, grads, optimizer, cast, step_temp,
+                       block_bytes, tuple(notes))
+
+
+def _hidden(arch: Architecture) -> int:
+    return arch.stacks[-1].hidden_size if arch.stacks else 0
+
+
+def _largest_tensor(arch: Architecture) -> int:
+    embedding = arch.vocab_size * _hidden(arch)
+    linear = max((ln.in_features * ln.out_features for s in arch.stacks for ln in s.linears),
+                 default=0)
+    return max(embedding, linear)
+
+
+def _adapter_params(job: Job, arch: Architecture) -> int:
+    targets = set(job.peft.target_modules)
+    names = {ln.name for s in arch.stacks for ln in s.linears}
+    if "all-linear" not in targets and not targets & names:
+        raise JobError(f"LoRA target_modules {sorted(targets)} match no linear layer of "
+                       f"{arch.name}; its block linears are: {', '.join(sorted(names))} "
+                       "(or use all-linear)")
+    r = job.peft.rank
+    return sum(s.num_layers * ln.count * r * (ln.in_features + ln.out_features)
+               for s in arch.stacks for ln in s.linears
+               if "all-linear" in targets or ln.name in targets)
+
+
+def _optimizer_bytes(job: Job, arch: Architecture, trainable: int, state_bytes: int) -> float:
+    if job.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+        return eight_bit_state_bytes(trainable)
+    if job.optimizer == "adafactor":
+        return _adafactor_bytes(job, arch, trainable, state_bytes)
+    return STATE_COPIES[job.optimizer] * trainable * state_bytes
+
+
+def _adafactor_bytes(job: Job, arch: Architecture, trainable: int, state_bytes: int) -> float:
+    """Factored second moment: a row and a column vector per matrix (Shazeer & Stern 2018)."""
+    if job.peft is not None:
+        r = job.peft.rank
+        return sum(s.num_layers * ln.count * 2 * (r + ln.in_features + r + ln.out_features)
+                   for s in arch.stacks for ln in s.linears) * state_bytes
+    matrices = sum(s.num_layers * ln.count * ln.in_features * ln.out_features
+                   for s in arch.stacks for ln in s.linears)
+    factored = sum(s.num_layers * ln.count * (ln.in_features + ln.out_features)
+                   for s in arch.stacks for ln in s.linears)
+    return (factored + (trainable - matrices)) * state_bytes
+
+
+def _per_gpu_params(job: Job, params: ParamMemory):
+    """Shard parameter memory over tensor-parallel and ZeRO/FSDP ranks; add their buffers."""
+    par, notes = job.parallel, []
+    tp, shard, strategy = par.tensor_parallel, par.shard_degree, par.strategy
+    sharded_params = strategy in ("zero3", "fsdp", "hybrid-shard")
+    w = params.weights / tp / (shard if sharded_params else 1)
+    g = params.gradients / tp / (shard if strategy != "zero1" else 1)
+    o = params.optimizer / tp / shard
+    cast, gathered, comm = params.cast_copies / tp, 0.0, 0.0
+    if sharded_params and shard > 1:
+        # gathered blocks in the compute dtype replace autocast's weight copies
+        gathered = FSDP_GATHERED_BLOCKS * params.largest_block / tp
+        if dtypes_for(job).autocast:
+            gathered /= 2
+        cast = 0.0
+    elif strategy == "ddp" and par.data_parallel > 1:
+        comm = params.gradients / tp  # the Reducer's flat buckets (gradient_as_bucket_view=False)
+        notes.append("DDP's gradient buckets double gradient memory; gradient_as_bucket_view="
+                     "True removes the copy")
+    elif strategy in ("zero1", "zero2") and par.data_parallel > 1:
+        grad_bytes = params.gradients / max(params.trainable, 1)
+        comm = min(params.gradients / tp, ZERO_BUCKET_ELEMENTS * grad_bytes)
+    if job.offload.optimizer:
+        notes.append(f"optimizer states offloaded to CPU: {o / 2**30:.2f} GiB of host memory "
+                     "per GPU")
+        o = 0.0
+    if job.offload.params:
+        notes.append(f"parameters and gradients offloaded to CPU: {(w + g) / 2**30:.2f} GiB "
+                     "of host memory per GPU")
+        w, g = 0.0, 0.0
+    if job.optimizer == "paged-adamw-8bit":
+        notes.append("paged optimizer states live in unified memory: under memory pressure "
+                     "they page to the CPU instead of failing")
+    return w, g, o, cast, gathered, comm, notes
+
+
+# --- activations and loss ---------------------------------------------------------------
+
+
+def _activation_dtypes(job: Job) -> Dtypes:
+    """The dtypes activations see: a 16-bit base (PEFT, FSDP mixed precision) keeps the
+    residual stream in 16-bit even under autocast."""
+    dt = dtypes_for(job)
+    sixteen_bit_base = job.peft is not None or job.parallel.strategy in (
+        "zero3", "fsdp", "hybrid-shard")
+    if dt.autocast and sixteen_bit_base:
+        return Dtypes(dt.weight, dt.grad, dt.compute, residual=2, autocast=True,
+                      linear_saved=dt.linear_saved)
+    return dt
+
+
+def _adapters(job: Job) -> act.Adapters:
+    if job.peft is None:
+        return act.Adapters()
+    return act.Adapters(frozenset(job.peft.target_modules), job.peft.rank, job.peft.dropout,
+                        base_trainable=False)
+
+
+def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
+    """Saved activations of all blocks (after checkpointing), and of the largest block."""
+    total, largest = 0.0, 0.0
+    adapters = _adapters(job)
+    if job.peft and "all-linear" in job.peft.target_modules:
+        adapters = act.Adapters(frozenset(ln.name for s in arch.stacks for ln in s.linears),
+                                adapters.rank, adapters.dropout, False)
+    for stack, seq in zip(arch.stacks, shapes.stack_seq):
+        encoder_seq = shapes.stack_seq[0] if stack.cross_attention else 0
+        saved = act.block_saved_tensors(
+            stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
+            attention=_attention_impl(job, arch), hidden_dropout=arch.hidden_dropout,
+            attention_dropout=arch.attention_dropout, activation=_activation_name(arch),
+            adapters=adapters, norms_per_block=_norms_per_block(arch, stack),
+            upcast_softmax=arch.model_type not in ("gpt2", "bert", "roberta", "vit", "whisper"))
+        block = sum(b for _, b in saved)
+        largest = max(largest, block)
+        if job.checkpointing == "full":
+            # each block keeps only its input; one block is recomputed at a time in backward
+            total += stack.num_layers * dt.residual * job.batch_size * seq * stack.hidden_size
+            total += block
+        elif job.checkpointing == "selective":
+            recomputed = ("softmax", "probs 16-bit", "attn dropout", "sdpa out", "logsumexp")
+            kept = sum(b for name, b in saved if not name.endswith(recomputed))
+            total += stack.num_layers * kept
+        else:
+            total += stack.num_layers * block
+    return total, largest
+
+
+def _attention_impl(job: Job, arch: Architecture) -> str:
+    # T5's relative position bias is added to the scores: transformers runs it eagerly.
+    return "eager" if arch.model_type == "t5" else job.attention
+
+
+def _activation_name(arch: Architecture) -> str:
+    cfg = arch.extra
+    name = (cfg.get("hidden_act") or cfg.get("activation_function")
+            or cfg.get("hidden_activation") or cfg.get("feed_forward_proj") or "gelu")
+    return name.removeprefix("gated-")
+
+
+def _norms_per_block(arch: Architecture, stack: Stack) -> int:
+    base = 3 if stack.cross_attention else 2
+    return base + (2 if arch.model_type == "gemma2" else 0)
+
+
+def _outside_block_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes,
+                               task: str) -> float:
+    """Embeddings, final norm, task head input, vision/audio frontends."""
+    b, c = job.batch_size, dt.compute
+    if arch.kind == "cnn":
+        size = job.image_size or arch.image_size
+        return sum(ch * (size // stride) ** 2 for ch, stride in arch.feature_maps) * b * c
+    total = 0.0
+    last = arch.stacks[-1]
+    n_last = b * shapes.stack_seq[-1] * last.hidden_size
+    norm_bytes = (8 if last.norm == "rmsnorm" else 4) if dt.autocast or dt.residual == 4 else 6
+    total += norm_bytes * n_last  # final norm
+    if arch.hidden_dropout > 0:
+        total += sum(b * s * st.hidden_size for st, s in zip(arch.stacks, shapes.stack_seq))
+    head_trains = job.peft is None  # a frozen head needs no input saved
+    if task in ("causal-lm", "masked-lm", "seq2seq", "speech-seq2seq") and head_trains:
+        total += c * n_last  # the LM head's (cast) input
+    if task == "masked-lm":
+        total += (2 * c + 4) * n_last  # MLM transform: dense, gelu, LayerNorm
+    first = arch.stacks[0]
+    if first.sequence == "audio":
+        frames = arch.max_source_positions
+        # conv1 input cast, gelu(conv1) in/out, gelu(conv2) input (Whisper encoder frontend)
+        total += c * b * (arch.num_mel_bins * frames + 2.5 * first.hidden_size * frames)
+    if first.sequence == "patches":
+        total += c * b * shapes.stack_seq[0] * first.hidden_size  # patch embeddings + CLS
+    return total
+
+
+def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task: str):
+    """(forward, backward-start) bytes of logits and cross-entropy buffers."""
+    t = shapes.loss_tokens / job.parallel.context_parallel
+    vocab = arch.vocab_size / job.parallel.tensor_parallel
+    if not t or not vocab:
+        return 0.0, 0.0
+    c, h = dt.compute, _hidden(arch)
+    if job.loss == "chunked":
+        # fused linear cross-entropy: a chunk of about t*h/V tokens at a time; the hidden
+        # states' gradient is computed in the forward pass
+        chunk = max(_LOSS_CHUNK_MIN_TOKENS, t * h / vocab)
+        buffers = (c + 8) * min(chunk, t) * vocab + c * t * h
+        return buffers, buffers
+    tv = t * vocab
+    # logits (kept by the output), fp32 upcast -> log_softmax output (saved); in backward the
+    # nll gradient and the log_softmax gradient, both fp32 and dense
+    forward = c * tv + 4 * tv + (4 * tv if c != 4 else 0)
+    backward = c * tv + 12 * tv
+    return forward, backward
+
+
+def _check_parallel(job: Job, arch: Architecture) -> None:
+    tp = job.parallel.tensor_parallel
+    for stack in arch.stacks:
+        if stack.num_heads % tp or stack.num_kv_heads % tp and stack.num_kv_heads >= tp:
+            raise JobError(f"tensor_parallel={tp} must divide {arch.name}'s {stack.num_heads} "
+                           f"attention heads ({stack.num_kv_heads} key/value heads)")
+    if job.parallel.context_parallel > 1 and arch.kind not in ("decoder",):
+        raise JobError("context_parallel is supported for decoder-only language models only")
+    if arch.kind == "cnn" and (tp > 1):
+        raise JobError("tensor_parallel is not supported for CNNs: use ddp or fsdp")
+
+
+def _technique_notes(job: Job, arch: Architecture) -> list[str]:
+    notes = []
+    if job.attention == "sdpa" and arch.model_type == "t5":
+        notes.append("T5 adds a position bias to the attention scores: transformers runs "
+                     "its attention eagerly, so memory is that of eager attention")
+    if job.precision == "fp8":
+        notes.append("fp8: linears save fp8 copies of inputs and weights (torchao float8 "
+                     "training); everything else as bf16-mixed")
+    if job.activation_offload:
+        notes.append("activation offloading keeps about two blocks of activations on the "
+                     "GPU; the rest waits in pinned host memory")
+    return notes

@@ -1,0 +1,89 @@
+"""Bytes per element by precision and optimizer: the one table every engine agrees on.
+
+Precision semantics follow the Hugging Face Trainer / Lightning conventions:
+  fp32        weights, grads, activations in fp32
+  *-mixed     fp32 weights and grads, torch.autocast runs matmuls in 16-bit
+  bf16-pure   everything in bf16, optimizer states too (torch keeps states in param dtype)
+  fp8         as bf16-mixed, with float8 linears (torchao / Transformer Engine) that save
+              their inputs and weights in fp8 for the backward pass
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramplan.job import Job
+
+# 4-bit NF4 (bitsandbytes, QLoRA paper sec. 2): 0.5 B per weight, one absmax per 64 weights;
+# fp32 absmax without double quantisation, int8 absmax plus one fp32 per 256 absmax with it.
+NF4_BYTES_PER_PARAM = 0.5 + 4 / 64
+NF4_DOUBLE_QUANT_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
+
+# bitsandbytes 8-bit optimizers: uint8 states, one fp32 absmax per 2048-element block;
+# tensors under 4096 elements keep 32-bit states (min_8bit_size).
+BNB_BLOCK = 2048
+BNB_MIN_8BIT_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    """Bytes per element of each kind of tensor under one precision setting."""
+
+    weight: int        # a trainable parameter as stored
+    grad: int          # its gradient
+    compute: int       # matmul outputs and most activations
+    residual: int      # the residual stream between blocks (fp32 under autocast)
+    autocast: bool     # torch.autocast is active
+    linear_saved: int  # bytes per element a linear saves of its input for backward
+
+
+def dtypes_for(job: Job) -> Dtypes:
+    p = job.precision
+    if p == "fp32":
+        return Dtypes(weight=4, grad=4, compute=4, residual=4, autocast=False, linear_saved=4)
+    if p == "bf16-pure":
+        return Dtypes(weight=2, grad=2, compute=2, residual=2, autocast=False, linear_saved=2)
+    linear_saved = 1 if p == "fp8" else 2
+    return Dtypes(weight=4, grad=4, compute=2, residual=4, autocast=True, linear_saved=linear_saved)
+
+
+def frozen_base_bytes(job: Job) -> int:
+    """PEFT loads the frozen base in 16-bit unless the whole job is fp32 (common practice)."""
+    return 4 if job.precision == "fp32" else 2
+
+
+def adapter_bytes(job: Job) -> int:
+    """peft upcasts adapter weights to fp32 by default (autocast_adapter_dtype=True)."""
+    return 4
+
+
+# Optimizer state per trainable element, in units of the parameter's own bytes ("x param")
+# or in fixed bytes. Adafactor is factored per matrix and computed separately.
+STATE_COPIES = {  # number of param-sized state tensors
+    "sgd": 0,            # no state
+    "sgd-momentum": 1,   # momentum buffer
+    "adam": 2,           # exp_avg, exp_avg_sq
+    "adamw": 2,
+    "lion": 1,           # exp_avg only (Chen et al. 2023)
+    "adafactor": 0,      # factored: see optimizer_state_bytes
+    "adamw-8bit": 0,     # fixed bytes: see optimizer_state_bytes
+    "paged-adamw-8bit": 0,
+}
+
+
+def eight_bit_state_bytes(numel: int) -> float:
+    """bitsandbytes 8-bit Adam: two uint8 states + two fp32 absmax per block."""
+    if numel < BNB_MIN_8BIT_SIZE:
+        return numel * 8.0
+    return numel * 2.0 + 2 * 4 * -(-numel // BNB_BLOCK)
+
+
+def optimizer_step_temp_copies(job: Job) -> float:
+    """Param-sized temporaries the optimizer step allocates, as a fraction of all trainable
+    params. foreach Adam materialises sqrt(exp_avg_sq) for every param at once
+    (torch/optim/adam.py _multi_tensor_adam); fused kernels and 8-bit optimizers do not."""
+    if job.optimizer in ("adamw-8bit", "paged-adamw-8bit") or job.optimizer_impl == "fused":
+        return 0.0
+    if job.optimizer_impl == "foreach" and job.optimizer in ("adam", "adamw", "adafactor"):
+        return 1.0
+    return 0.0  # loop and sgd/lion: one param at a time, see largest_param_temp

@@ -1,0 +1,53 @@
+"""Errors that vramplan raises on purpose.
+
+    VramplanError            base: every message says what was wrong and what to do
+    ├── JobError             a job that is invalid or impossible (bad numbers, bad combinations)
+    ├── UnknownNameError     a model, GPU, optimizer ... name that is not in a catalog
+    ├── JobFileError         a job file that is missing, unreadable or malformed
+    ├── ModelConfigError     a model config that cannot be read or is not supported
+    └── EngineError          an engine could not produce a report (unsupported op, time limit)
+
+The CLI turns any of them into a one-line message and exit code 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class VramplanError(Exception):
+    """Base class of the errors vramplan raises on purpose."""
+
+
+class JobError(VramplanError):
+    """The job is invalid: a number out of range or an impossible combination."""
+
+
+class UnknownNameError(VramplanError, KeyError):
+    """A name that is not in a catalog; the message suggests the closest names."""
+
+    def __init__(self, kind: str, name: str, known: Iterable[str]):
+        self.kind, self.name = kind, name
+        known = list(known)
+        close = difflib.get_close_matches(name.lower(), [k.lower() for k in known], n=3, cutoff=0.5)
+        by_lower = {k.lower(): k for k in known}
+        hint = f" Did you mean {', '.join(repr(by_lower[c]) for c in close)}?" if close else ""
+        listing = f" Run `vramplan {kind}s` to list them." if kind in ("model", "gpu") else (
+            f" Allowed: {', '.join(sorted(known))}.")
+        super().__init__(f"unknown {kind} {name!r}.{hint}{listing}")
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.args[0]
+
+
+class JobFileError(VramplanError):
+    """A job file that is missing, unreadable or malformed."""
+
+
+class ModelConfigError(VramplanError):
+    """A model config file or folder that cannot be read or is not supported."""
+
+
+class EngineError(VramplanError):
+    """An engine could not produce a report."""

@@ -1,0 +1,262 @@
+"""Job: the one description of a training job that every entry point builds.
+
+Precedence when several sources set a field: CLI flags > job file > defaults.
+Validation collects every problem and reports them together, each saying what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from vramplan.errors import JobError, JobFileError
+
+DEFAULT_MODEL = "llama-3.1-8b"
+
+Task = Literal[
+    "causal-lm", "masked-lm", "seq-classification", "seq2seq", "image-classification",
+    "speech-seq2seq",
+]
+Precision = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-pure", "fp8"]
+Optimizer = Literal[
+    "sgd", "sgd-momentum", "adam", "adamw", "adamw-8bit", "paged-adamw-8bit", "adafactor", "lion",
+]
+OptimizerImpl = Literal["foreach", "fused", "loop"]
+Checkpointing = Literal["none", "selective", "full"]
+Attention = Literal["eager", "sdpa"]
+Loss = Literal["standard", "chunked"]
+Strategy = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "hybrid-shard"]
+PeftMethod = Literal["lora", "qlora"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Peft(_Strict):
+    """Parameter-efficient fine-tuning: LoRA adapters, or QLoRA (LoRA on a 4-bit NF4 base)."""
+
+    method: PeftMethod = "lora"
+    rank: int = Field(16, ge=1, le=4096)
+    alpha: float = Field(32.0, gt=0)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    # peft's names: module names inside a block, or "all-linear" for every linear in blocks
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    double_quant: bool = True  # QLoRA: quantise the 4-bit blocks' absmax constants too
+
+
+class Parallel(_Strict):
+    """How the job is spread over GPUs. num_gpus = data x tensor x context parallel."""
+
+    strategy: Strategy = "none"
+    num_gpus: int = Field(1, ge=1, le=1_000_000)
+    gpus_per_node: int = Field(8, ge=1, le=1024)  # hybrid-shard shards within a node
+    tensor_parallel: int = Field(1, ge=1, le=1024)
+    context_parallel: int = Field(1, ge=1, le=1024)
+
+    @property
+    def data_parallel(self) -> int:
+        return self.num_gpus // (self.tensor_parallel * self.context_parallel)
+
+    @property
+    def shard_degree(self) -> int:
+        """How many ranks share one copy of sharded state (1 = nothing sharded)."""
+        if self.strategy == "hybrid-shard":
+            return min(self.data_parallel, self.gpus_per_node)
+        return self.data_parallel if self.strategy in ("zero1", "zero2", "zero3", "fsdp") else 1
+
+    @model_validator(mode="after")
+    def _check(self) -> Parallel:
+        model_parallel = self.tensor_parallel * self.context_parallel
+        if self.num_gpus % model_parallel:
+            raise ValueError(
+                f"num_gpus={self.num_gpus} is not a multiple of tensor_parallel x "
+                f"context_parallel = {model_parallel}")
+        if self.data_parallel > 1 and self.strategy == "none":
+            raise ValueError(
+                f"{self.data_parallel} data-parallel ranks need a strategy: "
+                "ddp, zero1, zero2, zero3, fsdp or hybrid-shard")
+        return self
+
+
+class Offload(_Strict):
+    """CPU offload (ZeRO-Offload / FSDP CPUOffload) of optimizer states and parameters."""
+
+    optimizer: bool = False
+    params: bool = False
+
+
+class Runtime(_Strict):
+    """Memory the framework holds beyond tensors; documented defaults, override when measured.
+
+    cuda_context_bytes: CUDA context + kernels with lazy module loading, about 300-500 MiB
+      (pytorch issues #107667, #109888); best measured as NVML used - torch reserved.
+    allocator_overhead: reserved / allocated - 1 of the caching allocator at the peak
+      (fragmentation and cached blocks); 0.05 is a planning value, trace replays it exactly.
+    cublas_workspaces: cuBLAS workspaces held (one per thread x stream that runs a matmul:
+      the forward thread and the autograd thread), each 8.125 MiB, 32 MiB on sm90+
+      (aten/src/ATen/cuda/CublasHandlePool.cpp).
+    """
+
+    cuda_context_bytes: int = Field(500 * 1024**2, ge=0)
+    allocator_overhead: float = Field(0.05, ge=0, le=1)
+    cublas_workspaces: int = Field(2, ge=0, le=64)
+
+
+class Job(_Strict):
+    """What is trained, and how. Build one from Python, a job file, or CLI flags.
+
+    >>> job = Job(model="llama-3.1-8b", batch_size=4, seq_len=2048, precision="bf16-mixed",
+    ...           peft=Peft(method="qlora", rank=16))
+    """
+
+    model: str = DEFAULT_MODEL  # catalog name, HF id, config.json path or HF model folder
+    task: Task | None = None    # default: the model's own (causal-lm for decoders, ...)
+    batch_size: int = Field(1, ge=1, le=1_000_000)      # micro-batch per GPU
+    grad_accum: int = Field(1, ge=1, le=1_000_000)      # micro-batches per optimizer step
+    # text tokens (encoder side for seq2seq); default min(2048, the model's maximum)
+    seq_len: int | None = Field(None, ge=1, le=100_000_000)
+    target_len: int | None = Field(None, ge=1)          # seq2seq decoder tokens (default seq_len)
+    image_size: int | None = Field(None, ge=8, le=65536)  # vision: default the model's own
+    audio_seconds: float | None = Field(None, gt=0)     # speech: default the model's maximum
+    precision: Precision = "bf16-mixed"
+    optimizer: Optimizer = "adamw"
+    optimizer_impl: OptimizerImpl = "foreach"  # torch's CUDA default for Adam/AdamW/SGD
+    checkpointing: Checkpointing = "none"
+    attention: Attention = "sdpa"
+    loss: Loss = "standard"
+    peft: Peft | None = None
+    optimizer_in_backward: bool = False  # step each parameter as its gradient arrives
+    activation_offload: bool = False     # saved activations go to pinned CPU memory
+    parallel: Parallel = Parallel()
+    offload: Offload = Offload()
+    runtime: Runtime = Runtime()
+    gpu: str | None = None  # the GPU to check; None checks every catalog GPU
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> Job:
+        problems = []
+        if self.optimizer_in_backward and self.grad_accum > 1:
+            problems.append("optimizer_in_backward steps as soon as a gradient exists, so it "
+                            "cannot accumulate: use grad_accum=1 or turn it off")
+        if self.optimizer_in_backward and self.parallel.strategy in ("zero2", "zero3", "fsdp",
+                                                                     "hybrid-shard", "ddp"):
+            problems.append("optimizer_in_backward is supported on one GPU or with zero1 only")
+        if self.offload.params and self.parallel.strategy not in ("zero3", "fsdp", "hybrid-shard"):
+            problems.append("offload.params needs sharded parameters: strategy zero3, fsdp or "
+                            "hybrid-shard")
+        if self.peft and self.peft.method == "qlora" and self.precision == "fp8":
+            problems.append("QLoRA computes in 16-bit; fp8 training of a 4-bit base is not "
+                            "supported: use bf16-mixed or fp16-mixed")
+        if self.optimizer == "paged-adamw-8bit" and self.offload.optimizer:
+            problems.append("paged-adamw-8bit already pages its states to the CPU; drop "
+                            "offload.optimizer")
+        if self.optimizer_impl == "fused" and self.optimizer in ("adafactor", "lion") :
+            problems.append(f"{self.optimizer} has no fused implementation in torch: use "
+                            "foreach or loop")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def effective_batch(self) -> int:
+        """Samples per optimizer step across all data-parallel ranks."""
+        return self.batch_size * self.grad_accum * self.parallel.data_parallel
+
+    def with_changes(self, **changes: Any) -> Job:
+        """A copy with fields changed, validated again (search and sweeps use this)."""
+        return Job.model_validate({**self.model_dump(), **changes})
+
+
+# --- building a Job from dicts and files, with errors a person can act on -------------------
+
+
+def job_from_dict(data: dict[str, Any], origin: str = "job") -> Job:
+    """Validate a plain dict (a job file's content, CLI overrides) into a Job."""
+    try:
+        return Job.model_validate(data)
+    except ValidationError as error:
+        raise JobError(f"{origin}: " + "; ".join(_describe(e) for e in error.errors())) from None
+
+
+def _describe(error: dict[str, Any]) -> str:
+    where = ".".join(str(p) for p in error["loc"])
+    if error["type"] == "extra_forbidden":
+        parent = _model_at(error["loc"][:-1])
+        known = list(parent.model_fields) if parent else []
+        close = difflib.get_close_matches(str(error["loc"][-1]), known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"unknown key {where!r}{hint}; allowed: {', '.join(known)}"
+    message = error["msg"]
+    if error["type"] == "literal_error":
+        message = "must be one of " + message.removeprefix("Input should be ")
+    elif message.startswith("Value error, "):
+        message = message.removeprefix("Value error, ")
+    got = error.get("input")
+    got_text = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
+    return f"{where}: {message}{got_text}" if where else message
+
+
+def _model_at(path: tuple) -> type[BaseModel] | None:
+    model: type[BaseModel] = Job
+    for part in path:
+        field = model.model_fields.get(str(part))
+        annotation = getattr(field, "annotation", None)
+        inner = [a for a in getattr(annotation, "__args__", (annotation,))
+                 if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not inner:
+            return None
+        model = inner[0]
+    return model
+
+
+def load_job_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML, TOML or JSON job file into a dict; errors name the file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise JobFileError(f"job file {str(path)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise JobFileError(f"cannot read job file {str(path)!r}: {error}") from None
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise JobFileError(f"{path}:{line} is not valid YAML: {problem}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise JobFileError(f"{path}: is not valid TOML: {error}") from None
+    except json.JSONDecodeError as error:
+        raise JobFileError(f"{path}: line {error.lineno} is not valid JSON: {error.msg}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise JobFileError(f"{path}: a job file holds a mapping of keys (model, batch_size, "
+                           f"...), not a {type(data).__name__}")
+    return data
+
+
+def merge_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge overrides (CLI flags) onto base (file); None means 'not given'."""
+    merged = dict(base)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_overrides(merged[key], value)
+        else:
+            merged[key] = value
+    return merged

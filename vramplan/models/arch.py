@@ -1,0 +1,97 @@
+"""Architecture: the normalised shape of a model that the formula engine reads.
+
+It is derived from a model's config (the Hugging Face config.json fields) and never from a
+parameter count alone. Parameter counts here are exact: a test checks each catalog model
+against the same config built by transformers on the meta device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Kind = Literal["decoder", "encoder", "encoder-decoder", "vision", "cnn"]
+Task = Literal[
+    "causal-lm", "masked-lm", "seq-classification", "seq2seq", "image-classification",
+    "speech-seq2seq",
+]
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One linear layer inside a transformer block (per layer, per expert)."""
+
+    name: str          # module name as peft target_modules matches it, e.g. "q_proj"
+    in_features: int
+    out_features: int
+    bias: bool
+    count: int = 1     # how many copies per block (MoE experts)
+    # What the layer reads and writes, for the activation model: attn_in (q/k/v), attn_out,
+    # cross_q, cross_kv, cross_out, mlp_in (up/gate/fc1), mlp_out (down/fc2), router.
+    role: str = ""
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A stack of identical transformer blocks."""
+
+    role: Literal["encoder", "decoder"]
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int           # == num_heads for MHA; fewer for GQA/MQA
+    head_dim: int
+    intermediate_size: int      # per expert for MoE
+    mlp: Literal["gelu", "relu", "gated"]   # gated = SwiGLU/GeGLU (three matrices)
+    norm: Literal["layernorm", "rmsnorm"]
+    linears: tuple[Linear, ...]  # every linear of one block, including all experts
+    params_per_layer: int       # exact parameter count of one block (norms, biases, router)
+    num_experts: int = 1        # 1 = dense MLP
+    experts_per_token: int = 1
+    cross_attention: bool = False   # decoder block of an encoder-decoder
+    # Which sequence feeds this stack: text tokens, audio frames (after the conv frontend)
+    # or image patches (+ CLS token).
+    sequence: Literal["text", "audio", "patches"] = "text"
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str                   # catalog name, or the path it was read from
+    model_type: str             # the HF model_type, e.g. "llama"
+    kind: Kind
+    stacks: tuple[Stack, ...]   # encoder first, then decoder (empty for "cnn")
+    embedding_params: int       # token/position/type embeddings, patch or conv frontend
+    other_params: int           # final norms and anything outside blocks, embeddings, heads
+    head_params: dict[str, int]  # task -> parameters of that task's head (0 when tied)
+    default_task: Task
+    vocab_size: int = 0
+    max_positions: int | None = None  # longest text sequence the model accepts
+    tied_embeddings: bool = False
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    # vision
+    image_size: int = 0
+    patch_size: int = 0
+    num_channels: int = 0
+    # speech: log-mel bins and the longest input in frames (before the stride-2 conv)
+    num_mel_bins: int = 0
+    max_source_positions: int = 0
+    # cnn: (channels, stride) of every tensor autograd saves for one sample at stride 1 =
+    # the input resolution; activations per sample = sum(c * (image_size / stride) ** 2)
+    feature_maps: tuple[tuple[int, int], ...] = ()
+    # classes of the classification head (image-/seq-classification); 0 when there is none
+    num_labels: int = 0
+    source: str = ""            # where the config comes from (URL), for catalog models
+    extra: dict = field(default_factory=dict)  # the raw config, for builders
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return tuple(self.head_params)
+
+    @property
+    def body_params(self) -> int:
+        return (self.embedding_params + self.other_params
+                + sum(s.params_per_layer * s.num_layers for s in self.stacks))
+
+    def total_params(self, task: str | None = None) -> int:
+        return self.body_params + self.head_params[task or self.default_task]

@@ -1,0 +1,442 @@
+"""Architecture from a Hugging Face config.json dict, one builder per model_type.
+
+Parameter counts are exact: they reproduce what transformers builds from the same config
+(unique parameters, tied embeddings counted once). Nothing here imports torch or transformers.
+
+Linear.name is the last component of the module name inside the block, the way peft's
+`target_modules` matches it ("q_proj", "c_attn", "query", "dense", "wi_0" ...). A block can
+hold several linears with the same name (BERT's three "dense", a decoder's self- and
+cross-attention "q"); like peft, a target name selects all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ModelConfigError
+from .arch import Architecture, Linear, Stack
+
+_MISSING = object()
+
+
+class _Cfg:
+    """Read access to a config dict that names the key and the file when a key is missing."""
+
+    def __init__(self, config: dict, name: str):
+        self.raw, self.name = config, name
+        self.model_type = config.get("model_type", "?")
+
+    def req(self, *keys: str) -> Any:
+        """The first of keys that is present (aliases), else ModelConfigError."""
+        for k in keys:
+            v = self.raw.get(k, _MISSING)
+            if v is not _MISSING and v is not None:
+                return v
+        alias = f" (or {', '.join(repr(k) for k in keys[1:])})" if len(keys) > 1 else ""
+        raise ModelConfigError(
+            f"{self.name}: config is missing required key {keys[0]!r}{alias} for model_type "
+            f"{self.model_type!r}; add it to the config.json")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = self.raw.get(key, default)
+        return default if v is None else v
+
+    def int(self, *keys: str) -> int:
+        v = self.req(*keys)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < 0:
+            raise ModelConfigError(
+                f"{self.name}: config key {keys[0]!r} must be a non-negative integer, got {v!r}")
+        return int(v)
+
+    def opt_int(self, key: str, default: int) -> int:
+        return self.int(key) if self.raw.get(key) is not None else default
+
+    def float(self, key: str, default: float = 0.0) -> float:
+        v = self.raw.get(key)
+        return default if v is None else float(v)
+
+    def num_labels(self, default: int) -> int:
+        id2label = self.raw.get("id2label")
+        if isinstance(id2label, dict) and id2label:
+            return len(id2label)
+        return self.opt_int("num_labels", default)
+
+
+def _lin(name: str, i: int, o: int, bias: bool, count: int = 1) -> Linear:
+    return Linear(name, int(i), int(o), bool(bias), int(count))
+
+
+def _lin_params(linears: tuple[Linear, ...] | list[Linear]) -> int:
+    return sum((lin.in_features * lin.out_features + (lin.out_features if lin.bias else 0))
+               * lin.count for lin in linears)
+
+
+def _ln(h: int) -> int:      # LayerNorm: weight + bias
+    return 2 * h
+
+
+# ---------------------------------------------------------------- llama-like decoders
+
+
+# Pre-norm RMSNorm decoders with rotary positions, SwiGLU/GeGLU MLP and (optional) GQA.
+_LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3")
+
+
+def _llama_like(c: _Cfg) -> Architecture:
+    mt = c.model_type
+    h = c.int("hidden_size")
+    layers = c.int("num_hidden_layers")
+    nh = c.int("num_attention_heads")
+    kv = c.opt_int("num_key_value_heads", nh)
+    hd = c.opt_int("head_dim", h // nh if nh else 0)
+    inter = c.int("intermediate_size")
+    vocab = c.int("vocab_size")
+    tie = bool(c.get("tie_word_embeddings", mt == "gemma2"))
+
+    if mt == "qwen2":
+        qkv_bias, o_bias = True, False
+    elif mt in ("llama", "gemma2"):
+        qkv_bias = o_bias = bool(c.get("attention_bias", False))
+    else:
+        qkv_bias = o_bias = False
+    mlp_bias = bool(c.get("mlp_bias", False)) if mt == "llama" else False
+
+    if mt == "phi3":
+        attn = [_lin("qkv_proj", h, (nh + 2 * kv) * hd, False), _lin("o_proj", nh * hd, h, False)]
+    else:
+        attn = [_lin("q_proj", h, nh * hd, qkv_bias), _lin("k_proj", h, kv * hd, qkv_bias),
+                _lin("v_proj", h, kv * hd, qkv_bias), _lin("o_proj", nh * hd, h, o_bias)]
+
+    experts, top_k = 1, 1
+    if mt == "mixtral":
+        experts = c.int("num_local_experts")
+        top_k = c.int("num_experts_per_tok")
+        # transformers 5 fuses w1/w3 into experts.gate_up_proj; the names are the checkpoint's
+        # (block_sparse_moe.experts.N.w1/w3/w2), per expert. "gate" is the router.
+        mlp = [_lin("gate", h, experts, False), _lin("w1", h, inter, False, experts),
+               _lin("w3", h, inter, False, experts), _lin("w2", inter, h, False, experts)]
+    elif mt == "phi3":
+        mlp = [_lin("gate_up_proj", h, 2 * inter, False), _lin("down_proj", inter, h, False)]
+    else:
+        mlp = [_lin("gate_proj", h, inter, mlp_bias), _lin("up_proj", h, inter, mlp_bias),
+               _lin("down_proj", inter, h, mlp_bias)]
+
+    linears = tuple(attn + mlp)
+    norms = (4 if mt == "gemma2" else 2) * h          # RMSNorm: weight only
+    stack = Stack(role="decoder", num_layers=layers, hidden_size=h, num_heads=nh, num_kv_heads=kv,
+                  head_dim=hd, intermediate_size=inter, mlp="gated", norm="rmsnorm",
+                  linears=linears, params_per_layer=_lin_params(linears) + norms,
+                  num_experts=experts, experts_per_token=top_k)
+    num_labels = c.num_labels(2)
+    return Architecture(
+        name=c.name, model_type=mt, kind="decoder", stacks=(stack,),
+        embedding_params=vocab * h, other_params=h,
+        head_params={"causal-lm": 0 if tie else vocab * h, "seq-classification": h * num_labels},
+        default_task="causal-lm", vocab_size=vocab,
+        max_positions=c.opt_int("max_position_embeddings", 0) or None, tied_embeddings=tie,
+        hidden_dropout=c.float("resid_pdrop") if mt == "phi3" else 0.0,
+        attention_dropout=c.float("attention_dropout"), num_labels=num_labels)
+
+
+# ---------------------------------------------------------------- gpt2
+
+
+def _gpt2(c: _Cfg) -> Architecture:
+    h = c.int("n_embd", "hidden_size")
+    layers = c.int("n_layer", "num_hidden_layers")
+    nh = c.int("n_head", "num_attention_heads")
+    inner = c.opt_int("n_inner", 4 * h)
+    vocab = c.int("vocab_size")
+    npos = c.int("n_positions", "max_position_embeddings")
+    tie = bool(c.get("tie_word_embeddings", True))
+    linears = (_lin("c_attn", h, 3 * h, True), _lin("c_proj", h, h, True),
+               _lin("c_fc", h, inner, True), _lin("c_proj", inner, h, True))
+    stack = Stack(role="decoder", num_layers=layers, hidden_size=h, num_heads=nh, num_kv_heads=nh,
+                  head_dim=h // nh, intermediate_size=inner, mlp="gelu", norm="layernorm",
+                  linears=linears, params_per_layer=_lin_params(linears) + 2 * _ln(h))
+    num_labels = c.num_labels(2)
+    return Architecture(
+        name=c.name, model_type="gpt2", kind="decoder", stacks=(stack,),
+        embedding_params=(vocab + npos) * h, other_params=_ln(h),
+        head_params={"causal-lm": 0 if tie else vocab * h, "seq-classification": h * num_labels},
+        default_task="causal-lm", vocab_size=vocab, max_positions=npos, tied_embeddings=tie,
+        hidden_dropout=c.float("resid_pdrop"), attention_dropout=c.float("attn_pdrop"),
+        num_labels=num_labels)
+
+
+# ---------------------------------------------------------------- bert / roberta
+
+
+def _bert_like(c: _Cfg) -> Architecture:
+    mt = c.model_type
+    h = c.int("hidden_size")
+    layers = c.int("num_hidden_layers")
+    nh = c.int("num_attention_heads")
+    inter = c.int("intermediate_size")
+    vocab = c.int("vocab_size")
+    npos = c.int("max_position_embeddings")
+    types = c.opt_int("type_vocab_size", 2)
+    tie = bool(c.get("tie_word_embeddings", True))
+    linears = (_lin("query", h, h, True), _lin("key", h, h, True), _lin("value", h, h, True),
+               _lin("dense", h, h, True),            # attention.output.dense
+               _lin("dense", h, inter, True),        # intermediate.dense
+               _lin("dense", inter, h, True))        # output.dense
+    stack = Stack(role="encoder", num_layers=layers, hidden_size=h, num_heads=nh, num_kv_heads=nh,
+                  head_dim=h // nh, intermediate_size=inter, mlp="gelu", norm="layernorm",
+                  linears=linears, params_per_layer=_lin_params(linears) + 2 * _ln(h))
+    num_labels = c.num_labels(2)
+    # masked-lm: transform dense + LayerNorm + output bias (decoder weight tied to word embeddings)
+    mlm = h * h + h + _ln(h) + vocab + (0 if tie else vocab * h)
+    # seq-classification: bert = pooler dense + classifier; roberta = classifier dense +
+    # out_proj (no pooler). Same count.
+    cls = h * h + h + h * num_labels + num_labels
+    # roberta's positions start at pad_token_id + 1
+    max_positions = npos - c.opt_int("pad_token_id", 1) - 1 if mt == "roberta" else npos
+    return Architecture(
+        name=c.name, model_type=mt, kind="encoder", stacks=(stack,),
+        embedding_params=(vocab + npos + types) * h + _ln(h), other_params=0,
+        head_params={"masked-lm": mlm, "seq-classification": cls}, default_task="masked-lm",
+        vocab_size=vocab, max_positions=max_positions, tied_embeddings=tie,
+        hidden_dropout=c.float("hidden_dropout_prob"),
+        attention_dropout=c.float("attention_probs_dropout_prob"), num_labels=num_labels)
+
+
+# ---------------------------------------------------------------- t5
+
+
+def _t5(c: _Cfg) -> Architecture:
+    d = c.int("d_model")
+    dff = c.int("d_ff")
+    dkv = c.int("d_kv")
+    nh = c.int("num_heads")
+    enc_layers = c.int("num_layers")
+    dec_layers = c.opt_int("num_decoder_layers", enc_layers)
+    vocab = c.int("vocab_size")
+    buckets = c.opt_int("relative_attention_num_buckets", 32)
+    proj = str(c.get("feed_forward_proj", "relu"))
+    gated = proj.startswith("gated-")
+    act = proj.split("-")[-1]
+    # transformers 5 always ties lm_head to the shared embedding; real T5 v1.1 / flan-t5
+    # checkpoints set tie_word_embeddings=false and carry their own lm_head.
+    tie = bool(c.get("tie_word_embeddings", True))
+    inner = nh * dkv
+    attn = [_lin("q", d, inner, False), _lin("k", d, inner, False), _lin("v", d, inner, False),
+            _lin("o", inner, d, False)]
+    ff = ([_lin("wi_0", d, dff, False), _lin("wi_1", d, dff, False)] if gated
+          else [_lin("wi", d, dff, False)]) + [_lin("wo", dff, d, False)]
+    enc_lin, dec_lin = tuple(attn + ff), tuple(attn + attn + ff)
+    mlp = "gated" if gated else ("relu" if act == "relu" else "gelu")
+    common = dict(hidden_size=d, num_heads=nh, num_kv_heads=nh, head_dim=dkv, intermediate_size=dff,
+                  mlp=mlp, norm="rmsnorm")
+    enc = Stack(role="encoder", num_layers=enc_layers, linears=enc_lin,
+                params_per_layer=_lin_params(enc_lin) + 2 * d, **common)
+    dec = Stack(role="decoder", num_layers=dec_layers, linears=dec_lin, cross_attention=True,
+                params_per_layer=_lin_params(dec_lin) + 3 * d, **common)
+    drop = c.float("dropout_rate")
+    return Architecture(
+        name=c.name, model_type="t5", kind="encoder-decoder", stacks=(enc, dec),
+        embedding_params=vocab * d,
+        # relative attention bias (first block of each stack) + the two final norms
+        other_params=2 * buckets * nh + 2 * d,
+        head_params={"seq2seq": 0 if tie else vocab * d}, default_task="seq2seq",
+        vocab_size=vocab, max_positions=None, tied_embeddings=tie,
+        hidden_dropout=drop, attention_dropout=drop)
+
+
+# ---------------------------------------------------------------- vit
+
+
+def _vit(c: _Cfg) -> Architecture:
+    h = c.int("hidden_size")
+    layers = c.int("num_hidden_layers")
+    nh = c.int("num_attention_heads")
+    inter = c.int("intermediate_size")
+    image = c.opt_int("image_size", 224)
+    patch = c.opt_int("patch_size", 16)
+    chans = c.opt_int("num_channels", 3)
+    qkv_bias = bool(c.get("qkv_bias", True))
+    # google/vit-huge-patch14-224-in21k has no labels (a ViTModel); 1000 = ImageNet-1k fine-tune
+    num_labels = c.num_labels(1000)
+    linears = (_lin("query", h, h, qkv_bias), _lin("key", h, h, qkv_bias),
+               _lin("value", h, h, qkv_bias), _lin("dense", h, h, True),
+               _lin("dense", h, inter, True), _lin("dense", inter, h, True))
+    stack = Stack(role="encoder", num_layers=layers, hidden_size=h, num_heads=nh, num_kv_heads=nh,
+                  head_dim=h // nh, intermediate_size=inter, mlp="gelu", norm="layernorm",
+                  linears=linears, params_per_layer=_lin_params(linears) + 2 * _ln(h),
+                  sequence="patches")
+    patches = (image // patch) ** 2
+    embed = h + (patches + 1) * h + chans * patch * patch * h + h   # cls, positions, conv
+    return Architecture(
+        name=c.name, model_type="vit", kind="vision", stacks=(stack,),
+        embedding_params=embed, other_params=_ln(h),
+        head_params={"image-classification": h * num_labels + num_labels},
+        default_task="image-classification", max_positions=None,
+        hidden_dropout=c.float("hidden_dropout_prob"),
+        attention_dropout=c.float("attention_probs_dropout_prob"),
+        image_size=image, patch_size=patch, num_channels=chans, num_labels=num_labels)
+
+
+# ---------------------------------------------------------------- resnet
+
+
+def _resnet(c: _Cfg) -> Architecture:
+    chans = c.opt_int("num_channels", 3)
+    emb = c.int("embedding_size")
+    sizes = [int(x) for x in c.req("hidden_sizes")]
+    depths = [int(x) for x in c.req("depths")]
+    if len(sizes) != len(depths):
+        raise ModelConfigError(f"{c.name}: hidden_sizes and depths must have the same length")
+    layer_type = str(c.get("layer_type", "bottleneck"))
+    if layer_type not in ("bottleneck", "basic"):
+        raise ModelConfigError(f"{c.name}: unsupported resnet layer_type {layer_type!r}")
+    first_down = bool(c.get("downsample_in_first_stage", False))
+    down_in_bottleneck = bool(c.get("downsample_in_bottleneck", False))
+    image = c.opt_int("image_size", 224)
+    num_labels = c.num_labels(1000)
+
+    def conv_bn(i: int, o: int, k: int) -> int:   # conv without bias + BatchNorm weight/bias
+        return i * o * k * k + 2 * o
+
+    # Saved-for-backward tensors, per sample, as autograd keeps them in training mode (ReLU not
+    # in place). Each conv saves its input (= the previous ReLU/max-pool output, counted once),
+    # each BatchNorm saves its input (the conv output), each ReLU its output.
+    fmaps: list[tuple[int, int]] = [(chans, 1),            # the image (saved by the stem conv)
+                                    (emb, 2), (emb, 2),    # stem conv out, ReLU out
+                                    (emb, 4), (emb, 4)]    # max-pool indices (int64), max-pool out
+    params = 0
+    in_ch, r = emb, 4
+    for i, (out, depth) in enumerate(zip(sizes, depths)):
+        for j in range(depth):
+            s = (2 if (i > 0 or first_down) else 1) if j == 0 else 1
+            if in_ch != out or s != 1:                      # shortcut conv + BN
+                params += conv_bn(in_ch, out, 1)
+                fmaps.append((out, r * s))
+            if layer_type == "bottleneck":
+                red = out // 4
+                params += conv_bn(in_ch, red, 1) + conv_bn(red, red, 3) + conv_bn(red, out, 1)
+                r1 = r * s if down_in_bottleneck else r
+                fmaps += [(red, r1), (red, r1), (red, r * s), (red, r * s), (out, r * s)]
+            else:
+                params += conv_bn(in_ch, out, 3) + conv_bn(out, out, 3)
+                fmaps += [(out, r * s), (out, r * s), (out, r * s)]
+            fmaps.append((out, r * s))                       # ReLU after the residual add
+            in_ch, r = out, r * s
+    fmaps.append((in_ch, image))   # pooled features saved by the classifier: 1x1 at image_size
+    return Architecture(
+        name=c.name, model_type="resnet", kind="cnn", stacks=(),
+        embedding_params=conv_bn(chans, emb, 7), other_params=params,
+        head_params={"image-classification": in_ch * num_labels + num_labels},
+        default_task="image-classification", max_positions=None,
+        image_size=image, num_channels=chans, feature_maps=tuple(fmaps), num_labels=num_labels)
+
+
+# ---------------------------------------------------------------- whisper
+
+
+def _whisper(c: _Cfg) -> Architecture:
+    d = c.int("d_model")
+    enc_layers = c.int("encoder_layers")
+    dec_layers = c.int("decoder_layers")
+    enc_heads = c.int("encoder_attention_heads")
+    dec_heads = c.int("decoder_attention_heads")
+    enc_ffn = c.int("encoder_ffn_dim")
+    dec_ffn = c.int("decoder_ffn_dim")
+    vocab = c.int("vocab_size")
+    mels = c.int("num_mel_bins")
+    src = c.int("max_source_positions")
+    tgt = c.int("max_target_positions")
+    tie = bool(c.get("tie_word_embeddings", True))
+
+    def attn() -> list[Linear]:
+        return [_lin("q_proj", d, d, True), _lin("k_proj", d, d, False), _lin("v_proj", d, d, True),
+                _lin("out_proj", d, d, True)]
+
+    enc_lin = tuple(attn() + [_lin("fc1", d, enc_ffn, True), _lin("fc2", enc_ffn, d, True)])
+    dec_lin = tuple(attn() + attn() + [_lin("fc1", d, dec_ffn, True), _lin("fc2", dec_ffn, d, True)])
+    enc = Stack(role="encoder", num_layers=enc_layers, hidden_size=d, num_heads=enc_heads,
+                num_kv_heads=enc_heads, head_dim=d // enc_heads, intermediate_size=enc_ffn,
+                mlp="gelu", norm="layernorm", linears=enc_lin,
+                params_per_layer=_lin_params(enc_lin) + 2 * _ln(d), sequence="audio")
+    dec = Stack(role="decoder", num_layers=dec_layers, hidden_size=d, num_heads=dec_heads,
+                num_kv_heads=dec_heads, head_dim=d // dec_heads, intermediate_size=dec_ffn,
+                mlp="gelu", norm="layernorm", linears=dec_lin, cross_attention=True,
+                params_per_layer=_lin_params(dec_lin) + 3 * _ln(d))
+    frontend = (mels * d * 3 + d) + (d * d * 3 + d)          # two conv1d, kernel 3
+    return Architecture(
+        name=c.name, model_type="whisper", kind="encoder-decoder", stacks=(enc, dec),
+        embedding_params=frontend + src * d + (vocab + tgt) * d,
+        other_params=2 * _ln(d),
+        head_params={"speech-seq2seq": 0 if tie else vocab * d}, default_task="speech-seq2seq",
+        vocab_size=vocab, max_positions=tgt, tied_embeddings=tie,
+        hidden_dropout=c.float("dropout"), attention_dropout=c.float("attention_dropout"),
+        num_mel_bins=mels,
+        # frames of log-mel input: the second conv has stride 2, so 2 x the encoder positions
+        max_source_positions=2 * src)
+
+
+_BUILDERS: dict[str, Callable[[_Cfg], Architecture]] = {
+    **{mt: _llama_like for mt in _LLAMA_LIKE},
+    "gpt2": _gpt2, "bert": _bert_like, "roberta": _bert_like, "t5": _t5, "vit": _vit,
+    "resnet": _resnet, "whisper": _whisper,
+}
+
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))
+
+
+def architecture_from_config(config: dict, name: str, source: str = "") -> Architecture:
+    """The Architecture of a Hugging Face config.json (as a dict).
+
+    name is the catalog name or the path the config was read from (used in messages);
+    source is where the config comes from (URL) for catalog models.
+    """
+    if not isinstance(config, dict):
+        raise ModelConfigError(f"{name}: a config.json must hold a JSON object, "
+                               f"got {type(config).__name__}")
+    mt = config.get("model_type")
+    if not mt:
+        raise ModelConfigError(
+            f"{name}: config has no 'model_type' key; supported model types: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    builder = _BUILDERS.get(str(mt))
+    if builder is None:
+        raise ModelConfigError(
+            f"{name}: unsupported model_type {mt!r}; supported model types: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    arch = builder(_Cfg(config, name))
+    stacks = tuple(replace(st, linears=_with_roles(st.linears)) for st in arch.stacks)
+    object.__setattr__(arch, "stacks", stacks)
+    object.__setattr__(arch, "source", source)
+    object.__setattr__(arch, "extra", dict(config))
+    return arch
+
+
+_QUERY = {"q_proj", "q", "query", "c_attn", "qkv_proj"}   # starts an attention block
+_KEY_VALUE = {"k_proj", "v_proj", "k", "v", "key", "value"}
+
+
+def _with_roles(linears: tuple[Linear, ...]) -> tuple[Linear, ...]:
+    """Tag each linear with what it reads (Linear.role), from the block's layer order:
+    attention sets come first (the second one of a decoder block is cross-attention),
+    their output projection follows, then the MLP, whose last linear is its output."""
+    roles, attention_sets, in_attention = [], 0, False
+    for ln in linears:
+        cross = attention_sets > 1
+        if ln.name in _QUERY:
+            attention_sets += 1
+            in_attention = True
+            roles.append("cross_q" if attention_sets > 1 and ln.name != "c_attn" else "attn_in")
+        elif in_attention and ln.name in _KEY_VALUE:
+            roles.append("cross_kv" if cross else "attn_in")
+        elif in_attention:
+            roles.append("cross_out" if cross else "attn_out")
+            in_attention = False
+        elif ln.name == "gate" and ln.count == 1:
+            roles.append("router")
+        else:
+            roles.append("mlp_in")
+    last_mlp = max(i for i, role in enumerate(roles) if role == "mlp_in")
+    roles[last_mlp] = "mlp_out"
+    return tuple(replace(ln, role=role) for ln, role in zip(linears, roles))

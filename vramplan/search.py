@@ -1,0 +1,383 @@
+"""Largest batch size / sequence length that fits, and grids of jobs (sweeps).
+
+Engine-agnostic: an *oracle* is any callable Job -> peak bytes (an int, or a MemoryReport
+whose `device_total` is used). Raising an out-of-memory error means "does not fit": the
+search catches it, frees memory and goes on. So formula and trace answer instantly, and
+measure answers for real (on CUDA, or on the CPU with a byte budget).
+
+    >>> from vramplan.engines.formula import estimate
+    >>> result = max_batch_size(job, estimate, parse_bytes("24GiB"))
+    >>> result.best, len(result.trials)
+
+The search grows the value (doubling), then narrows the bracket (bisection). When the
+oracle returns peaks, the next trial is where the line through the nearest measured
+points crosses the limit (memory is close to affine in batch size and smooth in sequence
+length), which finds the exact answer in a handful of trials; every step is clamped
+inside the bracket and falls back to doubling / bisection when a trial ran out of memory
+or the prediction did not shrink the bracket enough.
+"""
+
+from __future__ import annotations
+
+import csv
+import gc
+import json
+import math
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from vramplan.engines.report import TENSOR_CATEGORIES, MemoryReport
+from vramplan.errors import EngineError, JobError
+from vramplan.job import Job
+
+try:  # the measure engine raises it when a step goes over its byte budget
+    from vramplan.errors import BudgetExceeded
+except ImportError:  # until errors.py has it
+    class BudgetExceeded(EngineError):  # type: ignore[no-redef]
+        """A step allocated more than the byte budget it was given (counts as out of memory)."""
+
+Oracle = Callable[[Job], "int | MemoryReport"]
+
+DEFAULT_MARGIN = 0.05  # the safety margin users of other finders asked for, as a floor
+_GROWTH_CAP = 1024     # never jump more than this factor past the largest fitting value
+_JOB_LIMITS = {"batch_size": 1_000_000, "seq_len": 100_000_000}  # Job's own field bounds
+
+
+# --- trials and results --------------------------------------------------------------------
+
+
+@dataclass
+class Trial:
+    value: int
+    peak: int | None  # bytes; None when the trial ran out of memory
+    fits: bool
+    error: str = ""   # the out-of-memory message, when there was one
+
+
+@dataclass
+class SearchResult:
+    parameter: str               # "batch_size" or "seq_len"
+    best: int | None             # largest value that fits; None when even the smallest fails
+    budget_bytes: int
+    margin: float
+    limit_bytes: int             # budget x (1 - margin): a trial fits iff peak <= limit
+    trials: list[Trial] = field(default_factory=list)
+    capped: bool = False         # best == the maximum asked for (the true limit may be higher)
+    largest_category: str = ""   # when nothing fits: what fills memory at the smallest value
+    suggestions: list[str] = field(default_factory=list)  # when nothing fits: what may help
+
+    @property
+    def fits(self) -> bool:
+        return self.best is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"fits": self.fits}
+
+
+# --- out-of-memory handling ----------------------------------------------------------------
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True for the errors that mean 'did not fit' (CUDA, CPU, our own budget)."""
+    if isinstance(error, (BudgetExceeded, MemoryError)):
+        return True
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(error, getattr(torch, "OutOfMemoryError", ())):
+        return True
+    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+
+
+def release_memory() -> None:
+    """Drop what a failed trial left behind so the next one starts clean."""
+    gc.collect()
+    torch = sys.modules.get("torch")  # only if already loaded: never import it here
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def peak_of(answer: int | MemoryReport) -> int:
+    """An oracle's answer as bytes: what the device would show (device_total) for reports."""
+    return answer.device_total if isinstance(answer, MemoryReport) else int(answer)
+
+
+def _ask(oracle: Oracle, job: Job) -> tuple[int | None, MemoryReport | None, str]:
+    try:
+        answer = oracle(job)
+    except Exception as error:  # noqa: BLE001 - only out-of-memory is swallowed
+        if not is_out_of_memory(error):
+            raise
+        message = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        del error  # the traceback holds the failed step's tensors
+        release_memory()
+        return None, None, message
+    report = answer if isinstance(answer, MemoryReport) else None
+    return peak_of(answer), report, ""
+
+
+# --- the search ------------------------------------------------------------------------------
+
+
+def max_batch_size(job: Job, oracle: Oracle, budget_bytes: int, *, margin: float = DEFAULT_MARGIN,
+                   maximum: int | None = None,
+                   explain: Callable[[Job], MemoryReport] | None = None) -> SearchResult:
+    """Largest micro-batch size (exact) whose peak stays within budget x (1 - margin).
+
+    explain: an engine used only when batch size 1 does not fit and the oracle gave no
+    report (it ran out of memory), to say which category fills memory (e.g. formula).
+    """
+    return _search(job, "batch_size", 1, oracle, budget_bytes, margin, maximum, explain)
+
+
+def max_seq_len(job: Job, oracle: Oracle, budget_bytes: int, *, margin: float = DEFAULT_MARGIN,
+                granularity: int = 64, maximum: int | None = None,
+                explain: Callable[[Job], MemoryReport] | None = None) -> SearchResult:
+    """Largest sequence length, a multiple of `granularity`, that fits (at the job's batch)."""
+    if granularity < 1:
+        raise JobError(f"granularity must be at least 1 token (got {granularity})")
+    return _search(job, "seq_len", granularity, oracle, budget_bytes, margin, maximum, explain)
+
+
+def _search(job: Job, parameter: str, step: int, oracle: Oracle, budget_bytes: int,
+            margin: float, maximum: int | None, explain) -> SearchResult:
+    if not 0 <= margin < 1:
+        raise JobError(f"margin is a fraction of the budget in [0, 1) (got {margin})")
+    if budget_bytes <= 0:
+        raise JobError(f"the memory budget must be positive (got {budget_bytes} bytes)")
+    limit = int(budget_bytes * (1 - margin))
+    result = SearchResult(parameter, None, budget_bytes, margin, limit)
+    # Work in units of `step` (k x granularity tokens); k_max bounds the search when asked.
+    maximum = min(maximum or _JOB_LIMITS[parameter], _JOB_LIMITS[parameter])
+    k_max = maximum // step
+    if k_max < 1:
+        raise JobError(f"maximum {maximum} is below the smallest value tried ({step})")
+    points: dict[int, int | None] = {}  # k -> peak (None: out of memory)
+
+    def trial(k: int) -> bool:
+        peak, report, error = _ask(oracle, job.with_changes(**{parameter: k * step}))
+        fits = peak is not None and peak <= limit
+        result.trials.append(Trial(k * step, peak, fits, error))
+        points[k] = peak
+        if k == 1 and not fits:
+            _explain(result, job.with_changes(**{parameter: step}), report, explain)
+        return fits
+
+    if not trial(1):
+        return result
+    lo, hi = 1, None  # lo fits; hi (when known) does not
+    stalls = 0  # consecutive trials that neither doubled lo nor halved the bracket
+    while hi is None or hi - lo > 1:
+        if lo >= k_max:
+            result.capped = True
+            break
+        k = _next(points, lo, hi, limit, k_max, stalls)
+        before = (lo, hi)
+        if trial(k):
+            lo = k
+        else:
+            hi = k
+        if before[1] is None:
+            progressed = hi is not None or lo >= 2 * before[0]
+        else:
+            progressed = hi - lo <= (before[1] - before[0]) / 2
+        stalls = 0 if progressed else stalls + 1
+    result.best = lo * step
+    return result
+
+
+def _next(points: dict[int, int | None], lo: int, hi: int | None, limit: int,
+          k_max: int, stalls: int) -> int:
+    """The next value to try, strictly inside (lo, hi) and at most k_max.
+
+    The model's prediction is tried while it keeps making progress; after two trials that
+    did not, plain doubling / bisection guarantees the worst case (about 2 log2(max)).
+    """
+    upper = (hi - 1) if hi is not None else min(k_max, lo * _GROWTH_CAP)
+    default = lo * 2 if hi is None else (lo + hi) // 2  # doubling, then bisection
+    guess = _predict(points, lo, hi, limit) if stalls < 2 else None
+    if guess is None:
+        k = default
+    else:
+        k = guess if guess > lo else lo + 1  # the model puts the edge at lo: test lo + 1
+    return max(lo + 1, min(k, upper))
+
+
+def _predict(points: dict[int, int | None], lo: int, hi: int | None, limit: int) -> int | None:
+    """Largest k whose peak the model through the measured points nearest the edge keeps
+    within the limit: a quadratic through three points (attention grows with seq_len^2),
+    a line through two (batch size), or None when there is no usable slope."""
+    fitting = [k for k in sorted(points) if k <= lo and points[k] is not None]
+    near = fitting[-2:] if hi is None or points.get(hi) is None else fitting[-2:] + [hi]
+    if len(near) == 3 and (k := _solve_quadratic(near, points, limit)) is not None:
+        return k
+    a, b = (near[-2], near[-1]) if len(near) >= 2 else (None, None)
+    if hi is not None and points.get(hi) is not None:
+        a, b = lo, hi  # the line across the bracket
+    if a is None or points[b] <= points[a]:  # flat or noisy: no slope to follow
+        return None
+    # exact rational arithmetic: peaks are ints, so an affine oracle is predicted exactly
+    k = a + Fraction(limit - points[a]) * (b - a) / (points[b] - points[a])
+    return math.floor(k)
+
+
+def _solve_quadratic(ks: list[int], points: dict[int, int | None], limit: int) -> int | None:
+    (x0, x1, x2), (y0, y1, y2) = ks, [Fraction(points[k]) for k in ks]
+    d01, d12 = (y1 - y0) / (x1 - x0), (y2 - y1) / (x2 - x1)  # divided differences
+    c2 = (d12 - d01) / (x2 - x0)
+    if c2 <= 0:  # not convex: a line is the safer model
+        return None
+    c1 = d01 - c2 * (x0 + x1)
+    c0 = y0 - c1 * x0 - c2 * x0 * x0
+    disc = float(c1 * c1 - 4 * c2 * (c0 - limit))
+    if disc < 0:
+        return None
+    root = (-float(c1) + math.sqrt(disc)) / (2 * float(c2))
+    k = math.floor(root)
+    # float rounding at an exact edge: settle the integer with exact arithmetic
+    while c0 + c1 * (k + 1) + c2 * (k + 1) ** 2 <= limit:
+        k += 1
+    while k > 0 and c0 + c1 * k + c2 * k * k > limit:
+        k -= 1
+    return k
+
+
+# --- what to try when nothing fits ------------------------------------------------------------
+
+_SUGGESTIONS = {
+    "optimizer_states": ["an 8-bit optimizer (optimizer: adamw-8bit)",
+                         "shard optimizer states over GPUs (zero1 / zero2 / fsdp)",
+                         "offload optimizer states to the CPU (offload.optimizer)",
+                         "LoRA, so only adapters have optimizer states (peft.method: lora)"],
+    "weights": ["QLoRA: a 4-bit base with LoRA adapters (peft.method: qlora)",
+                "shard parameters over GPUs (fsdp / zero3)",
+                "a GPU with more memory"],
+    "gradients": ["LoRA, so only adapters have gradients (peft.method: lora)",
+                  "shard gradients over GPUs (zero2 / fsdp)",
+                  "apply the optimizer in backward (optimizer_in_backward)"],
+    "activations": ["activation checkpointing (checkpointing: full or selective)",
+                    "a shorter sequence (seq_len)",
+                    "flash / memory-efficient attention (attention: sdpa)"],
+    "temporary": ["a chunked cross-entropy loss that never materialises all logits "
+                  "(loss: chunked)", "a shorter sequence (seq_len)"],
+    "inputs": ["a shorter sequence or smaller images", "checkpointing"],
+    "allocator_overhead": ["PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (fragmentation)"],
+    "runtime_context": ["a GPU with more memory: the CUDA context alone does not fit"],
+}
+
+
+def _explain(result: SearchResult, job: Job, report: MemoryReport | None, explain) -> None:
+    if report is None and explain is not None:
+        try:
+            report = explain(job)
+        except Exception:  # noqa: BLE001 - the explanation is optional
+            report = None
+    if report is None:
+        result.suggestions = ["run the same search with the formula or trace engine to see "
+                              "what fills memory", *_SUGGESTIONS["activations"][:1],
+                              *_SUGGESTIONS["weights"][:2]]
+        return
+    cats = {c: report.categories.get(c, 0) for c in (*TENSOR_CATEGORIES, "runtime_context")}
+    largest = max(cats, key=cats.get)
+    result.largest_category = largest
+    result.suggestions = list(_SUGGESTIONS[largest])
+    # The next largest category often decides whether the first fix is enough.
+    second = sorted(cats, key=cats.get, reverse=True)[1]
+    if cats[second] > 0.25 * cats[largest]:
+        result.suggestions += [s for s in _SUGGESTIONS[second][:1] if s not in result.suggestions]
+
+
+# --- sweeps --------------------------------------------------------------------------------------
+
+
+SWEEP_FIELDS = ("batch_size", "seq_len", "peak_allocated", "peak_reserved", "device_total",
+                "fits", "step_time_s", "samples_per_s", "tokens_per_s", "final_loss", "error")
+
+
+def sweep(job: Job, oracle_report: Callable[[Job], MemoryReport], batch_sizes: Iterable[int],
+          seq_lens: Iterable[int] | None = None, *, budget_bytes: int | None = None,
+          margin: float = DEFAULT_MARGIN,
+          on_row: Callable[[dict], None] | None = None) -> list[dict[str, Any]]:
+    """One row per (batch size, sequence length): peak memory, and time/throughput/loss when
+    the report was measured. A point that runs out of memory is a row with `error`.
+
+    on_row: called after each point (a progress bar).
+    """
+    seq_lens = list(seq_lens) if seq_lens else [job.seq_len]
+    rows = []
+    for seq_len in seq_lens:
+        for batch in batch_sizes:
+            row = dict.fromkeys(SWEEP_FIELDS)
+            row.update(batch_size=batch, seq_len=seq_len, error="")
+            try:
+                report = oracle_report(job.with_changes(batch_size=batch, seq_len=seq_len))
+            except Exception as error:  # noqa: BLE001 - only out-of-memory is swallowed
+                if not is_out_of_memory(error):
+                    raise
+                row.update(fits=False, error=f"{type(error).__name__}: {error}".splitlines()[0])
+                del error
+                release_memory()
+            else:
+                row.update(peak_allocated=report.peak_allocated,
+                           peak_reserved=report.peak_reserved, device_total=report.device_total)
+                if budget_bytes is not None:
+                    row["fits"] = report.device_total <= budget_bytes * (1 - margin)
+                m = report.measured or {}
+                row.update(step_time_s=m.get("step_time_median_s"),
+                           samples_per_s=m.get("samples_per_s"),
+                           tokens_per_s=m.get("tokens_per_s"),
+                           final_loss=(m.get("losses") or [None])[-1])
+            rows.append(row)
+            if on_row:
+                on_row(row)
+    return rows
+
+
+def write_csv(rows: Sequence[dict], path: str | Path) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else list(SWEEP_FIELDS))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_json(data: Any, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def plot(rows: Sequence[dict], path: str | Path, *, x: str | None = None,
+         limit_bytes: int | None = None, limit_label: str = "GPU usable memory",
+         title: str = "") -> None:
+    """PNG of peak memory (GiB) against batch size or sequence length, one line per value
+    of the other, with the GPU's usable memory drawn as a horizontal line."""
+    import matplotlib  # lazily: plotting is optional and slow to import
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if x is None:  # the axis with more distinct values
+        x = "batch_size" if len({r["batch_size"] for r in rows}) >= len(
+            {r["seq_len"] for r in rows}) else "seq_len"
+    other = "seq_len" if x == "batch_size" else "batch_size"
+    gib = 1024**3
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for value in sorted({r[other] for r in rows}):
+        pts = sorted((r[x], r["device_total"]) for r in rows
+                     if r[other] == value and r["device_total"] is not None)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] / gib for p in pts], marker="o",
+                    label=f"{other} = {value}")
+        ooms = [r[x] for r in rows if r[other] == value and r["device_total"] is None]
+        if ooms and limit_bytes:
+            ax.scatter(ooms, [limit_bytes / gib] * len(ooms), marker="x", color="red")
+    if limit_bytes:
+        ax.axhline(limit_bytes / gib, color="red", linestyle="--", label=limit_label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(x.replace("_", " "))
+    ax.set_ylabel("peak memory (GiB)")
+    ax.set_title(title or "Peak memory")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

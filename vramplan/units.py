@@ -1,0 +1,54 @@
+"""Bytes <-> text. Bytes are ints everywhere; units appear only at the edges.
+
+Binary units (KiB, MiB, GiB) are powers of 1024, decimal ones (KB, MB, GB) powers of 1000,
+and each is always named explicitly, so "24 GB" on a datasheet and "22.5 GiB" in a report
+are never confused.
+"""
+
+from __future__ import annotations
+
+import re
+
+from vramplan.errors import JobError
+
+KiB, MiB, GiB, TiB = 1024, 1024**2, 1024**3, 1024**4
+KB, MB, GB, TB = 1000, 1000**2, 1000**3, 1000**4
+
+_UNITS = {
+    "b": 1, "": 1,
+    "kib": KiB, "mib": MiB, "gib": GiB, "tib": TiB,
+    "kb": KB, "mb": MB, "gb": GB, "tb": TB,
+}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str | int | float) -> int:
+    """'24GB' -> 24_000_000_000, '4 GiB' -> 4294967296, 1024 -> 1024."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        if text < 0:
+            raise JobError(f"a memory size cannot be negative (got {text})")
+        return int(text)
+    match = _SIZE.match(str(text))
+    if not match or match.group(2).lower() not in _UNITS:
+        raise JobError(
+            f"cannot read {text!r} as a memory size: write a number and a unit, "
+            "e.g. '24GB' (decimal) or '22.5GiB' (binary)"
+        )
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def format_bytes(n: int, unit: str = "GiB", digits: int = 2) -> str:
+    """format_bytes(3 * GiB) -> '3.00 GiB'; unit is one of the names above or 'auto'."""
+    if unit == "auto":
+        unit = next((u for u, size in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB))
+                     if abs(n) >= size), "B")
+    size = _UNITS[unit.lower()] if unit != "B" else 1
+    return f"{n / size:.{digits}f} {unit}" if unit != "B" else f"{n} B"
+
+
+def format_count(n: int) -> str:
+    """Parameter counts: 8030261248 -> '8.03B', 124439808 -> '124.44M'."""
+    for suffix, size in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f}{suffix}"
+    return str(n)
