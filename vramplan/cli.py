@@ -10,6 +10,7 @@ import functools
 import inspect
 import json
 import sys
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -108,7 +109,8 @@ def build_job(model: str | None, job_file: Path | None, flags: dict[str, Any]) -
 
 def job_command(func):
     """Give a command the MODEL argument, --job and every job flag; it receives `job`."""
-    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+    hints = typing.get_type_hints(func, include_extras=True)  # annotations are strings here
+    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[p.name])
            for p in inspect.signature(func).parameters.values() if p.name != "job"]
     added = [
         inspect.Parameter("model", inspect.Parameter.KEYWORD_ONLY, default=None,
@@ -257,21 +259,13 @@ def _default(ctx: typer.Context) -> None:
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        app()
     except VramplanError as error:
-        Console(stderr=True).print(f"[red]error:[/] {error}", highlight=False)
+        sys.stderr.write(f"error: {error}\n")
         raise SystemExit(2) from None
-    except typer.Abort:
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
         raise SystemExit(130) from None
-    except (typer.BadParameter, typer.Exit) as error:
-        raise SystemExit(getattr(error, "exit_code", 2)) from None
-    except Exception as error:  # click usage errors in non-standalone mode
-        import click
-
-        if isinstance(error, click.ClickException):
-            error.show()
-            raise SystemExit(2) from None
-        raise
 
 
 if __name__ == "__main__":

@@ -279,10 +279,13 @@ def _adafactor_bytes(job: Job, arch: Architecture, trainable: int, state_bytes: 
         r = job.peft.rank
         return sum(s.num_layers * ln.count * 2 * (r + ln.in_features + r + ln.out_features)
                    for s in arch.stacks for ln in s.linears) * state_bytes
-    matrices = sum(s.num_layers * ln.count * ln.in_features * ln.out_features
-                   for s in arch.stacks for ln in s.linears)
-    factored = sum(s.num_layers * ln.count * (ln.in_features + ln.out_features)
-                   for s in arch.stacks for ln in s.linears)
+    shapes = [(ln.in_features, ln.out_features, s.num_layers * ln.count)
+              for s in arch.stacks for ln in s.linears]
+    if arch.vocab_size:  # the token embedding (and an untied head) are matrices too
+        copies = 1 if arch.tied_embeddings else 2
+        shapes.append((arch.vocab_size, _hidden(arch), copies))
+    matrices = sum(rows * cols * n for rows, cols, n in shapes)
+    factored = sum((rows + cols) * n for rows, cols, n in shapes)
     return (factored + (trainable - matrices)) * state_bytes
 
 

@@ -17,6 +17,7 @@ the trace engine runs, so measure and trace see the same step.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import threading
 import time
@@ -180,7 +181,7 @@ def _report(job: Job, setup: Setup, run: _Run, probe) -> MemoryReport:
         "steps": len(run.losses), "warmup": run.warmup, "steps_planned": run.total,
         "complete": not run.stopped, "stopped": run.stopped,
         "step_time_median_s": statistics.median(timed) if timed else None,
-        "step_time_p90_s": _p90(timed),
+        "step_time_p90_s": p90(timed),
         "losses": run.losses, "non_finite_losses": run.non_finite, "skipped_steps": run.skipped,
         "peak_allocated": peak, **probe.measured(),
     }
@@ -199,7 +200,7 @@ def _report(job: Job, setup: Setup, run: _Run, probe) -> MemoryReport:
         notes=notes, measured=measured)
 
 
-def _p90(values: list[float]) -> float | None:
+def p90(values: list[float]) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
@@ -281,6 +282,7 @@ class _CpuProbe(_Probe):
         self.setup, self.budget, self.profiled_steps = setup, budget_bytes, profiled_steps
         self._profiler = None
         self._live_at_start = 0
+        os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # silence the profiler's start/stop lines
         self.notes.append("CPU peak from allocator memory events (torch.profiler, "
                           "profile_memory=True); no caching allocator, so reserved = allocated")
 
@@ -355,7 +357,7 @@ class _CudaProbe(_Probe):
                                    else torch.cuda.current_device())
         self.device_name = torch.cuda.get_device_name(self.device)
         self.runtime_gpu = emulate_gpu
-        self._sampler = _NvmlSampler(self.device)
+        self._sampler = NvmlSampler(self.device)
         torch.cuda.init()
         total = torch.cuda.get_device_properties(self.device).total_memory
         cap = budget
@@ -442,7 +444,7 @@ def _nvml_used(device: torch.device) -> int | None:
         return None
 
 
-class _NvmlSampler:
+class NvmlSampler:
     """Samples NVML used memory and utilization every `interval` s in a daemon thread.
     NVML's utilization is the share of time a kernel ran (or memory was read or written)
     over its own sample window, not SM occupancy."""

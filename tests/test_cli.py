@@ -1,0 +1,104 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+import vramplan
+
+
+def test_no_arguments_estimates_the_default_job(run_cli):
+    code, out, err = run_cli()
+    assert code == 0, err
+    assert "llama-3.1-8b" in out and "qlora" in out
+    for category in ("weights", "gradients", "optimizer states", "activations", "inputs",
+                     "temporary", "allocator overhead", "runtime context", "peak allocated"):
+        assert category in out
+    assert "L4" in out and "Does it fit?" in out
+
+
+def test_estimate_flags_and_json(run_cli):
+    code, out, _ = run_cli("estimate", "llama-3.2-1b", "-b", "4", "--seq-len", "1024",
+                           "--precision", "bf16-mixed", "--optimizer", "adamw", "--gpu", "L4",
+                           "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["job"]["batch_size"] == 4 and data["job"]["seq_len"] == 1024
+    assert [f["gpu"] for f in data["fits"]] == ["L4"]
+    assert data["peak_allocated"] == vramplan.estimate(vramplan.Job(
+        model="llama-3.2-1b", batch_size=4, seq_len=1024, gpu="L4")).peak_allocated
+
+
+def test_job_file_with_flag_overrides(run_cli, tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("model: gpt2\nbatch_size: 2\nseq_len: 512\npeft:\n  rank: 4\n"
+                    "  target_modules: [c_attn]\n")
+    code, out, err = run_cli("estimate", "--job", str(path), "-b", "8", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert (data["model_name"], data["job"]["batch_size"], data["job"]["peft"]["rank"]) == \
+        ("gpt2", 8, 4)
+
+
+def test_lora_flags_build_a_peft_section(run_cli):
+    code, out, _ = run_cli("estimate", "llama-3.2-1b", "--lora-rank", "8",
+                           "--lora-targets", "q_proj,v_proj", "--json")
+    assert code == 0
+    assert json.loads(out)["params_trainable"] == 851_968
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["estimate", "lama-3.1-8b"], "did you mean 'llama-3.1-8b'"),
+    (["estimate", "gpt2", "--gpu", "H10O"], "unknown gpu 'H10O'"),
+    (["estimate", "gpt2", "-b", "0"], "batch_size"),
+    (["estimate", "gpt2", "-b", "-2"], "batch_size"),
+    (["estimate", "gpt2", "--seq-len", "4096"], "1024 learned positions"),
+    (["estimate", "gpt2", "--precision", "fp7"], "precision: must be one of"),
+    (["estimate", "--job", "/nonexistent/job.yaml"], "does not exist"),
+    (["estimate", "gpt2", "--engine", "magic"], "unknown engine 'magic'"),
+    (["estimate", "gpt2", "--unit", "furlongs"], "--unit must be GiB or GB"),
+    (["models", "--min-params", "lots"], "parameter count"),
+    (["gpus", "--min-memory", "big"], "memory size"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(run_cli, args, fragment):
+    code, out, err = run_cli(*args)
+    assert code == 2
+    assert fragment.lower() in err.lower()
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 3
+
+
+def test_malformed_and_unknown_key_job_files(run_cli, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: gpt2\nbatch_size: [1\n")
+    code, _, err = run_cli("estimate", "--job", str(bad))
+    assert code == 2 and "bad.yaml" in err and "line" in err
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("model: gpt2\nbatchsize: 2\n")
+    code, _, err = run_cli("estimate", "--job", str(typo))
+    assert code == 2 and "did you mean 'batch_size'" in err
+
+
+def test_models_and_gpus_listings_filter(run_cli):
+    code, out, _ = run_cli("models", "--family", "llama", "--json")
+    names = [m["name"] for m in json.loads(out)]
+    assert code == 0 and "llama-3.1-8b" in names and "gpt2" not in names
+    code, out, _ = run_cli("gpus", "--min-memory", "80GB", "--json")
+    gpus = json.loads(out)
+    assert code == 0 and "H100-SXM" in [g["name"] for g in gpus] and "L4" not in [
+        g["name"] for g in gpus]
+    code, out, _ = run_cli("gpus")
+    assert code == 0 and "L4" in out
+
+
+def test_import_and_formula_path_do_not_import_torch():
+    code = ("import sys, vramplan, vramplan.cli; "
+            "vramplan.estimate(vramplan.Job(model='llama-3.1-70b')); "
+            "print('torch' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_public_api_is_explicit_and_sorted():
+    assert vramplan.__all__ == sorted(vramplan.__all__)
+    for name in vramplan.__all__:
+        assert hasattr(vramplan, name)

@@ -1,0 +1,180 @@
+import pytest
+
+from vramplan import CATEGORIES, Job, JobError, Offload, Parallel, Peft, estimate
+from vramplan.engines.formula import estimate as formula_estimate
+from vramplan.engines.runtime import CUBLAS_WORKSPACE_DEFAULT, CUBLAS_WORKSPACE_HOPPER
+from vramplan.hardware import get_gpu
+from vramplan.models import load_architecture
+
+MODEL = "llama-3.2-1b"
+P = load_architecture(MODEL).total_params()  # 1,235,814,400 (tied embeddings)
+
+
+def at_optimizer_step(**fields):
+    """A job whose peak is the optimizer step: weights, grads and states are all live."""
+    return estimate(Job(model=MODEL, batch_size=1, seq_len=16, **fields))
+
+
+def test_full_fine_tune_bytes_per_parameter():
+    # fp32 AdamW: 4 (weights) + 4 (grads) + 8 (two states) bytes per parameter
+    r = at_optimizer_step(precision="fp32", optimizer="adamw", optimizer_impl="fused")
+    assert r.peak_phase in ("backward", "optimizer")  # grads, states and weights all live
+    assert r.categories["weights"] == 4 * P
+    assert r.categories["gradients"] == 4 * P
+    assert r.categories["optimizer_states"] == 8 * P
+
+
+def test_bf16_pure_halves_everything_and_foreach_adds_one_state_copy():
+    r = at_optimizer_step(precision="bf16-pure", optimizer="adamw", optimizer_impl="foreach")
+    assert (r.categories["weights"], r.categories["optimizer_states"]) == (2 * P, 4 * P)
+    # sqrt(exp_avg_sq) for every parameter at once, plus the cuBLAS workspaces
+    assert r.categories["temporary"] == 2 * P + 2 * CUBLAS_WORKSPACE_HOPPER
+
+
+@pytest.mark.parametrize("optimizer, per_param", [
+    ("sgd", 0), ("sgd-momentum", 4), ("lion", 4), ("adam", 8), ("adamw-8bit", 2.004)])
+def test_optimizer_state_per_parameter(optimizer, per_param):
+    r = at_optimizer_step(precision="fp32", optimizer=optimizer, optimizer_impl="loop")
+    assert r.categories["optimizer_states"] == pytest.approx(per_param * P, rel=2e-3)
+
+
+def test_adafactor_factors_matrices():
+    r = at_optimizer_step(precision="fp32", optimizer="adafactor", optimizer_impl="loop")
+    assert 0 < r.categories["optimizer_states"] < 0.01 * 4 * P
+
+
+def test_activations_scale_linearly_with_batch_and_superlinearly_with_seq_for_eager():
+    def forward(**kw):
+        return estimate(Job(model=MODEL, **kw)).phase_peaks["forward"]
+    base = forward(batch_size=1, seq_len=1024)
+    assert forward(batch_size=2, seq_len=1024) > base
+    sdpa = [forward(seq_len=s, attention="sdpa") for s in (512, 1024, 2048)]
+    eager = [forward(seq_len=s, attention="eager") for s in (512, 1024, 2048)]
+    assert all(e > s for e, s in zip(eager, sdpa))
+    # eager's s*s scores make its growth from 1k to 2k larger than from 512 to 1k
+    assert eager[2] - eager[1] > 2 * (eager[1] - eager[0]) * 0.99
+
+
+def test_checkpointing_order():
+    def acts(mode):
+        return estimate(Job(model=MODEL, batch_size=4, seq_len=2048, checkpointing=mode,
+                            attention="eager")).phase_peaks["forward"]
+    assert acts("full") < acts("selective") < acts("none")
+
+
+def test_lora_trainable_parameters_match_peft():
+    # peft reports 851,968 trainable parameters for Llama-3.2-1B, r=8, q_proj + v_proj
+    r = estimate(Job(model=MODEL, peft=Peft(rank=8, target_modules=("q_proj", "v_proj"))))
+    assert r.params_trainable == 851_968
+    assert r.params_total == P
+
+
+def test_lora_targets_must_exist():
+    with pytest.raises(JobError, match="match no linear layer.*q_proj"):
+        estimate(Job(model=MODEL, peft=Peft(target_modules=("query",))))
+
+
+def test_qlora_weights_are_smaller_than_lora_and_full():
+    full = estimate(Job(model="llama-3.1-8b")).categories["weights"]
+    lora = estimate(Job(model="llama-3.1-8b", peft=Peft())).categories["weights"]
+    qlora = estimate(Job(model="llama-3.1-8b", peft=Peft(method="qlora"))).categories["weights"]
+    assert qlora < lora < full
+    # 8B: about 7B linear weights at ~0.52 B plus 1B embedding/head at 2 B
+    assert 5.0e9 < qlora < 6.5e9
+
+
+def test_zero3_shards_weights_grads_and_states():
+    one = at_optimizer_step(precision="fp32", optimizer_impl="fused")
+    eight = at_optimizer_step(precision="fp32", optimizer_impl="fused",
+                              parallel=Parallel(strategy="zero3", num_gpus=8))
+    for category in ("weights", "gradients", "optimizer_states"):
+        assert eight.categories[category] == pytest.approx(one.categories[category] / 8, abs=8)
+    assert eight.per_gpu_of == 8
+
+
+def test_zero1_and_zero2_shard_progressively():
+    def cats(strategy):
+        return at_optimizer_step(precision="fp32", optimizer_impl="fused",
+                                 parallel=Parallel(strategy=strategy, num_gpus=4)).categories
+    ddp, z1, z2 = cats("ddp"), cats("zero1"), cats("zero2")
+    assert ddp["optimizer_states"] == 4 * z1["optimizer_states"]
+    assert z1["gradients"] == ddp["gradients"] == 4 * z2["gradients"]
+    # DDP's Reducer keeps flat gradient buckets the size of all gradients
+    assert ddp["temporary"] >= ddp["gradients"]
+
+
+def test_tensor_parallel_must_divide_heads():
+    with pytest.raises(JobError, match="tensor_parallel=3 must divide"):
+        estimate(Job(model=MODEL, parallel=Parallel(tensor_parallel=3, num_gpus=3)))
+
+
+def test_offload_moves_optimizer_states_off_the_gpu():
+    r = at_optimizer_step(offload=Offload(optimizer=True))
+    assert r.categories["optimizer_states"] == 0
+    assert any("offloaded" in note for note in r.notes)
+
+
+def test_gradient_accumulation_keeps_grads_during_forward():
+    one = estimate(Job(model=MODEL, batch_size=8, seq_len=2048, grad_accum=1))
+    many = estimate(Job(model=MODEL, batch_size=8, seq_len=2048, grad_accum=4))
+    assert many.phase_peaks["forward"] - one.phase_peaks["forward"] == 4 * P
+
+
+def test_chunked_loss_removes_most_of_the_logits_memory():
+    standard = estimate(Job(model="llama-3.1-8b", batch_size=4, seq_len=4096, peft=Peft()))
+    chunked = estimate(Job(model="llama-3.1-8b", batch_size=4, seq_len=4096, peft=Peft(),
+                           loss="chunked"))
+    # 4 x 4096 tokens x 128256 vocabulary x (2 + 12) bytes is ~29 GB of loss buffers
+    assert standard.categories["temporary"] - chunked.categories["temporary"] > 25e9
+
+
+def test_learned_positions_refuse_longer_sequences_rotary_ones_warn():
+    with pytest.raises(JobError, match="1024 learned positions"):
+        estimate(Job(model="gpt2", seq_len=2048))
+    report = estimate(Job(model=MODEL, seq_len=200_000))
+    assert any("max_position_embeddings" in n for n in report.notes)
+
+
+def test_every_catalog_family_estimates(catalog_names=None):
+    from vramplan.models import list_models
+    for entry in list_models():
+        report = estimate(Job(model=entry.name, batch_size=1))
+        assert report.peak_allocated > 0
+        assert set(report.categories) == set(CATEGORIES)
+        assert report.params_total == entry.params
+
+
+def test_unsupported_task_lists_the_supported_ones():
+    with pytest.raises(JobError, match="supports: causal-lm"):
+        estimate(Job(model=MODEL, task="image-classification"))
+
+
+def test_vision_image_size_must_fit_patches():
+    assert estimate(Job(model="vit-base-patch16-224", image_size=384)).peak_allocated > \
+        estimate(Job(model="vit-base-patch16-224")).peak_allocated
+    with pytest.raises(JobError, match="multiple of"):
+        estimate(Job(model="vit-base-patch16-224", image_size=100))
+
+
+def test_fit_table_uses_each_gpus_usable_memory_and_workspace():
+    report = estimate(Job(model=MODEL, seq_len=512))
+    fits = {f.gpu: f for f in report.fits}
+    l4, h100 = get_gpu("L4"), get_gpu("H100")
+    assert fits["L4"].usable_bytes == l4.usable_bytes
+    assert fits["L4"].fits == (fits["L4"].required_bytes <= l4.usable_bytes)
+    # sm89 has 8.125 MiB cuBLAS workspaces, sm90 32 MiB; two of them (forward + autograd)
+    delta = fits[h100.name].required_bytes - fits["L4"].required_bytes
+    assert delta == 2 * (CUBLAS_WORKSPACE_HOPPER - CUBLAS_WORKSPACE_DEFAULT)
+
+
+def test_json_document_is_consistent():
+    data = estimate(Job(model=MODEL)).to_json_dict()
+    assert data["schema_version"] == "1.0" and data["engine"] == "formula"
+    tensors = sum(data["categories"][c] for c in CATEGORIES[:6])
+    assert data["peak_allocated"] == tensors
+    assert data["device_total"] == data["peak_reserved"] + data["categories"]["runtime_context"]
+
+
+def test_estimate_is_the_formula_engine():
+    job = Job(model=MODEL)
+    assert estimate(job) == formula_estimate(job)

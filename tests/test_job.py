@@ -1,0 +1,82 @@
+import pytest
+
+from vramplan import Job, JobError, JobFileError, Parallel, Peft
+from vramplan.job import job_from_dict, load_job_file, merge_overrides
+
+
+def test_defaults_are_a_valid_job():
+    job = Job()
+    assert job.model == "llama-3.1-8b" and job.batch_size == 1 and job.effective_batch == 1
+
+
+def test_effective_batch_counts_accumulation_and_data_parallel_ranks():
+    job = Job(batch_size=4, grad_accum=8,
+              parallel=Parallel(strategy="fsdp", num_gpus=16, tensor_parallel=2))
+    assert job.parallel.data_parallel == 8
+    assert job.effective_batch == 4 * 8 * 8
+
+
+@pytest.mark.parametrize("data, fragment", [
+    ({"batch_size": 0}, "batch_size: Input should be greater than or equal to 1"),
+    ({"batch_size": -3}, "batch_size"),
+    ({"precision": "bf17"}, "precision: must be one of 'fp32'"),
+    ({"optimizer": "adamw9"}, "optimizer: must be one of"),
+    ({"batchsize": 2}, "unknown key 'batchsize' (did you mean 'batch_size'?)"),
+    ({"peft": {"rnk": 8}}, "unknown key 'peft.rnk' (did you mean 'rank'?)"),
+    ({"parallel": {"num_gpus": 8}}, "need a strategy"),
+    ({"parallel": {"num_gpus": 6, "tensor_parallel": 4, "strategy": "ddp"}}, "not a multiple"),
+    ({"optimizer_in_backward": True, "grad_accum": 4}, "cannot accumulate"),
+    ({"offload": {"params": True}}, "offload.params needs sharded parameters"),
+    ({"peft": {"method": "qlora"}, "precision": "fp8"}, "QLoRA computes in 16-bit"),
+    ({"optimizer": "lion", "optimizer_impl": "fused"}, "no fused implementation"),
+])
+def test_invalid_jobs_say_what_is_wrong(data, fragment):
+    with pytest.raises(JobError) as error:
+        job_from_dict(data, origin="job.yaml")
+    assert fragment in str(error.value)
+    assert str(error.value).startswith("job.yaml: ")
+
+
+def test_all_problems_are_reported_together():
+    with pytest.raises(JobError) as error:
+        job_from_dict({"batch_size": 0, "precision": "fp7"})
+    assert "batch_size" in str(error.value) and "precision" in str(error.value)
+
+
+def test_with_changes_validates_again():
+    job = Job(batch_size=2)
+    assert job.with_changes(batch_size=8).batch_size == 8
+    with pytest.raises(Exception):
+        job.with_changes(batch_size=0)
+
+
+def test_job_files_yaml_toml_json(tmp_path):
+    (tmp_path / "a.yaml").write_text("model: gpt2\nbatch_size: 3\npeft:\n  rank: 4\n")
+    (tmp_path / "b.toml").write_text('model = "gpt2"\nbatch_size = 3\n[parallel]\nnum_gpus = 1\n')
+    (tmp_path / "c.json").write_text('{"model": "gpt2", "batch_size": 3}')
+    for name in ("a.yaml", "b.toml", "c.json"):
+        job = job_from_dict(load_job_file(tmp_path / name))
+        assert (job.model, job.batch_size) == ("gpt2", 3)
+    assert job_from_dict(load_job_file(tmp_path / "a.yaml")).peft == Peft(rank=4)
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model: gpt2\nbatch_size: [1, 2\nseq_len: 4\n")
+    with pytest.raises(JobFileError) as error:
+        load_job_file(path)
+    assert "bad.yaml" in str(error.value) and "line" in str(error.value)
+
+
+def test_missing_and_non_mapping_job_files(tmp_path):
+    with pytest.raises(JobFileError, match="does not exist"):
+        load_job_file(tmp_path / "nope.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(JobFileError, match="mapping"):
+        load_job_file(tmp_path / "list.yaml")
+
+
+def test_overrides_merge_deeply_and_skip_none():
+    base = {"model": "gpt2", "peft": {"rank": 4, "alpha": 8}}
+    merged = merge_overrides(base, {"model": None, "peft": {"rank": 16}})
+    assert merged == {"model": "gpt2", "peft": {"rank": 16, "alpha": 8}}

@@ -1,0 +1,1 @@
+"""Callbacks that run vramplan.track inside training frameworks (imported on demand)."""

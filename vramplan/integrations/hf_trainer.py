@@ -1,0 +1,48 @@
+"""A Hugging Face Trainer callback that records what vramplan.track records.
+
+    from vramplan.integrations.hf_trainer import VramplanCallback
+    trainer = Trainer(..., callbacks=[VramplanCallback("vramplan-track.json")])
+
+The report is written at the end of training and after every log, so a run that crashes
+(the Trainer calls no callback then) still leaves its latest figures on disk.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from vramplan.track import Tracker
+
+DEFAULT_NAME = "vramplan-track.json"
+
+
+class VramplanCallback(TrainerCallback):
+    def __init__(self, path: str | Path | None = None, tokens_per_step: int | None = None):
+        self.path = Path(path) if path else None
+        self.tokens_per_step = tokens_per_step
+        self.tracker: Tracker | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        samples = (args.per_device_train_batch_size * args.gradient_accumulation_steps
+                   * max(1, args.world_size))
+        self.path = self.path or Path(args.output_dir) / DEFAULT_NAME
+        self.tracker = Tracker(self.path if state.is_world_process_zero else None,
+                               samples_per_step=samples,
+                               tokens_per_step=self.tokens_per_step).__enter__()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.tracker:
+            self.tracker.step()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.tracker and logs and "loss" in logs:
+            self.tracker.losses.append(float(logs["loss"]))  # the mean since the last log
+        if self.tracker and self.tracker.path:
+            self.tracker.write(self.tracker.path)  # the figures so far
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.tracker:
+            self.tracker.__exit__(None, None, None)
+            self.tracker = None
