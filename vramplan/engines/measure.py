@@ -10,8 +10,8 @@ which search treats like a CUDA out-of-memory error.
     >>> report = measure(Job(model="tiny-llama", batch_size=4, seq_len=256), steps=5)
     >>> report.peak_allocated, report.measured["step_time_median_s"]
 
-The model, optimizer and synthetic batch come from vramplan.models.build, the same builders
-the trace engine runs, so measure and trace see the same step.
+The model, optimizer, synthetic batch and the step itself come from vramplan.models.build,
+the same builders the trace engine runs, so measure and trace see the same step.
 """
 
 from __future__ import annotations
@@ -21,83 +21,75 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from vramplan.engines.report import CATEGORIES, MemoryReport
+from vramplan.errors import EngineError
 from vramplan.job import Job
+from vramplan.models.build import MAX_GRAD_NORM, TrainingSetup, train_step
 from vramplan.search import BudgetExceeded, is_out_of_memory
 
 CUDA_BLOCK = 512  # the caching allocator rounds every request up to 512 bytes
-
-
-@dataclass
-class Setup:
-    """One training job, built: what measure runs. build.py makes it from a Job; tests and
-    users can make one by hand."""
-
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    make_batch: Callable[[], dict]   # a fresh synthetic micro-batch on the device
-    loss_fn: Callable[[torch.nn.Module, dict], torch.Tensor] = lambda model, batch: (
-        model(**batch).loss)
-    autocast_dtype: torch.dtype | None = None  # bf16/fp16 mixed precision
-    grad_scaler: bool = False        # fp16-mixed: dynamic loss scaling
-    grad_accum: int = 1
-    samples_per_micro: int = 1
-    tokens_per_micro: int = 0
-    model_name: str = ""
-    notes: list[str] = field(default_factory=list)
+# Phases that build.train_step marks; gradients are alive in full from backward's end
+# until "end" (zero_grad), so a peak in them counts all gradients.
+GRADIENT_PHASES = ("backward", "optimizer", "end")
 
 
 # --- entry point ----------------------------------------------------------------------------
 
 
 def measure(job: Job, *, steps: int = 5, warmup: int = 2, emulate_gpu: str | None = None,
-            budget_bytes: int | None = None, device: str | None = None) -> MemoryReport:
+            budget_bytes: int | None = None, device: str | None = None,
+            model_config: dict | None = None) -> MemoryReport:
     """Run `warmup` + `steps` optimizer steps of the job and report what the device saw.
 
     emulate_gpu: cap this process to that catalog GPU's usable memory (CUDA only).
     budget_bytes: a step that needs more raises BudgetExceeded (CUDA: a memory cap).
+    model_config: a Hugging Face config dict used instead of looking up job.model.
     Out-of-memory errors propagate (search relies on them); any other error in the step,
     and Ctrl-C, end the run early with a partial report that says why.
     """
+    from vramplan.models.build import build_training_setup  # shared with the trace engine
+
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    setup = _build(job, device)
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise EngineError("measure on cuda needs a CUDA build of torch and a visible GPU; "
+                          "use --device cpu (with --budget to stand in for the GPU's memory)")
+    setup = build_training_setup(job, device=device, model_config=model_config)
     return measure_setup(setup, job, steps=steps, warmup=warmup, emulate_gpu=emulate_gpu,
-                         budget_bytes=budget_bytes, device=device)
+                         budget_bytes=budget_bytes)
 
 
-def _build(job: Job, device: str) -> Setup:
-    from vramplan.models import build  # the shared builders (imports transformers)
-    return build.build_setup(job, device=device)
-
-
-def measure_setup(setup: Setup, job: Job, *, steps: int = 5, warmup: int = 2,
-                  emulate_gpu: str | None = None, budget_bytes: int | None = None,
-                  device: str = "cpu") -> MemoryReport:
+def measure_setup(setup: TrainingSetup, job: Job, *, steps: int = 5, warmup: int = 2,
+                  emulate_gpu: str | None = None,
+                  budget_bytes: int | None = None) -> MemoryReport:
+    """measure() for a setup already built (by build.py, or by hand)."""
     if steps < 1 or warmup < 0:
-        raise ValueError(f"need steps >= 1 and warmup >= 0 (got steps={steps}, warmup={warmup})")
-    cuda = torch.device(device).type == "cuda"
-    probe = _CudaProbe(torch.device(device), emulate_gpu, budget_bytes) if cuda else (
+        raise EngineError(f"need steps >= 1 and warmup >= 0 (got steps={steps}, "
+                          f"warmup={warmup})")
+    cuda = setup.device.type == "cuda"
+    probe = _CudaProbe(setup.device, emulate_gpu, budget_bytes) if cuda else (
         _CpuProbe(setup, budget_bytes, profiled_steps=warmup + 1))
+    if emulate_gpu and not cuda:
+        probe.notes.append(f"--emulate-gpu {emulate_gpu} applies on CUDA only: ignored on "
+                           "the CPU (use a budget)")
     run = _Run(steps=warmup + steps, warmup=warmup)
-    scaler = torch.amp.GradScaler(torch.device(device).type) if setup.grad_scaler else None
+    scaler = torch.amp.GradScaler(setup.device.type) if job.precision == "fp16-mixed" else None
     probe.start()
     try:
         for index in range(warmup + steps):
             with probe.step(index):
-                _train_step(setup, scaler, run, probe)
+                _timed_step(setup, job.grad_accum, scaler, run, probe)
     except KeyboardInterrupt:
-        run.stopped = "interrupted (Ctrl-C) after {} of {} steps".format(len(run.losses),
-                                                                          run.total)
+        run.stopped = f"interrupted (Ctrl-C) after {len(run.losses)} of {run.steps} steps"
     except Exception as error:  # noqa: BLE001 - user code; out-of-memory goes to the caller
         if is_out_of_memory(error):
             raise
-        run.stopped = f"stopped by {type(error).__name__}: {error}"
+        run.stopped = (f"stopped by {type(error).__name__}: {error} (after "
+                       f"{len(run.losses)} of {run.steps} steps)")
     finally:
         probe.stop()
     return _report(job, setup, run, probe)
@@ -116,100 +108,116 @@ class _Run:
     non_finite: int = 0   # steps whose loss was NaN or Inf
     stopped: str = ""     # why the run ended early
 
-    @property
-    def total(self) -> int:
-        return self.steps
 
+def _timed_step(setup: TrainingSetup, grad_accum: int, scaler, run: _Run, probe) -> None:
+    """build.train_step (the step trace runs), with the loss captured; fp16-mixed adds the
+    GradScaler as the Hugging Face Trainer does."""
+    losses: list[torch.Tensor] = []
+    compute_loss = setup.compute_loss
 
-def _train_step(setup: Setup, scaler, run: _Run, probe) -> None:
-    model, optimizer = setup.model, setup.optimizer
+    def capturing(model, batch):
+        loss = compute_loss(model, batch)
+        losses.append(loss.detach())
+        return scaler.scale(loss) if scaler else loss
+
     start = time.perf_counter()
-    optimizer.zero_grad(set_to_none=True)
-    total = 0.0
-    for _ in range(setup.grad_accum):
-        with probe.phase("forward"):
-            batch = setup.make_batch()
-            with torch.autocast(probe.device.type, dtype=setup.autocast_dtype,
-                                enabled=setup.autocast_dtype is not None):
-                loss = setup.loss_fn(model, batch) / setup.grad_accum
-        with probe.phase("backward"):
-            (scaler.scale(loss) if scaler else loss).backward()
-        total += loss.detach().float().item()  # also a device sync, so timing is honest
-        del batch, loss
-    with probe.phase("optimizer"):
-        if scaler:
-            before = scaler.get_scale()
-            scaler.step(optimizer)
-            scaler.update()
-            run.skipped += scaler.get_scale() < before  # a lowered scale = a skipped step
+    setup.compute_loss = capturing
+    try:
+        if scaler is None:
+            train_step(setup, grad_accum, mark=probe.mark)
         else:
-            optimizer.step()
+            _fp16_step(setup, grad_accum, scaler, run, probe.mark)
+    finally:
+        setup.compute_loss = compute_loss
+        probe.mark(None)
+    total = sum(loss.float().item() for loss in losses) / grad_accum  # .item() syncs the device
     probe.sync()
     run.step_times.append(time.perf_counter() - start)
     run.losses.append(total)
     run.non_finite += not math.isfinite(total)
 
 
+def _fp16_step(setup: TrainingSetup, grad_accum: int, scaler, run: _Run, mark) -> None:
+    """train_step with dynamic loss scaling: unscale before clipping, skip on inf/NaN."""
+    for _ in range(grad_accum):
+        mark("inputs")
+        batch = setup.make_batch()
+        mark("forward")
+        with setup.autocast():
+            loss = setup.compute_loss(setup.model, batch)  # already scaled
+        del batch
+        mark("backward")
+        (loss / grad_accum).backward()
+        del loss
+    mark("optimizer")
+    scaler.unscale_(setup.optimizer)
+    torch.nn.utils.clip_grad_norm_(setup.trainable, MAX_GRAD_NORM, foreach=setup.clip_foreach)
+    before = scaler.get_scale()
+    scaler.step(setup.optimizer)
+    scaler.update()
+    run.skipped += scaler.get_scale() < before  # the scale drops only after a skipped step
+    setup.optimizer.zero_grad(set_to_none=True)
+    mark("end")
+
+
 # --- the report -------------------------------------------------------------------------------
 
 
-def _report(job: Job, setup: Setup, run: _Run, probe) -> MemoryReport:
+def _report(job: Job, setup: TrainingSetup, run: _Run, probe) -> MemoryReport:
     sizes = tensor_bytes(setup, round_to=CUDA_BLOCK if probe.device.type == "cuda" else 1)
     peak = probe.peak_allocated()
     categories = dict.fromkeys(CATEGORIES, 0)
-    categories.update(weights=sizes["weights"], optimizer_states=sizes["optimizer_states"])
-    # Gradients exist in full from the end of backward to the optimizer step; at a forward
-    # peak only accumulated ones (grad_accum > 1) are alive.
-    if probe.peak_phase in ("backward", "optimizer") or setup.grad_accum > 1:
+    categories.update(weights=sizes["weights"], optimizer_states=sizes["optimizer_states"],
+                      inputs=sizes["inputs"])
+    # zero_grad runs at the end of each step, so gradients are measured at their largest:
+    # one per trainable parameter, alive in full from the end of backward.
+    if probe.peak_phase in GRADIENT_PHASES or job.grad_accum > 1:
         categories["gradients"] = sizes["gradients"]
-    categories["inputs"] = sizes["inputs"]
     known = sum(categories.values())
     categories["activations"] = max(0, peak - known)
-    if peak < known:  # the peak came before some of them existed (e.g. the first step)
-        categories["weights"] = peak - categories["optimizer_states"] - categories["inputs"]
+    if peak < known:  # the peak came before some of them existed (no step finished)
+        categories.update(gradients=0, optimizer_states=0, inputs=0, activations=0,
+                          weights=peak)
     categories.update(probe.outside_allocator())
-    params = list(setup.model.parameters())
     notes = list(setup.notes) + probe.notes + [
         "weights, gradients, optimizer states and inputs are summed from tensor sizes; "
-        "activations are the rest of the measured peak (saved tensors plus temporaries)"]
+        "activations are the rest of the measured peak (saved tensors and temporaries)"]
     if run.stopped:
         notes.append(f"partial run: {run.stopped}")
-    timed = run.step_times[run.warmup:] or run.step_times
-    timed = probe.timing_steps(run.step_times, run.warmup) or timed
+    timed = probe.timing_steps(run.step_times, run.warmup)
+    median = statistics.median(timed) if timed else None
+    samples = job.batch_size * job.grad_accum
+    tokens = sizes["tokens"] * job.grad_accum
     measured = {
         "device": probe.device_name,
-        "steps": len(run.losses), "warmup": run.warmup, "steps_planned": run.total,
+        "steps": len(run.losses), "warmup": run.warmup, "steps_planned": run.steps,
         "complete": not run.stopped, "stopped": run.stopped,
-        "step_time_median_s": statistics.median(timed) if timed else None,
-        "step_time_p90_s": p90(timed),
+        "step_time_median_s": median, "step_time_p90_s": p90(timed),
+        "step_times_s": run.step_times,
+        "samples_per_s": samples / median if median else None,
+        "tokens_per_s": tokens / median if median and tokens else None,
         "losses": run.losses, "non_finite_losses": run.non_finite, "skipped_steps": run.skipped,
         "peak_allocated": peak, **probe.measured(),
     }
-    if measured["step_time_median_s"]:
-        samples = setup.samples_per_micro * setup.grad_accum
-        measured["samples_per_s"] = samples / measured["step_time_median_s"]
-        measured["tokens_per_s"] = (setup.tokens_per_micro * setup.grad_accum
-                                    / measured["step_time_median_s"])
     return MemoryReport(
-        engine="measure", job=job.model_dump(mode="json"),
-        model_name=setup.model_name or job.model,
-        params_total=sum(p.numel() for p in params),
-        params_trainable=sum(p.numel() for p in params if p.requires_grad),
-        categories=categories, phase_peaks=probe.phase_peaks, peak_phase=probe.peak_phase,
-        runtime_gpu=probe.runtime_gpu, tokens_per_step=setup.tokens_per_micro * setup.grad_accum,
+        engine="measure", job=job.model_dump(mode="json"), model_name=setup.model_name,
+        params_total=setup.params_total, params_trainable=setup.params_trainable,
+        categories=categories, phase_peaks=dict(probe.phase_peaks), peak_phase=probe.peak_phase,
+        runtime_gpu=probe.runtime_gpu, tokens_per_step=tokens * job.parallel.data_parallel,
         notes=notes, measured=measured)
 
 
 def p90(values: list[float]) -> float | None:
+    """90th percentile (nearest rank)."""
     if not values:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
 
 
-def tensor_bytes(setup: Setup, round_to: int = 1) -> dict[str, int]:
-    """Bytes of weights (params + buffers), gradients, optimizer states and one batch,
-    each storage counted once (tied weights, views)."""
+def tensor_bytes(setup: TrainingSetup, round_to: int = 1) -> dict[str, int]:
+    """Bytes of weights (params + buffers), gradients, optimizer states and one batch, each
+    storage counted once (tied weights, views); tokens = input_ids elements in a batch."""
     seen: set[int] = set()
 
     def total(tensors) -> int:
@@ -225,13 +233,16 @@ def tensor_bytes(setup: Setup, round_to: int = 1) -> dict[str, int]:
         return n
     model = setup.model
     weights = total([*model.parameters(), *model.buffers()])
-    gradients = total(p.grad for p in model.parameters())
+    gradients = sum(-(-p.numel() * p.element_size() // round_to) * round_to
+                    for p in setup.trainable)  # what backward allocates, once each
     states = total(v for s in setup.optimizer.state.values() for v in s.values())
     with torch.no_grad():
         batch = setup.make_batch()
-    inputs = total(v for v in batch.values())
+    values = list(batch.values()) if isinstance(batch, dict) else (
+        list(batch) if isinstance(batch, (list, tuple)) else [batch])
+    ids = batch.get("input_ids") if isinstance(batch, dict) else None
     return {"weights": weights, "gradients": gradients, "optimizer_states": states,
-            "inputs": inputs}
+            "inputs": total(values), "tokens": int(ids.numel()) if ids is not None else 0}
 
 
 # --- CPU: the allocator's memory events -----------------------------------------------------
