@@ -246,26 +246,51 @@ def _solve_quadratic(ks: list[int], points: dict[int, int | None], limit: int) -
 
 # --- what to try when nothing fits ------------------------------------------------------------
 
-_SUGGESTIONS = {
-    "optimizer_states": ["an 8-bit optimizer (optimizer: adamw-8bit)",
-                         "shard optimizer states over GPUs (zero1 / zero2 / fsdp)",
-                         "offload optimizer states to the CPU (offload.optimizer)",
-                         "LoRA, so only adapters have optimizer states (peft.method: lora)"],
-    "weights": ["QLoRA: a 4-bit base with LoRA adapters (peft.method: qlora)",
-                "shard parameters over GPUs (fsdp / zero3)",
-                "a GPU with more memory"],
-    "gradients": ["LoRA, so only adapters have gradients (peft.method: lora)",
-                  "shard gradients over GPUs (zero2 / fsdp)",
-                  "apply the optimizer in backward (optimizer_in_backward)"],
-    "activations": ["activation checkpointing (checkpointing: full or selective)",
-                    "a shorter sequence (seq_len)",
-                    "flash / memory-efficient attention (attention: sdpa)"],
-    "temporary": ["a chunked cross-entropy loss that never materialises all logits "
-                  "(loss: chunked)", "a shorter sequence (seq_len)"],
-    "inputs": ["a shorter sequence or smaller images", "checkpointing"],
-    "allocator_overhead": ["PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (fragmentation)"],
-    "runtime_context": ["a GPU with more memory: the CUDA context alone does not fit"],
+# category -> (technique, "the job does not use it yet"); suggestions skip what is in use
+_SUGGESTIONS: dict[str, list[tuple[str, Callable[[Job], bool]]]] = {
+    "optimizer_states": [
+        ("an 8-bit optimizer (optimizer: adamw-8bit)",
+         lambda j: j.optimizer in ("adam", "adamw")),
+        ("shard optimizer states over GPUs (strategy: zero1 / zero2 / fsdp)",
+         lambda j: j.parallel.shard_degree == 1),
+        ("offload optimizer states to the CPU (offload.optimizer)",
+         lambda j: not j.offload.optimizer),
+        ("LoRA, so only adapters have optimizer states (peft.method: lora)",
+         lambda j: j.peft is None)],
+    "weights": [
+        ("QLoRA: a 4-bit base with LoRA adapters (peft.method: qlora)",
+         lambda j: not (j.peft and j.peft.method == "qlora")),
+        ("shard parameters over GPUs (strategy: fsdp / zero3)",
+         lambda j: j.parallel.strategy not in ("zero3", "fsdp", "hybrid-shard")),
+        ("a GPU with more memory", lambda j: True)],
+    "gradients": [
+        ("LoRA, so only adapters have gradients (peft.method: lora)", lambda j: j.peft is None),
+        ("shard gradients over GPUs (strategy: zero2 / fsdp)",
+         lambda j: j.parallel.strategy in ("none", "ddp", "zero1")),
+        ("apply the optimizer in backward (optimizer_in_backward)",
+         lambda j: not j.optimizer_in_backward and j.grad_accum == 1)],
+    "activations": [
+        ("activation checkpointing (checkpointing: full)", lambda j: j.checkpointing != "full"),
+        ("a shorter sequence (seq_len) or a smaller micro-batch with grad_accum",
+         lambda j: True),
+        ("flash / memory-efficient attention (attention: sdpa)",
+         lambda j: j.attention != "sdpa"),
+        ("offload saved activations to the CPU (activation_offload)",
+         lambda j: not j.activation_offload)],
+    "temporary": [
+        ("a chunked cross-entropy loss that never holds all logits (loss: chunked)",
+         lambda j: j.loss != "chunked"),
+        ("a shorter sequence (seq_len)", lambda j: True)],
+    "inputs": [("a shorter sequence or smaller images", lambda j: True)],
+    "allocator_overhead": [
+        ("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (fragmentation)", lambda j: True)],
+    "runtime_context": [("a GPU with more memory: the CUDA context alone does not fit",
+                         lambda j: True)],
 }
+
+
+def suggestions_for(job: Job, category: str) -> list[str]:
+    return [text for text, unused in _SUGGESTIONS.get(category, []) if unused(job)]
 
 
 def _explain(result: SearchResult, job: Job, report: MemoryReport | None, explain) -> None:
@@ -276,17 +301,17 @@ def _explain(result: SearchResult, job: Job, report: MemoryReport | None, explai
             report = None
     if report is None:
         result.suggestions = ["run the same search with the formula or trace engine to see "
-                              "what fills memory", *_SUGGESTIONS["activations"][:1],
-                              *_SUGGESTIONS["weights"][:2]]
+                              "what fills memory", *suggestions_for(job, "activations")[:1],
+                              *suggestions_for(job, "weights")[:1]]
         return
     cats = {c: report.categories.get(c, 0) for c in (*TENSOR_CATEGORIES, "runtime_context")}
-    largest = max(cats, key=cats.get)
-    result.largest_category = largest
-    result.suggestions = list(_SUGGESTIONS[largest])
-    # The next largest category often decides whether the first fix is enough.
-    second = sorted(cats, key=cats.get, reverse=True)[1]
-    if cats[second] > 0.25 * cats[largest]:
-        result.suggestions += [s for s in _SUGGESTIONS[second][:1] if s not in result.suggestions]
+    ranked = sorted(cats, key=cats.get, reverse=True)
+    result.largest_category = ranked[0]
+    result.suggestions = suggestions_for(job, ranked[0])
+    # A second category of similar size decides whether the first fix is enough.
+    if cats[ranked[1]] > 0.25 * cats[ranked[0]]:
+        result.suggestions += [s for s in suggestions_for(job, ranked[1])[:2]
+                               if s not in result.suggestions]
 
 
 # --- sweeps --------------------------------------------------------------------------------------
@@ -373,6 +398,8 @@ def plot(rows: Sequence[dict], path: str | Path, *, x: str | None = None,
     if limit_bytes:
         ax.axhline(limit_bytes / gib, color="red", linestyle="--", label=limit_label)
     ax.set_xscale("log", base=2)
+    ticks = sorted({r[x] for r in rows})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
     ax.set_xlabel(x.replace("_", " "))
     ax.set_ylabel("peak memory (GiB)")
     ax.set_title(title or "Peak memory")

@@ -23,11 +23,12 @@ from vramplan.engines.precision import Dtypes
 from vramplan.models.arch import Stack
 
 # Tensors an activation function saves besides its own output (which the next linear saves).
-# gelu_new is transformers' tanh formula written out in Python: it keeps x, tanh(.), 0.5*x
-# and 1 + tanh(.) alive (transformers/activations.py NewGELUActivation).
+# gelu_new is transformers' tanh formula written out in Python: it keeps x, x**3 terms,
+# tanh(.), 0.5*x and 1 + tanh(.) alive (transformers/activations.py NewGELUActivation);
+# four of them are distinct storages besides its output (seen on a traced GPT-2 block).
 ACTIVATION_SAVES = {
     "gelu": 1, "gelu_pytorch_tanh": 1, "gelu_fast": 1, "silu": 1, "swish": 1,
-    "relu": 0, "quick_gelu": 2, "gelu_new": 3, "gelu_10": 1,
+    "relu": 0, "quick_gelu": 2, "gelu_new": 4, "gelu_10": 1,
 }
 
 
@@ -105,6 +106,9 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
     linear_inputs("attn in", n_h, _pick(stack, "attn_in"), fp32_norm_out)
     saved.extend(_attention_core(b, s, s, a, k, d, c, attention, attention_dropout,
                                  upcast_softmax or dt.autocast, "self"))
+    if len(_pick(stack, "attn_in")) == 1:
+        # one fused q/k/v projection: k and v are views that keep its whole output alive
+        saved.append(("fused qkv output", c * (n_q + n_kv)))
     linear_inputs("attn out", n_q, _pick(stack, "attn_out"), False)
     dropout_mask("attn resid dropout", n_h, hidden_dropout)
 

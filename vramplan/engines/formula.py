@@ -32,6 +32,8 @@ LEARNED_POSITIONS = {"gpt2", "bert", "roberta", "whisper", "opt", "gpt_neo"}
 ZERO_BUCKET_ELEMENTS = 500_000_000
 # FSDP keeps the current block gathered and prefetches the next (forward and backward).
 FSDP_GATHERED_BLOCKS = 2
+# transformers' config defaults, for configs that leave the activation out
+DEFAULT_ACTIVATION = {"gpt2": "gelu_new", "t5": "relu", "gemma2": "gelu_pytorch_tanh"}
 CLASSIFIER_TASKS = ("seq-classification", "image-classification")
 # Liger-style fused linear cross-entropy processes about b*s*h/V tokens per chunk.
 _LOSS_CHUNK_MIN_TOKENS = 1
@@ -385,7 +387,8 @@ def _attention_impl(job: Job, arch: Architecture) -> str:
 def _activation_name(arch: Architecture) -> str:
     cfg = arch.extra
     name = (cfg.get("hidden_act") or cfg.get("activation_function")
-            or cfg.get("hidden_activation") or cfg.get("feed_forward_proj") or "gelu")
+            or cfg.get("hidden_activation") or cfg.get("feed_forward_proj")
+            or DEFAULT_ACTIVATION.get(arch.model_type, "gelu"))
     return name.removeprefix("gated-")
 
 

@@ -16,6 +16,7 @@ the same builders the trace engine runs, so measure and trace see the same step.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import statistics
@@ -245,11 +246,11 @@ def tensor_bytes(setup: TrainingSetup, round_to: int = 1) -> dict[str, int]:
             "inputs": total(values), "tokens": int(ids.numel()) if ids is not None else 0}
 
 
-# --- CPU: the allocator's memory events -----------------------------------------------------
+# --- what the device says: a probe per device type -------------------------------------------
 
 
 class _Probe:
-    """What a device says about memory; the phases split each step."""
+    """Memory of each phase of the step; train_step calls mark(phase) as each one begins."""
 
     device: torch.device
 
@@ -259,6 +260,15 @@ class _Probe:
         self.notes: list[str] = []
         self.runtime_gpu: str | None = None
         self.device_name = "cpu"
+        self._phase: str | None = None
+
+    def mark(self, phase: str | None) -> None:
+        """End the current phase and begin `phase` (None: the step is over)."""
+        if self._phase is not None:
+            self._close(self._phase)
+        self._phase = phase
+        if phase is not None:
+            self._open(phase)
 
     def _record(self, phase: str, peak: int) -> None:
         if peak > self.phase_peaks.get(phase, -1):
@@ -272,9 +282,15 @@ class _Probe:
     def timing_steps(self, times: list[float], warmup: int) -> list[float]:
         return times[warmup:]
 
+    def step(self, index: int):
+        return contextlib.nullcontext()
+
+    def _open(self, phase: str) -> None: ...
+    def _close(self, phase: str) -> None: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def sync(self) -> None: ...
+
     def outside_allocator(self) -> dict[str, int]:
         return {}
 
@@ -283,55 +299,55 @@ class _Probe:
 
 
 class _CpuProbe(_Probe):
-    """Profiles the first `profiled_steps` steps (warm-up plus one: by then the optimizer
-    state exists, so the steady-state peak is seen); later steps run unprofiled and give
-    the step times."""
+    """The CPU allocator's memory events, one profiler window per step. Frees of blocks
+    made before a window are not reported, so each window starts from bytes known from
+    tensor sizes (weights + optimizer states: train_step frees gradients inside the step).
+    Profiles the first `profiled_steps` steps (warm-up plus one: by then the optimizer state
+    exists, so the steady-state peak is seen); later steps run unprofiled for step times."""
 
-    def __init__(self, setup: Setup, budget_bytes: int | None, profiled_steps: int):
+    def __init__(self, setup: TrainingSetup, budget_bytes: int | None, profiled_steps: int):
         super().__init__()
         self.device = torch.device("cpu")
         self.setup, self.budget, self.profiled_steps = setup, budget_bytes, profiled_steps
         self._profiler = None
+        self._range = None
         self._live_at_start = 0
-        os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # silence the profiler's start/stop lines
+        os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # no start/stop lines on stderr
         self.notes.append("CPU peak from allocator memory events (torch.profiler, "
                           "profile_memory=True); no caching allocator, so reserved = allocated")
 
-    class _Step:
-        def __init__(self, probe, index):
-            self.probe, self.index = probe, index
-
-        def __enter__(self):
-            probe = self.probe
-            if self.index < probe.profiled_steps:
-                # zero_grad frees the old gradients before the window: frees of blocks made
-                # before a window are not reported, so the window starts from known bytes.
-                probe.setup.optimizer.zero_grad(set_to_none=True)
-                sizes = tensor_bytes(probe.setup)
-                probe._live_at_start = sizes["weights"] + sizes["optimizer_states"]
-                probe._profiler = torch.profiler.profile(
-                    activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
-                probe._profiler.__enter__()
-
-        def __exit__(self, *exc):
-            probe = self.probe
-            if probe._profiler is not None:
-                probe._profiler.__exit__(None, None, None)
-                profiler, probe._profiler = probe._profiler, None
-                probe._collect(profiler)
-                if probe.budget is not None and exc[0] is None and (
-                        probe.peak_allocated() > probe.budget):
-                    raise BudgetExceeded(
-                        f"the step allocated {probe.peak_allocated()} bytes at its peak, over "
-                        f"the budget of {probe.budget} bytes (CPU budget stands in for a "
-                        "GPU's memory)")
-            return False
-
+    @contextlib.contextmanager
     def step(self, index: int):
-        return self._Step(self, index)
+        if index >= self.profiled_steps:
+            yield
+            return
+        self.setup.optimizer.zero_grad(set_to_none=True)
+        sizes = tensor_bytes(self.setup)
+        self._live_at_start = sizes["weights"] + sizes["optimizer_states"]
+        self._profiler = torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+        self._profiler.__enter__()
+        try:
+            yield
+        finally:
+            self.mark(None)
+            self._profiler.__exit__(None, None, None)
+            self._collect(self._profiler)
+            self._profiler = None
+        if self.budget is not None and self.peak_allocated() > self.budget:
+            raise BudgetExceeded(
+                f"the step needs {self.peak_allocated()} bytes at its peak "
+                f"({self.peak_phase}), over the budget of {self.budget} bytes")
 
-    def phase(self, name: str):
-        return torch.profiler.record_function(f"vramplan.{name}")
+    def _open(self, phase: str) -> None:
+        if self._profiler is not None:
+            self._range = torch.profiler.record_function(f"vramplan.{phase}")
+            self._range.__enter__()
+
+    def _close(self, phase: str) -> None:
+        if self._range is not None:
+            self._range.__exit__(None, None, None)
+            self._range = None
 
     def _collect(self, profiler) -> None:
         """Running live bytes from the memory events; the peak inside each phase range."""
@@ -344,17 +360,16 @@ class _CpuProbe(_Probe):
             live += nbytes
             running.append((t, live))
         for phase, start, end in ranges:
-            inside = [b for t, b in running if start <= t <= end]
             before = [b for t, b in running if t < start]
-            # the live bytes entering the phase count too (a phase may only free)
+            # a phase that only frees peaks at the bytes it started with
             level = before[-1] if before else self._live_at_start
-            self._record(phase, max([level, *inside]))
+            self._record(phase, max([level, *(b for t, b in running if start <= t <= end)]))
 
     def timing_steps(self, times: list[float], warmup: int) -> list[float]:
         unprofiled = times[max(warmup, self.profiled_steps):]
         if not unprofiled:
-            self.notes.append("step times include the profiler's overhead (no unprofiled "
-                              "steps: raise --steps)")
+            self.notes.append("step times include the profiler's overhead (every timed step "
+                              "was profiled: raise steps)")
         return unprofiled or times[warmup:]
 
 
@@ -364,32 +379,34 @@ class _CpuProbe(_Probe):
 class _CudaProbe(_Probe):
     def __init__(self, device: torch.device, emulate_gpu: str | None, budget: int | None):
         super().__init__()
+        torch.cuda.init()
         self.device = torch.device("cuda", device.index if device.index is not None
                                    else torch.cuda.current_device())
         self.device_name = torch.cuda.get_device_name(self.device)
         self.runtime_gpu = emulate_gpu
         self._sampler = NvmlSampler(self.device)
-        torch.cuda.init()
+        self.reserved_peak = 0
         total = torch.cuda.get_device_properties(self.device).total_memory
         cap = budget
         if emulate_gpu:
             from vramplan.hardware import get_gpu
             usable = get_gpu(emulate_gpu).usable_bytes
             # The cap applies to the caching allocator; the context lives outside it.
-            context = max(0, (_nvml_used(self.device) or 0) - torch.cuda.memory_reserved(
-                self.device))
+            context = max(0, (_nvml_used(self.device) or 0)
+                          - torch.cuda.memory_reserved(self.device))
             cap = min(cap or usable, usable - context)
-            self.notes.append(f"emulating {emulate_gpu}: allocator capped at {cap} bytes = "
-                              f"its usable memory minus this process's context ({context})")
+            self.notes.append(f"emulating {emulate_gpu}: allocator capped at {cap} bytes = its "
+                              f"usable memory minus the device's other use ({context} bytes)")
         if cap:
             torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), self.device)
-        self.reserved_peak = 0
 
-    def step(self, index: int):
-        return _nullcontext()
+    def _open(self, phase: str) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
 
-    def phase(self, name: str):
-        return _CudaPhase(self, name)
+    def _close(self, phase: str) -> None:
+        self._record(phase, torch.cuda.max_memory_allocated(self.device))
+        self.reserved_peak = max(self.reserved_peak,
+                                 torch.cuda.max_memory_reserved(self.device))
 
     def start(self) -> None:
         torch.cuda.synchronize(self.device)
@@ -417,31 +434,6 @@ class _CudaProbe(_Probe):
                 else None,
                 "gpu_util_mean": _mean(s.gpu_util), "gpu_util_max": max(s.gpu_util, default=None),
                 "mem_bandwidth_util_mean": _mean(s.mem_util), "nvml_samples": len(s.gpu_util)}
-
-
-class _CudaPhase:
-    """Peak of one phase: reset the peak counters at entry, read them at exit."""
-
-    def __init__(self, probe: _CudaProbe, name: str):
-        self.probe, self.name = probe, name
-
-    def __enter__(self):
-        torch.cuda.reset_peak_memory_stats(self.probe.device)
-
-    def __exit__(self, *exc):
-        d = self.probe.device
-        self.probe._record(self.name, torch.cuda.max_memory_allocated(d))
-        self.probe.reserved_peak = max(self.probe.reserved_peak,
-                                       torch.cuda.max_memory_reserved(d))
-        return False
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _mean(values: list[float]) -> float | None:

@@ -28,6 +28,7 @@ import contextlib
 import importlib
 import inspect
 import json
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -529,6 +530,8 @@ def cuda_autocast_policy() -> Iterator[None]:
     """Make CPU autocast cast like CUDA autocast for the ops above, while active."""
     lib = torch.library.Library("aten", "IMPL")
     try:
+        warnings.filterwarnings("ignore", message=".*previously registered kernel")
+        warnings.filterwarnings("ignore", message="Warning only once for all operators")
         for name in _CUDA_FP32_OPS:
             lib.impl(name, _fp32_kernel(_overload(name), set_dtype=False), "AutocastCPU")
         for name in _CUDA_FP32_DTYPE_OPS:

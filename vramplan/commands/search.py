@@ -1,0 +1,234 @@
+"""`vramplan search batch-size|seq-len` and `vramplan sweep`: thin shells over vramplan.search.
+
+    vramplan search batch-size llama-3.2-1b -s 2048 --gpu L4
+    vramplan search seq-len llama-3.2-1b -b 4 --budget 40GiB --engine trace
+    vramplan sweep llama-3.2-1b --batch-sizes 1,2,4,8 --seq-lens 512,1024 --gpu L4 --plot m.png
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from vramplan.cli import console, job_command, print_json
+from vramplan.engines.report import MemoryReport
+from vramplan.errors import JobError
+from vramplan import search as _search
+from vramplan.job import Job
+from vramplan.units import GiB, parse_bytes
+
+search_app = typer.Typer(help="Largest batch size or sequence length that fits.",
+                         no_args_is_help=True)
+
+Engine = Annotated[str, typer.Option(help="formula (instant), trace (exact, no GPU) or "
+                                     "measure (real steps on this machine)")]
+Budget = Annotated[Optional[str], typer.Option(
+    help="memory to fit in, e.g. 24GiB (default: the usable memory of --gpu)")]
+Margin = Annotated[float, typer.Option(help="safety margin: fit in budget x (1 - margin)")]
+Device = Annotated[Optional[str], typer.Option(help="measure only: cuda or cpu (default: "
+                                               "cuda when available)")]
+AsJson = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
+
+
+# --- shared by the commands ------------------------------------------------------------------
+
+
+def budget_of(job: Job, budget: str | None) -> tuple[int, str]:
+    """Bytes to fit in, and what they are: --budget, else the usable memory of --gpu."""
+    if budget:
+        return parse_bytes(budget), f"budget {budget}"
+    if job.gpu:
+        from vramplan.hardware import get_gpu
+        gpu = get_gpu(job.gpu)
+        return gpu.usable_bytes, f"{gpu.name} usable memory"
+    raise JobError("say what to fit in: --gpu NAME (its usable memory) or --budget SIZE "
+                   "(e.g. 24GiB)")
+
+
+def oracle_for(engine: str, *, budget_bytes: int | None = None, device: str | None = None,
+               steps: int = 1, warmup: int = 1) -> Callable[[Job], MemoryReport]:
+    """Job -> MemoryReport by engine name. measure runs short real steps; on the CPU the
+    budget makes a step over it raise BudgetExceeded, on CUDA it caps the allocator."""
+    if engine == "measure":
+        from vramplan.engines.measure import measure
+
+        def run(job: Job) -> MemoryReport:
+            return measure(job, steps=steps, warmup=warmup, budget_bytes=budget_bytes,
+                           device=device)
+        return run
+    from vramplan.api import run_engine
+    return lambda job: run_engine(job, engine)
+
+
+def _explain_engine(engine: str):
+    """When nothing fits, the formula engine says what fills memory (it never runs out)."""
+    return None if engine == "formula" else oracle_for("formula")
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / GiB:,.2f}"
+
+
+def print_search(result: _search.SearchResult, what: str) -> None:
+    name = result.parameter.replace("_", " ")
+    table = Table(title=f"{name} search", caption=(
+        f"fits iff peak <= {_gib(result.limit_bytes)} GiB = {what} "
+        f"{_gib(result.budget_bytes)} GiB x (1 - {result.margin:g} margin)"))
+    for col in ("trial", name, "peak GiB", "fits"):
+        table.add_column(col, justify="right")
+    for i, t in enumerate(result.trials, 1):
+        verdict = "yes" if t.fits else ("OOM" if t.peak is None else "no")
+        table.add_row(str(i), str(t.value), _gib(t.peak), verdict)
+    console.print(table)
+    if result.best is not None:
+        capped = " (the maximum asked for; more may fit)" if result.capped else ""
+        console.print(f"[bold]largest {name} that fits: {result.best}[/]{capped}, "
+                      f"found in {len(result.trials)} trials")
+        return
+    smallest = result.trials[0].value
+    console.print(f"[bold red]does not fit even at {name} {smallest}[/]"
+                  + (f": {result.largest_category.replace('_', ' ')} fill most of the memory"
+                     if result.largest_category else ""))
+    for s in result.suggestions:
+        console.print(f"  try: {s}")
+
+
+# --- search batch-size / seq-len ----------------------------------------------------------------
+
+
+@search_app.command("batch-size")
+@job_command
+def batch_size(
+    job: Job, engine: Engine = "formula", budget: Budget = None, margin: Margin = 0.05,
+    maximum: Annotated[Optional[int], typer.Option(help="largest batch size to try")] = None,
+    device: Device = None, as_json: AsJson = False,
+) -> None:
+    """Largest micro-batch size that fits (exact), by doubling then bisection.
+
+    Example: vramplan search batch-size llama-3.2-1b -s 2048 --gpu L4
+    """
+    limit, what = budget_of(job, budget)
+    result = _search.max_batch_size(
+        job, oracle_for(engine, budget_bytes=limit, device=device), limit, margin=margin,
+        maximum=maximum, explain=_explain_engine(engine))
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        print_search(result, what)
+
+
+@search_app.command("seq-len")
+@job_command
+def seq_len(
+    job: Job, engine: Engine = "formula", budget: Budget = None, margin: Margin = 0.05,
+    granularity: Annotated[int, typer.Option(help="answer is a multiple of this")] = 64,
+    maximum: Annotated[Optional[int], typer.Option(help="longest sequence to try")] = None,
+    device: Device = None, as_json: AsJson = False,
+) -> None:
+    """Longest sequence (a multiple of --granularity) that fits at the job's batch size.
+
+    Example: vramplan search seq-len llama-3.2-1b -b 4 --gpu A100-40GB --engine trace
+    """
+    limit, what = budget_of(job, budget)
+    result = _search.max_seq_len(
+        job, oracle_for(engine, budget_bytes=limit, device=device), limit, margin=margin,
+        granularity=granularity, maximum=maximum, explain=_explain_engine(engine))
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        print_search(result, what)
+
+
+# --- sweep -----------------------------------------------------------------------------------------
+
+
+def _ints(text: str | None, option: str) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise JobError(f"{option} takes comma-separated whole numbers, e.g. 1,2,4,8 "
+                       f"(got {text!r})") from None
+
+
+@job_command
+def sweep(
+    job: Job,
+    batch_sizes: Annotated[Optional[str], typer.Option(help="e.g. 1,2,4,8")] = None,
+    seq_lens: Annotated[Optional[str], typer.Option(help="e.g. 512,1024,2048")] = None,
+    engine: Engine = "formula", budget: Budget = None, margin: Margin = 0.05,
+    steps: Annotated[int, typer.Option(help="measure only: timed steps per point")] = 3,
+    device: Device = None,
+    csv_out: Annotated[Optional[Path], typer.Option("--csv", help="write rows as CSV")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json-out", help="write rows as JSON")]
+    = None,
+    plot_out: Annotated[Optional[Path], typer.Option("--plot", help="write a PNG plot")] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Peak memory (and step time, throughput, loss when measuring) over a grid.
+
+    Example: vramplan sweep llama-3.2-1b --batch-sizes 1,2,4,8 --seq-lens 512,1024 --gpu L4
+    --plot memory.png
+    """
+    batches = _ints(batch_sizes, "--batch-sizes") or [job.batch_size]
+    seqs = _ints(seq_lens, "--seq-lens") or [job.seq_len]
+    limit, what = budget_of(job, budget) if (budget or job.gpu) else (None, "")
+    oracle = oracle_for(engine, budget_bytes=limit, device=device, steps=steps, warmup=1)
+    total = len(batches) * len(seqs)
+    if as_json or total == 1:
+        rows = _search.sweep(job, oracle, batches, seqs, budget_bytes=limit, margin=margin)
+    else:
+        from rich.progress import Progress
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task(f"{engine}: {total} points", total=total)
+            rows = _search.sweep(job, oracle, batches, seqs, budget_bytes=limit, margin=margin,
+                                 on_row=lambda row: progress.advance(task))
+    if csv_out:
+        _search.write_csv(rows, csv_out)
+    if json_out:
+        _search.write_json(rows, json_out)
+    if plot_out:
+        _search.plot(rows, plot_out, limit_bytes=limit, limit_label=what or "limit",
+                     title=f"{job.model}: peak memory ({engine})")
+    if as_json:
+        print_json(rows)
+        return
+    _print_rows(rows, limit, what)
+    for path in (csv_out, json_out, plot_out):
+        if path:
+            console.print(f"wrote {path}")
+
+
+def _print_rows(rows: list[dict], limit: int | None, what: str) -> None:
+    title = "sweep" + (f" (fits: peak <= {what} x (1 - margin))" if limit else "")
+    table = Table(title=title)
+    measured = any(r["step_time_s"] is not None for r in rows)
+    cols = ["batch", "seq len", "peak alloc GiB", "device GiB", "fits"]
+    cols += ["step s", "samples/s", "tokens/s", "final loss"] if measured else []
+    for col in cols:
+        table.add_column(col, justify="right")
+    for r in rows:
+        fits = "OOM" if r["error"] else {True: "yes", False: "no", None: "-"}[r["fits"]]
+        cells = [str(r["batch_size"]), str(r["seq_len"]), _gib(r["peak_allocated"]),
+                 _gib(r["device_total"]), fits]
+        if measured:
+            cells += [_num(r["step_time_s"], ".3f"), _num(r["samples_per_s"], ",.1f"),
+                      _num(r["tokens_per_s"], ",.0f"), _num(r["final_loss"], ".4f")]
+        table.add_row(*cells)
+    console.print(table)
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `search batch-size|seq-len` and `sweep` to the vramplan app."""
+    app.add_typer(search_app, name="search")
+    app.command("sweep")(sweep)
+

@@ -1,0 +1,469 @@
+"""Trace engine: the job's real training step on fake tensors, every storage accounted for.
+
+    report = trace(job)                       # MemoryReport, engine="trace"
+
+How: the model, optimizer and batches come from vramplan.models.build (the same builders
+the measure engine uses) and run two optimizer steps under FakeTensorMode on a fake "cpu"
+device (fake "cuda" cannot run on a CPU-only torch). A TorchDispatchMode sees every new
+untyped storage, notes the phase and module that created it, and a weakref.finalize on the
+storage reports its release. Step 2 (optimizer state present) is reported. Categories are
+decided from each storage's whole life:
+
+    weights           created while building (parameters, buffers)
+    inputs            the micro-batch
+    activations       created in forward and still alive when backward starts (saved for
+                      backward), or recomputed in backward by checkpointing
+    gradients         storages that end up as a parameter's .grad
+    optimizer_states  created in optimizer.step() and alive after it
+    temporary         everything else: transient forward/backward buffers, the logits and
+                      loss of the output head, optimizer-step buffers, cuBLAS workspaces
+
+Sizes are rounded to 512 B as the CUDA caching allocator does; the alloc/free sequence is
+replayed through engines/allocator.py for reserved memory.
+
+`cpu_profiler_peak(job)` runs the same steps for real on the CPU and returns the peak from
+torch.profiler's allocator memory events: the independent ground truth used by the tests
+and benchmarks/trace_accuracy.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+import weakref
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from vramplan.engines import runtime
+from vramplan.engines.allocator import CachingAllocator, round_size
+from vramplan.engines.report import CATEGORIES, MemoryReport, ModuleUsage
+from vramplan.errors import EngineError, VramplanError
+from vramplan.job import Job
+from vramplan.models.build import TrainingSetup, build_training_setup, train_step
+
+STEPS = 2          # step 1 creates optimizer state; step 2 is the steady state, reported
+TIMELINE_POINTS = 2000
+TOP_MODULES = 10
+_CHECK_EVERY = 128  # ops between time-limit checks
+
+
+def trace(job: Job, *, time_limit_s: float = 300, model_config: dict | None = None) -> MemoryReport:
+    """Trace `job` on fake tensors and report per-GPU memory at the peak of step 2."""
+    result = run_trace(job, time_limit_s=time_limit_s, model_config=model_config)
+    return result.report(job)
+
+
+# --- one storage, one event ---------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Storage:
+    nbytes: int
+    step: int
+    phase: str          # build, inputs, forward, backward, optimizer
+    module: str         # innermost module running when it was created ("" = none)
+    op: str
+    in_head: bool = False   # created by the output head / loss (logits, loss buffers)
+    saved: bool = False     # forward storage alive when backward started
+    grad: bool = False      # ended up as a parameter's .grad
+    kept: bool = False      # optimizer storage alive after the step
+
+    def category(self) -> str:
+        if self.phase == "build":
+            return "weights"
+        if self.phase == "inputs":
+            return "inputs"
+        if self.grad:
+            return "gradients"
+        if self.phase == "forward":
+            return "activations" if self.saved and not self.in_head else "temporary"
+        if self.phase == "backward" and self.module and not self.in_head:
+            return "activations"  # recomputed by checkpointing
+        if self.phase == "optimizer" and self.kept:
+            return "optimizer_states"
+        return "temporary"
+
+    def label(self) -> str:
+        category = self.category()
+        if category in ("activations", "temporary") and self.module:
+            return self.module
+        if category == "temporary":
+            return f"{self.op} ({self.phase})"
+        return {"weights": "parameters and buffers", "inputs": "batch", "gradients":
+                "parameter gradients", "optimizer_states": "optimizer state"}[category]
+
+
+class _TimeLimit(Exception):
+    pass
+
+
+class _Tracker(TorchDispatchMode):
+    """Sees every op's outputs; records new storages and (via weakref.finalize) their frees."""
+
+    def __init__(self, deadline: float):
+        super().__init__()
+        self.deadline = deadline
+        self.events: list[tuple[int, Storage]] = []  # (+1 alloc | -1 free, storage)
+        self.marks: list[tuple[int, int, str]] = []  # (event index, step, phase)
+        self.live: dict[int, Storage] = {}
+        self.step, self.phase = 0, "build"
+        self.module_stack: list[str] = []
+        self.head_modules: set[str] = set()
+        self.failed_op: str | None = None
+        self.failure: Exception | None = None
+        self._ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self._ops += 1
+        if self._ops % _CHECK_EVERY == 0 and time.monotonic() > self.deadline:
+            raise _TimeLimit()
+        try:
+            out = func(*args, **(kwargs or {}))
+        except (DataDependentOutputException, DynamicOutputShapeException,
+                UnsupportedOperatorException) as error:
+            self.failed_op, self.failure = str(func), error
+            raise
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._see(t, func)
+        return out
+
+    def _see(self, t: torch.Tensor, func) -> None:
+        if t.device.type == "meta":
+            return
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in self.live or storage.nbytes() == 0:
+            return
+        module = self.module_stack[-1] if self.module_stack else ""
+        record = Storage(storage.nbytes(), self.step, self.phase, module,
+                         func.__name__.split(".")[0], in_head=module in self.head_modules)
+        self.live[key] = record
+        self.events.append((1, record))
+        weakref.finalize(storage, self._free, key)
+
+    def _free(self, key: int) -> None:
+        record = self.live.pop(key, None)
+        if record is not None:
+            self.events.append((-1, record))
+
+    def mark(self, step: int, phase: str) -> None:
+        if self.phase == "forward" and phase == "backward":
+            for record in self.live.values():
+                if record.phase == "forward" and record.step == step:
+                    record.saved = True
+        if self.phase == "optimizer" and phase == "end":
+            for record in self.live.values():
+                if record.phase == "optimizer" and record.step == step:
+                    record.kept = True
+        self.step, self.phase = step, phase
+        self.marks.append((len(self.events), step, phase))
+
+    def mark_grads(self, model: torch.nn.Module) -> None:
+        for p in model.parameters():
+            if p.grad is not None:
+                record = self.live.get(p.grad.untyped_storage()._cdata)
+                if record is not None:
+                    record.grad = True
+
+
+@contextlib.contextmanager
+def _module_scope(tracker: _Tracker, model: torch.nn.Module):
+    """Keeps tracker.module_stack = the modules whose forward is running (also recompute)."""
+    names = {id(m): name or type(m).__name__ for name, m in model.named_modules()}
+
+    def push(module, args):
+        tracker.module_stack.append(names.get(id(module), type(module).__name__))
+
+    def pop(module, args, output):
+        if tracker.module_stack:
+            tracker.module_stack.pop()
+
+    nn_module = torch.nn.modules.module
+    handles = [nn_module.register_module_forward_pre_hook(push),
+               nn_module.register_module_forward_hook(pop, always_call=True)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _head_modules(model: torch.nn.Module) -> set[str]:
+    """Modules whose own ops make logits and loss: the output head and the wrappers above it
+    (for a causal LM: PeftModel > LoraModel > LlamaForCausalLM, and lm_head)."""
+    root = type(model).__name__
+    for name, module in model.named_modules():
+        getter = getattr(module, "get_output_embeddings", None)
+        head = getter() if callable(getter) else None
+        if isinstance(head, torch.nn.Module):
+            head_name = next((n for n, m in model.named_modules() if m is head), None)
+            if head_name:
+                parts = head_name.split(".")
+                return {".".join(parts[:i]) or root for i in range(len(parts) + 1)}
+    return {root}
+
+
+@contextlib.contextmanager
+def _transformers_quirks():
+    """transformers treats every FakeTensor as 'tracing' and then builds masks the real run
+    does not: its packed-sequence detection builds a [B, 1, L, L] mask. Our synthetic batches
+    hold unpacked sequences, so the detection's real answer is 'none'."""
+    try:
+        import transformers.masking_utils as masking
+    except ImportError:
+        yield
+        return
+    original = masking.find_packed_sequence_indices
+    masking.find_packed_sequence_indices = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = original
+
+
+# --- the trace ----------------------------------------------------------------------------------
+
+@dataclass
+class TraceResult:
+    events: list[tuple[int, Storage]]
+    marks: list[tuple[int, int, str]]
+    params_total: int
+    params_trainable: int
+    model_name: str
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def step_range(self, step: int) -> tuple[int, int]:
+        starts = [i for i, s, p in self.marks if s == step]
+        ends = [i for i, s, p in self.marks if s == step + 1]
+        return starts[0], ends[0] if ends else len(self.events)
+
+    def peak(self, step: int = STEPS, rounded: bool = True) -> tuple[int, int]:
+        """(bytes, event index) of the highest live total during `step`."""
+        size = round_size if rounded else (lambda n: n)
+        start, end = self.step_range(step)
+        live, best, best_i = 0, -1, start
+        for i, (sign, record) in enumerate(self.events):
+            live += sign * size(record.nbytes)
+            if start <= i < end and live > best:
+                best, best_i = live, i
+        return best, best_i
+
+    def report(self, job: Job) -> MemoryReport:
+        gpu = _runtime_gpu(job)
+        start, end = self.step_range(STEPS)
+        live_records: dict[int, Storage] = {}
+        live, peak, peak_i, timeline = 0, -1, start, []
+        phase_peaks: dict[str, int] = defaultdict(int)
+        mark_i, phase = 0, "build"
+        marks = sorted(self.marks)
+        for i, (sign, record) in enumerate(self.events):
+            while mark_i < len(marks) and marks[mark_i][0] <= i:
+                phase = marks[mark_i][2]
+                mark_i += 1
+            live += sign * round_size(record.nbytes)
+            if start <= i < end:
+                name = {"inputs": "forward", "end": "optimizer"}.get(phase, phase)
+                phase_peaks[name] = max(phase_peaks[name], live)
+                timeline.append((f"{name}:{record.op}", live))
+                if live > peak:
+                    peak, peak_i = live, i
+        at_peak = _live_at(self.events, peak_i)
+        categories = dict.fromkeys(CATEGORIES, 0)
+        usage: dict[tuple[str, str], int] = defaultdict(int)
+        for record in at_peak:
+            category = record.category()
+            categories[category] += round_size(record.nbytes)
+            usage[(record.label(), category)] += round_size(record.nbytes)
+        workspaces = runtime.workspaces_bytes(job.runtime, gpu)
+        categories["temporary"] += workspaces
+        allocator = _replay(self.events, workspaces, job.runtime.cublas_workspaces)
+        peak_allocated = sum(categories[c] for c in CATEGORIES[:6])
+        categories["allocator_overhead"] = max(0, allocator.peak_reserved - peak_allocated)
+        categories["runtime_context"] = job.runtime.cuda_context_bytes
+        peak_phase = max(phase_peaks, key=phase_peaks.get) if phase_peaks else ""
+        top = sorted(usage.items(), key=lambda kv: -kv[1])[:TOP_MODULES]
+        notes = list(self.notes)
+        notes.append(f"traced {STEPS} steps x {job.grad_accum} micro-batches on fake tensors in "
+                     f"{self.seconds:.1f} s; step {STEPS} reported")
+        notes.append(f"cuBLAS workspaces: {job.runtime.cublas_workspaces} x "
+                     f"{runtime.cublas_workspace_bytes(gpu) // 2**20} MiB in temporary")
+        report = MemoryReport(
+            engine="trace", job=job.model_dump(), model_name=self.model_name,
+            params_total=self.params_total, params_trainable=self.params_trainable,
+            per_gpu_of=job.parallel.num_gpus, categories=categories,
+            phase_peaks={k: v + workspaces for k, v in phase_peaks.items()},
+            peak_phase=peak_phase, runtime_gpu=gpu.name if gpu else None,
+            top_modules=[ModuleUsage(name=n, bytes=b, category=c) for (n, c), b in top],
+            timeline=_downsample([(e, b + workspaces) for e, b in timeline]),
+            tokens_per_step=_tokens_per_step(job), notes=notes)
+        fits = _fits(report, job, gpu)
+        return report.model_copy(update={"fits": fits}) if fits else report
+
+
+def run_trace(job: Job, *, time_limit_s: float = 300,
+              model_config: dict | None = None) -> TraceResult:
+    """Build and run the job's steps on fake tensors; return the raw event log."""
+    if job.parallel.num_gpus > 1:
+        raise EngineError("the trace engine runs single-GPU jobs only so far (parallel."
+                          f"num_gpus={job.parallel.num_gpus}): use --engine formula")
+    if job.offload.optimizer or job.offload.params or job.activation_offload \
+            or job.optimizer_in_backward:
+        raise EngineError("offload and optimizer_in_backward are not traced yet: use "
+                          "--engine formula")
+    started = time.monotonic()
+    tracker = _Tracker(deadline=started + time_limit_s)
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        with fake, tracker, _transformers_quirks():
+            setup = build_training_setup(job, "cpu", model_config=model_config, empty=True)
+            tracker.head_modules = _head_modules(setup.model)
+            with _module_scope(tracker, setup.model):
+                for step in range(1, STEPS + 1):
+                    _run_step(setup, job, tracker, step)
+    except _TimeLimit:
+        raise EngineError(f"the trace ran past its time limit of {time_limit_s:g} s and was "
+                          "stopped: raise the limit (time_limit_s / --time-limit) or use "
+                          "--engine formula") from None
+    except VramplanError:
+        raise
+    except Exception as error:
+        if tracker.failed_op:
+            raise EngineError(
+                f"op {tracker.failed_op} cannot run on fake tensors "
+                f"({type(tracker.failure).__name__}: its output depends on tensor values). "
+                "The trace engine cannot follow this model: use --engine formula, or "
+                "--engine measure on a GPU") from None
+        if isinstance(error, _TimeLimit) or isinstance(error.__cause__, _TimeLimit):
+            raise EngineError(f"the trace ran past its time limit of {time_limit_s:g} s") \
+                from None
+        raise EngineError(f"tracing {job.model!r} failed: {type(error).__name__}: "
+                          f"{str(error).splitlines()[0] if str(error) else ''}") from error
+    return TraceResult(tracker.events, tracker.marks, setup.params_total,
+                       setup.params_trainable, setup.model_name, setup.notes,
+                       time.monotonic() - started)
+
+
+def _run_step(setup: TrainingSetup, job: Job, tracker: _Tracker, step: int) -> None:
+    def mark(phase: str) -> None:
+        if phase in ("inputs", "optimizer"):
+            tracker.mark_grads(setup.model)
+        tracker.module_stack.clear()
+        tracker.mark(step, phase)
+    train_step(setup, job.grad_accum, mark)
+
+
+def _live_at(events: list[tuple[int, Storage]], index: int) -> list[Storage]:
+    live: dict[int, Storage] = {}
+    for sign, record in events[: index + 1]:
+        if sign > 0:
+            live[id(record)] = record
+        else:
+            live.pop(id(record), None)
+    return list(live.values())
+
+
+def _replay(events, workspaces: int, count: int) -> CachingAllocator:
+    allocator = CachingAllocator()
+    for i in range(count):  # allocated at the first matmul of each thread, kept for good
+        allocator.malloc(("cublas", i), workspaces // max(count, 1))
+    for sign, record in events:
+        if sign > 0:
+            allocator.malloc(id(record), record.nbytes)
+        else:
+            allocator.free(id(record))
+    return allocator
+
+
+def _downsample(points: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    if len(points) <= TIMELINE_POINTS:
+        return points
+    size = -(-len(points) // TIMELINE_POINTS)
+    return [max(points[i:i + size], key=lambda p: p[1]) for i in range(0, len(points), size)]
+
+
+def _tokens_per_step(job: Job) -> int:
+    return job.effective_batch * job.seq_len
+
+
+def _runtime_gpu(job: Job):
+    if job.gpu is None:
+        return None
+    try:
+        from vramplan.hardware import get_gpu
+    except ImportError:
+        return None
+    return get_gpu(job.gpu)
+
+
+def _fits(report: MemoryReport, job: Job, gpu) -> list:
+    try:
+        from vramplan.hardware import get_gpu, list_gpus
+    except ImportError:
+        return []
+    gpus = [get_gpu(job.gpu)] if job.gpu else list_gpus()
+    return runtime.fit_table(report, job.runtime, gpus, gpu)
+
+
+# --- ground truth on the CPU --------------------------------------------------------------------
+
+def cpu_profiler_peak(job: Job, *, model_config: dict | None = None, seed: int = 0) -> int:
+    """Run the job's STEPS for real on the CPU; the peak live bytes of step STEPS from
+    torch.profiler's allocator memory events (unrounded: the CPU allocator does not round).
+
+    Parameters and buffers exist before profiling starts; their bytes are added."""
+    torch.manual_seed(seed)
+    with _transformers_quirks():
+        setup = build_training_setup(job, "cpu", model_config=model_config)
+        base = _storage_bytes(list(setup.model.parameters()) + list(setup.model.buffers()))
+        from torch.profiler import ProfilerActivity, profile, record_function
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            for step in range(1, STEPS + 1):
+                with record_function(f"vramplan_step_{step}"):
+                    train_step(setup, job.grad_accum)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as handle:
+            events = json.load(handle)["traceEvents"]
+    window = next(e for e in events if e.get("name") == f"vramplan_step_{STEPS}")
+    t0, t1 = window["ts"], window["ts"] + window["dur"]
+    sizes: dict[int, int] = {}
+    live, peak = 0, 0
+    for event in sorted((e for e in events if e.get("name") == "[memory]"),
+                        key=lambda e: e["ts"]):
+        args = event["args"]
+        if args.get("Device Type", 0) != 0:  # CPU only
+            continue
+        addr, nbytes = args["Addr"], args["Bytes"]
+        if nbytes > 0:
+            sizes[addr] = nbytes
+            live += nbytes
+        elif addr in sizes:
+            live -= sizes.pop(addr)
+        if t0 <= event["ts"] <= t1:
+            peak = max(peak, live)
+    return base + peak
+
+
+def _storage_bytes(tensors) -> int:
+    seen = {}
+    for t in tensors:
+        seen[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+__all__ = ["TraceResult", "cpu_profiler_peak", "run_trace", "trace"]
