@@ -124,8 +124,8 @@ def test_chunked_loss_removes_most_of_the_logits_memory():
     standard = estimate(Job(model="llama-3.1-8b", batch_size=4, seq_len=4096, peft=Peft()))
     chunked = estimate(Job(model="llama-3.1-8b", batch_size=4, seq_len=4096, peft=Peft(),
                            loss="chunked"))
-    # 4 x 4096 tokens x 128256 vocabulary x (2 + 12) bytes is ~29 GB of loss buffers
-    assert standard.categories["temporary"] - chunked.categories["temporary"] > 25e9
+    # 4 x 4096 tokens x 128256 vocabulary x 12 bytes (three fp32 buffers) is ~25 GB
+    assert standard.categories["temporary"] - chunked.categories["temporary"] > 20e9
 
 
 def test_learned_positions_refuse_longer_sequences_rotary_ones_warn():

@@ -159,3 +159,56 @@ def test_measure_agrees_with_trace_engine_when_present():
     except TypeError:
         pytest.skip("trace() takes no model_config yet")
     assert traced.peak_allocated == pytest.approx(measured.peak_allocated, rel=0.1)
+
+
+# --- the CLI commands, in-process ---------------------------------------------------------------
+
+
+def _cli():
+    import typer
+    from typer.testing import CliRunner
+
+    from vramplan.commands import measure as commands
+    app = typer.Typer()
+    commands.register(app)
+    return app, CliRunner()
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    return str(path)
+
+
+def test_cli_measure_table_and_json(tiny_config, tmp_path):
+    app, runner = _cli()
+    out = tmp_path / "report.json"
+    result = runner.invoke(app, ["measure", tiny_config, "-b", "2", "-s", "32", "-p", "fp32",
+                                 "--steps", "2", "--warmup", "1", "--device", "cpu",
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "step time" in result.output and "tokens/s" in result.output
+    report = json.loads(out.read_text())
+    assert report["engine"] == "measure" and report["measured"]["steps"] == 3
+
+
+def test_cli_measure_over_budget_says_out_of_memory(tiny_config):
+    app, runner = _cli()
+    result = runner.invoke(app, ["measure", tiny_config, "-b", "2", "-s", "32", "--steps",
+                                 "1", "--device", "cpu", "--budget", "64KiB"])
+    assert result.exit_code == 1 and "out of memory" in result.output
+
+
+def test_cli_compare_side_by_side(tiny_config):
+    app, runner = _cli()
+    result = runner.invoke(app, ["compare", tiny_config, "-b", "2", "-s", "32", "-p", "fp32",
+                                 "--engines", "formula,trace,measure", "--steps", "1",
+                                 "--device", "cpu", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    peak = next(r for r in data["rows"] if r["figure"] == "peak allocated")
+    assert peak["measure"] > 0
+    for engine in ("formula", "trace"):
+        if peak[engine] is not None:  # an engine that is not there yet reports why
+            assert abs(peak[f"{engine}_error"]) < 1.0

@@ -215,3 +215,55 @@ def test_any_monotone_oracle_is_exact_and_bounded():
                             int(budget * 0.95), upper=5000)
         assert result.best == expected
         assert len(result.trials) <= 3 * math.ceil(math.log2(expected)) + 4
+
+
+# --- the CLI commands, in-process ---------------------------------------------------------------
+
+
+def _cli():
+    import typer
+    from typer.testing import CliRunner
+
+    from vramplan.commands import search as commands
+    app = typer.Typer()
+    commands.register(app)
+    commands.register(app)  # idempotent: cli.py may register too
+    return app, CliRunner()
+
+
+def test_cli_search_batch_size_json():
+    pytest.importorskip("vramplan.engines.formula")
+    app, runner = _cli()
+    result = runner.invoke(app, ["search", "batch-size", "llama-3.2-1b", "-s", "512",
+                                 "--peft", "qlora", "--budget", "40GiB", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["parameter"] == "batch_size" and data["best"] >= 1 and data["fits"]
+
+
+def test_cli_search_needs_a_budget_or_gpu():
+    app, runner = _cli()
+    result = runner.invoke(app, ["search", "seq-len", "llama-3.2-1b"])
+    assert result.exit_code != 0
+    assert "--gpu" in str(result.exception)
+
+
+def test_cli_search_no_fit_names_techniques():
+    pytest.importorskip("vramplan.engines.formula")
+    app, runner = _cli()
+    result = runner.invoke(app, ["search", "batch-size", "llama-3.1-8b", "--gpu", "L4"])
+    assert result.exit_code == 0, result.output
+    assert "does not fit even at batch size 1" in result.output and "try:" in result.output
+
+
+def test_cli_sweep_writes_files(tmp_path):
+    pytest.importorskip("vramplan.engines.formula")
+    pytest.importorskip("matplotlib")
+    app, runner = _cli()
+    result = runner.invoke(app, [
+        "sweep", "llama-3.2-1b", "--peft", "lora", "--batch-sizes", "1,2,4",
+        "--seq-lens", "256,512", "--gpu", "L4", "--csv", str(tmp_path / "s.csv"),
+        "--json-out", str(tmp_path / "s.json"), "--plot", str(tmp_path / "s.png")])
+    assert result.exit_code == 0, result.output
+    assert len(json.loads((tmp_path / "s.json").read_text())) == 6
+    assert (tmp_path / "s.png").stat().st_size > 1000

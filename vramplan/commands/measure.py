@@ -193,6 +193,9 @@ def comparison_rows(reports: dict[str, MemoryReport | str]) -> list[dict]:
 
 
 def register(app: typer.Typer) -> None:
-    """Add `measure` and `compare` to the vramplan app."""
-    app.command("measure")(measure)
-    app.command("compare")(compare)
+    """Add `measure` and `compare` to the vramplan app (once)."""
+    names = {c.name for c in app.registered_commands}
+    if "measure" not in names:
+        app.command("measure")(measure)
+    if "compare" not in names:
+        app.command("compare")(compare)

@@ -228,7 +228,9 @@ def _num(value: float | None, spec: str) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    """Add `search batch-size|seq-len` and `sweep` to the vramplan app."""
-    app.add_typer(search_app, name="search")
-    app.command("sweep")(sweep)
+    """Add `search batch-size|seq-len` and `sweep` to the vramplan app (once)."""
+    if not any(g.name == "search" for g in app.registered_groups):
+        app.add_typer(search_app, name="search")
+    if not any(c.name == "sweep" for c in app.registered_commands):
+        app.command("sweep")(sweep)
 

@@ -62,6 +62,9 @@ class ParamMemory:
     cast_copies: float        # 16-bit (or fp8) weight copies autocast keeps fwd -> bwd
     step_temp: float          # temporaries of optimizer.step()
     largest_block: float      # bytes of the largest block's weights as stored
+    # a tied embedding's second gradient (from the lookup) before AccumulateGrad adds it
+    # to the one from the output head
+    tied_grad_transient: float = 0.0
     notes: tuple[str, ...] = ()
 
 
@@ -102,7 +105,8 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
                         temporary=cast + logits_fwd + gathered + comm + ws),
         "backward": dict(base, gradients=g_kept, activations=activations,
                          temporary=cast + logits_bwd + gathered + comm + ws),
-        "backward_end": dict(base, gradients=g, activations=0.0, temporary=gathered + comm + ws),
+        "backward_end": dict(base, gradients=g, activations=0.0,
+                             temporary=gathered + comm + ws + params.tied_grad_transient / tp),
         "optimizer": dict(base, gradients=g, activations=0.0, temporary=step_temp + comm + ws),
     }
     totals = {name: sum(parts.values()) for name, parts in phases.items()}
@@ -219,16 +223,19 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
         trainable = adapters + head
         frozen = total - head
         base = frozen_base_bytes(job)
+        cast = 0.0
         if job.peft.method == "qlora":
             per = (NF4_DOUBLE_QUANT_BYTES_PER_PARAM if job.peft.double_quant
                    else NF4_BYTES_PER_PARAM)
             weights = linear_params * per + (frozen - linear_params) * base
+            # bitsandbytes dequantises one weight at a time to 16-bit for its matmul
+            cast = max((ln.in_features * ln.out_features for s in arch.stacks
+                        for ln in s.linears), default=0) * 2
             notes.append("QLoRA: block linears in 4-bit NF4, the rest in 16-bit; "
                          "prepare_model_for_kbit_training would upcast the rest to fp32")
         else:
             weights = frozen * base
         weights += adapters * adapter_bytes(job) + head * dt.weight
-        cast = 0.0
         block_bytes = max((s.params_per_layer for s in arch.stacks), default=0) * base
         largest = max((ln.in_features * ln.out_features for s in arch.stacks
                        for ln in s.linears), default=1)
@@ -239,8 +246,10 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
     step_temp = optimizer_step_temp_copies(job) * trainable * dt.weight
     if job.optimizer_impl == "loop" or job.optimizer in ("sgd-momentum", "lion"):
         step_temp = max(step_temp, largest * dt.weight)  # one param's update at a time
+    tied = (arch.vocab_size * _hidden(arch) * dt.grad
+            if job.peft is None and arch.tied_embeddings else 0.0)
     return ParamMemory(total, trainable, weights, grads, optimizer, cast, step_temp,
-                       block_bytes, tuple(notes))
+                       block_bytes, tied, tuple(notes))
 
 
 def _hidden(arch: Architecture) -> int:
@@ -443,7 +452,7 @@ def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task
     # logits (kept by the output), fp32 upcast -> log_softmax output (saved); in backward the
     # nll gradient and the log_softmax gradient, both fp32 and dense
     forward = c * tv + 4 * tv + (4 * tv if c != 4 else 0)
-    backward = c * tv + 12 * tv
+    backward = 12 * tv  # the logits themselves are dropped with the outputs (HF Trainer)
     return forward, backward
 
 

@@ -1,0 +1,207 @@
+"""Trace engine: traced peaks against real CPU steps (torch.profiler allocator events), the
+caching-allocator model, and the bad inputs the engine must refuse clearly."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from vramplan.engines.allocator import CachingAllocator, round_size  # noqa: E402
+from vramplan.engines.report import CATEGORIES  # noqa: E402
+from vramplan.engines.trace import cpu_profiler_peak, run_trace, trace  # noqa: E402
+from vramplan.errors import EngineError, ModelConfigError  # noqa: E402
+from vramplan.job import Job, Peft  # noqa: E402
+
+MiB = 2**20
+LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+GPT2 = dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=64)
+BERT = dict(model_type="bert", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, vocab_size=256, max_position_embeddings=64)
+
+
+def _job(**changes) -> Job:
+    return Job(model="tiny", batch_size=2, seq_len=32, **changes)
+
+
+# --- traced vs real (CPU) -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("config,changes", [
+    (LLAMA, dict(precision="fp32")),
+    (LLAMA, dict(precision="bf16-mixed", checkpointing="full")),
+    (GPT2, dict(precision="bf16-mixed", attention="eager", optimizer="sgd-momentum")),
+    (LLAMA, dict(precision="bf16-mixed", peft=Peft(rank=4))),
+    (BERT, dict(precision="bf16-mixed", task="masked-lm", grad_accum=2)),
+    (LLAMA, dict(precision="bf16-pure", optimizer="adamw-8bit")),
+])
+def test_traced_peak_matches_real_cpu_step(config, changes):
+    job = _job(**changes)
+    traced, _ = run_trace(job, model_config=config).peak(rounded=False)
+    real = cpu_profiler_peak(job, model_config=config)
+    assert abs(traced - real) / real <= 0.02, (traced, real)
+
+
+# --- the report -----------------------------------------------------------------------------------
+
+def test_report_categories_add_up_and_phases_are_named():
+    report = trace(_job(precision="bf16-mixed", optimizer="adamw"), model_config=LLAMA)
+    assert report.engine == "trace"
+    assert set(report.categories) == set(CATEGORIES)
+    # every parameter and buffer, fp32, each storage rounded to 512 B
+    assert report.categories["weights"] >= 4 * report.params_total
+    assert report.peak_allocated == max(report.phase_peaks.values())
+    assert set(report.phase_peaks) == {"forward", "backward", "optimizer"}
+    assert report.params_total == report.params_trainable > 0
+    assert 0 < len(report.timeline) <= 2000
+    assert report.top_modules and report.top_modules[0].bytes > 0
+    # AdamW keeps two fp32 states per parameter after step 1
+    assert report.categories["optimizer_states"] >= 2 * 4 * report.params_trainable
+    assert report.categories["runtime_context"] == job_runtime_default()
+
+
+def job_runtime_default() -> int:
+    return Job().runtime.cuda_context_bytes
+
+
+def test_lora_and_qlora_shrink_trainable_state():
+    full = trace(_job(precision="bf16-mixed"), model_config=LLAMA)
+    lora = trace(_job(precision="bf16-mixed", peft=Peft(rank=4)), model_config=LLAMA)
+    qlora = trace(_job(precision="bf16-mixed", peft=Peft(method="qlora", rank=4)),
+                  model_config=LLAMA)
+    assert lora.params_trainable < full.params_trainable / 10
+    assert lora.categories["optimizer_states"] < full.categories["optimizer_states"] / 10
+    assert qlora.categories["weights"] < lora.categories["weights"]
+    assert any("QLoRA" in note for note in qlora.notes)
+
+
+def test_8bit_adamw_states_are_a_quarter_of_fp32_states():
+    wide = dict(LLAMA, hidden_size=128, intermediate_size=256)  # tensors >= 4096 values
+    fp32 = trace(_job(optimizer="adamw"), model_config=wide)
+    int8 = trace(_job(optimizer="adamw-8bit"), model_config=wide)
+    ratio = int8.categories["optimizer_states"] / fp32.categories["optimizer_states"]
+    assert 0.24 < ratio < 0.32
+
+
+# --- the allocator model --------------------------------------------------------------------------
+
+def test_allocator_rounds_pools_and_reuses():
+    alloc = CachingAllocator()
+    alloc.malloc("a", 1)            # small pool: a 2 MiB segment
+    assert alloc.allocated == 512 and alloc.reserved == 2 * MiB
+    alloc.malloc("b", 3 * MiB)      # large request < 10 MiB: a 20 MiB segment, split
+    assert alloc.reserved == 22 * MiB
+    alloc.malloc("c", 5 * MiB)      # fits in the 17 MiB remainder
+    assert alloc.reserved == 22 * MiB
+    alloc.free("b")
+    alloc.free("c")
+    alloc.malloc("d", 15 * MiB)     # merged free blocks are reused
+    assert alloc.reserved == 22 * MiB
+    alloc.malloc("e", 11 * MiB + 1)  # >= 10 MiB: its own segment rounded to 2 MiB
+    assert alloc.reserved == 22 * MiB + 12 * MiB
+    # the 12 MiB block is not split (remainder <= 1 MiB): CUDA counts all of it allocated
+    assert alloc.peak_allocated == 512 + 15 * MiB + 12 * MiB
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "vp_user_models.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self, data_dependent=False):
+                super().__init__()
+                self.conv = nn.Conv2d(3, 8, 3, padding=1)
+                self.fc = nn.Linear(8, 10)
+                self.data_dependent = data_dependent
+
+            def forward(self, x):
+                h = self.conv(x).relu()
+                if self.data_dependent:
+                    h = h[h > 0]  # output size depends on values
+                    return h.sum()
+                return self.fc(h.mean((2, 3)))
+
+        def cnn():
+            return {"model": Net(), "input_shapes": {"x": (3, 16, 16)}}
+
+        def cnn_with_batch():
+            return Net(), lambda batch, device: torch.randn(batch, 3, 16, 16, device=device)
+
+        def masked():
+            return {"model": Net(data_dependent=True), "input_shapes": (3, 16, 16)}
+
+        def raises():
+            raise RuntimeError("checkpoint not found")
+
+        def not_a_module():
+            return 42
+
+        def slow():
+            import time
+            class Slow(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.fc = nn.Linear(8, 8)
+                def forward(self, x):
+                    for _ in range(10**7):
+                        x = x + 1
+                    return self.fc(x)
+            return {"model": Slow(), "input_shapes": (8,)}
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "vp_user_models"
+    sys.modules.pop("vp_user_models", None)
+
+
+def test_factory_cnn_is_traced(user_module):
+    for name in ("cnn", "cnn_with_batch"):
+        job = _job(model=f"{user_module}:{name}", precision="fp32")
+        report = trace(job)
+        assert report.params_total == 8 * 3 * 9 + 8 + 8 * 10 + 10
+        traced, _ = run_trace(job).peak(rounded=False)
+        assert abs(traced - cpu_profiler_peak(job)) / traced <= 0.02
+
+
+def test_factory_that_cannot_be_imported():
+    with pytest.raises(ModelConfigError, match="cannot load factory"):
+        trace(_job(model="vp_no_such_module:build"))
+
+
+def test_factory_that_raises(user_module):
+    with pytest.raises(ModelConfigError, match="raised RuntimeError: checkpoint not found"):
+        trace(_job(model=f"{user_module}:raises"))
+
+
+def test_factory_that_returns_no_module(user_module):
+    with pytest.raises(ModelConfigError, match="returned int, not a torch.nn.Module"):
+        trace(_job(model=f"{user_module}:not_a_module"))
+
+
+def test_data_dependent_op_names_the_op_and_suggests_formula(user_module):
+    with pytest.raises(EngineError, match=r"op aten\.\w+.*--engine formula"):
+        trace(_job(model=f"{user_module}:masked", precision="fp32"))
+
+
+def test_time_limit_stops_the_trace(user_module):
+    with pytest.raises(EngineError, match="time limit of 0.5 s"):
+        trace(_job(model=f"{user_module}:slow", precision="fp32"), time_limit_s=0.5)
+
+
+def test_unknown_lora_targets_list_the_linears():
+    with pytest.raises(ModelConfigError, match="c_attn"):
+        trace(_job(peft=Peft(rank=4)), model_config=GPT2)
+
+
+def test_import_vramplan_does_not_import_torch():
+    import subprocess
+    code = "import sys, vramplan.job, vramplan.engines; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
