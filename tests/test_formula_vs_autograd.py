@@ -57,7 +57,8 @@ def formula_saved_bytes(config: dict, task: str, precision: str, attention: str,
     dt = formula._activation_dtypes(job)
     layers, _ = formula._stack_activations(job, arch, shapes, dt)
     outside = formula._outside_block_activations(job, arch, shapes, dt, task)
-    casts = formula._param_memory(job, arch, task).cast_copies
+    params = formula._param_memory(job, arch, task)
+    casts = params.cast_copies + params.cast_head
     log_softmax = 4 * b * s * arch.vocab_size
     return layers + outside + casts + log_softmax
 

@@ -267,3 +267,34 @@ def test_cli_sweep_writes_files(tmp_path):
     assert result.exit_code == 0, result.output
     assert len(json.loads((tmp_path / "s.json").read_text())) == 6
     assert (tmp_path / "s.png").stat().st_size > 1000
+
+
+def test_values_the_model_refuses_are_a_limit_not_a_crash():
+    from vramplan.errors import JobError
+
+    def oracle(job):
+        if job.seq_len > 1000:
+            raise JobError(f"seq_len={job.seq_len} is longer than the model's 1000 positions")
+        return job.seq_len
+    result = max_seq_len(JOB, oracle, GiB, granularity=64)
+    assert result.best == 960 and "1000 positions" in result.limited_by
+    assert len(result.trials) <= 2 * math.ceil(math.log2(1000 / 64)) + 2
+
+
+TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 512,
+              "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 4096, "tie_word_embeddings": False}
+
+
+def test_with_trace_engine_as_oracle():
+    trace = pytest.importorskip("vramplan.engines.trace")
+    job = Job(model="tiny", batch_size=1, seq_len=128, precision="bf16-mixed")
+
+    def oracle(j):
+        return trace.trace(j, model_config=TINY_LLAMA).peak_allocated
+    budget = int(oracle(job.with_changes(batch_size=24)) / 0.95)  # the edge is near 24
+    result = max_batch_size(job, oracle, budget)
+    assert oracle(job.with_changes(batch_size=result.best)) <= result.limit_bytes
+    assert oracle(job.with_changes(batch_size=result.best + 1)) > result.limit_bytes
+    assert len(result.trials) <= trial_bound(result.best)

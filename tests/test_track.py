@@ -128,3 +128,24 @@ def test_rss_helpers_tolerate_missing_proc(monkeypatch):
     with track() as tracker:
         tracker.step()
     assert tracker.result["peak_rss_increase"] is None
+
+
+def test_cuda_path_with_faked_torch_cuda(monkeypatch, tmp_path):
+    fake = {
+        "is_available": lambda: True, "synchronize": lambda d=None: None,
+        "reset_peak_memory_stats": lambda d=None: None,
+        "max_memory_allocated": lambda d=None: 7_000_000,
+        "max_memory_reserved": lambda d=None: 8_000_000,
+        "get_device_name": lambda d=None: "Fake GPU",
+        "device_memory_used": lambda d=None: 500_000_000,
+        "utilization": lambda d=None: 90, "memory_usage": lambda d=None: 40,
+    }
+    for name, value in fake.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    with track(tmp_path / "gpu.json") as tracker:
+        tracker.step(loss=1.0, samples=4)
+    data = json.loads((tmp_path / "gpu.json").read_text())
+    assert data["device"] == "cuda" and data["device_name"] == "Fake GPU"
+    assert data["peak_allocated"] == 7_000_000 and data["peak_reserved"] == 8_000_000
+    assert data["context_overhead"] == 492_000_000 and data["gpu_util_mean"] == 90
+    assert data["mem_bandwidth_util_mean"] == 40

@@ -30,6 +30,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from vramplan.engines.report import TENSOR_CATEGORIES, MemoryReport
 from vramplan.errors import EngineError, JobError
 from vramplan.job import Job
@@ -43,7 +45,9 @@ except ImportError:  # until errors.py has it
 Oracle = Callable[[Job], "int | MemoryReport"]
 
 DEFAULT_MARGIN = 0.05  # the safety margin users of other finders asked for, as a floor
-_GROWTH_CAP = 1024     # never jump more than this factor past the largest fitting value
+# Never jump more than this factor past the largest value that fits: a wild extrapolation
+# would cost a huge trial (a CPU measurement only learns it is over budget at the end).
+_GROWTH_CAP = 8
 _JOB_LIMITS = {"batch_size": 1_000_000, "seq_len": 100_000_000}  # Job's own field bounds
 
 
@@ -67,6 +71,7 @@ class SearchResult:
     limit_bytes: int             # budget x (1 - margin): a trial fits iff peak <= limit
     trials: list[Trial] = field(default_factory=list)
     capped: bool = False         # best == the maximum asked for (the true limit may be higher)
+    limited_by: str = ""         # a larger value was refused by the job or model (not memory)
     largest_category: str = ""   # when nothing fits: what fills memory at the smallest value
     suggestions: list[str] = field(default_factory=list)  # when nothing fits: what may help
 
@@ -157,7 +162,14 @@ def _search(job: Job, parameter: str, step: int, oracle: Oracle, budget_bytes: i
     points: dict[int, int | None] = {}  # k -> peak (None: out of memory)
 
     def trial(k: int) -> bool:
-        peak, report, error = _ask(oracle, job.with_changes(**{parameter: k * step}))
+        try:
+            peak, report, error = _ask(oracle, job.with_changes(**{parameter: k * step}))
+        except (JobError, ValidationError) as invalid:
+            if k == 1:
+                raise
+            # A value the model refuses (longer than its positions): a limit, like memory.
+            result.limited_by = str(invalid).splitlines()[0]
+            peak, report, error = None, None, f"invalid: {result.limited_by}"
         fits = peak is not None and peak <= limit
         result.trials.append(Trial(k * step, peak, fits, error))
         points[k] = peak
@@ -200,27 +212,40 @@ def _next(points: dict[int, int | None], lo: int, hi: int | None, limit: int,
     guess = _predict(points, lo, hi, limit) if stalls < 2 else None
     if guess is None:
         k = default
+    elif guess <= lo:
+        k = lo + 1  # the model puts the edge at lo: test lo + 1
+    elif hi is not None and guess >= hi:
+        k = default  # the model says hi fits, yet it failed (out of memory): no information
     else:
-        k = guess if guess > lo else lo + 1  # the model puts the edge at lo: test lo + 1
+        k = guess
     return max(lo + 1, min(k, upper))
 
 
 def _predict(points: dict[int, int | None], lo: int, hi: int | None, limit: int) -> int | None:
     """Largest k whose peak the model through the measured points nearest the edge keeps
-    within the limit: a quadratic through three points (attention grows with seq_len^2),
-    a line through two (batch size), or None when there is no usable slope."""
+    within the limit: a line through two points (batch size), a quadratic through three
+    (attention grows with seq_len^2) when it lands inside the bracket, or None when there
+    is no usable slope."""
     fitting = [k for k in sorted(points) if k <= lo and points[k] is not None]
-    near = fitting[-2:] if hi is None or points.get(hi) is None else fitting[-2:] + [hi]
-    if len(near) == 3 and (k := _solve_quadratic(near, points, limit)) is not None:
-        return k
-    a, b = (near[-2], near[-1]) if len(near) >= 2 else (None, None)
     if hi is not None and points.get(hi) is not None:
-        a, b = lo, hi  # the line across the bracket
-    if a is None or points[b] <= points[a]:  # flat or noisy: no slope to follow
+        # Across the bracket. For convex growth the chord crosses the limit at or below
+        # the true edge, so it is a safe floor for the quadratic's guess.
+        line = _line(points, lo, hi, limit)
+        if len(fitting) >= 2:
+            quad = _solve_quadratic([fitting[-2], lo, hi], points, limit)
+            if quad is not None and line is not None and line <= quad < hi:
+                return quad
+        return line
+    if len(fitting) < 2:
+        return None
+    return _line(points, fitting[-2], fitting[-1], limit)  # extrapolate the last slope
+
+
+def _line(points: dict[int, int | None], a: int, b: int, limit: int) -> int | None:
+    if points[b] <= points[a]:  # flat or noisy: no slope to follow
         return None
     # exact rational arithmetic: peaks are ints, so an affine oracle is predicted exactly
-    k = a + Fraction(limit - points[a]) * (b - a) / (points[b] - points[a])
-    return math.floor(k)
+    return math.floor(a + Fraction(limit - points[a]) * (b - a) / (points[b] - points[a]))
 
 
 def _solve_quadratic(ks: list[int], points: dict[int, int | None], limit: int) -> int | None:

@@ -3,11 +3,14 @@
     vramplan measure llama-3.2-1b -b 4 -s 1024 --steps 5
     vramplan measure llama-3.2-1b -b 4 --emulate-gpu L4          # on a bigger GPU
     vramplan compare llama-3.2-1b -b 4 --engines formula,trace,measure
+    torchrun --standalone --nproc-per-node 2 -m vramplan.cli measure MODEL --num-gpus 2 \
+        --strategy fsdp                                          # per rank, rank 0 aggregates
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -18,7 +21,7 @@ from vramplan.cli import console, job_command, print_json
 from vramplan.engines.report import CATEGORIES, MemoryReport
 from vramplan.errors import EngineError, JobError, VramplanError
 from vramplan.job import Job
-from vramplan.units import GiB, parse_bytes
+from vramplan.units import GiB, MiB, parse_bytes
 
 Steps = Annotated[int, typer.Option(help="timed optimizer steps")]
 Warmup = Annotated[int, typer.Option(help="steps run before timing (allocations settle)")]
@@ -54,6 +57,8 @@ def measure(
         console.print(f"[bold red]out of memory[/]: {str(error).splitlines()[0]}\n"
                       "  try: vramplan search batch-size ... to find what fits")
         raise typer.Exit(1) from None
+    if os.environ.get("RANK", "0") != "0":
+        return  # under torchrun, rank 0 holds every rank's figures and prints them
     if out:
         out.write_text(json.dumps(report.to_json_dict(), indent=2) + "\n")
     if as_json:
@@ -135,14 +140,17 @@ def compare(
             r, MemoryReport) else {"error": r} for n, r in reports.items()}})
         return
     ref = names[-1]
+    largest = max((max(v for k, v in r.items() if k in names and v) for r in rows
+                   if any(r[n] for n in names)), default=0)
+    unit, size = ("GiB", GiB) if largest >= GiB else ("MiB", MiB)
     table = Table(title=f"{job.model}: engines compared (error relative to {ref})")
-    table.add_column("GiB")
+    table.add_column(unit)
     for name in names:
         table.add_column(name, justify="right")
     for name in names[:-1]:
         table.add_column(f"{name} error", justify="right")
     for row in rows:
-        cells = [_fmt(row[n] and row[n] / GiB, "{:.3f}") for n in names]
+        cells = [_fmt(row[n] and row[n] / size, "{:,.3f}") for n in names]
         cells += [_fmt(row.get(f"{n}_error"), "{:+.1%}") for n in names[:-1]]
         table.add_row(row["figure"], *cells)
     console.print(table)
@@ -180,6 +188,11 @@ def comparison_rows(reports: dict[str, MemoryReport | str]) -> list[dict]:
         ("peak allocated", lambda r: r.peak_allocated),
         ("peak reserved", lambda r: r.peak_reserved),
         ("device total", lambda r: r.device_total)]
+    reference = reports[ref]
+    if isinstance(reference, MemoryReport) and (reference.measured or {}).get("device") == "cpu":
+        # A CPU run has no cuBLAS workspaces: compare the predictions without them.
+        figures.append(("peak allocated w/o cuBLAS workspaces",
+                        lambda r: r.peak_allocated - predicted_workspaces(r)))
     rows = []
     for figure, get in figures:
         row = {"figure": figure}
@@ -190,6 +203,18 @@ def comparison_rows(reports: dict[str, MemoryReport | str]) -> list[dict]:
             row[f"{name}_error"] = (a - b) / b if a is not None and b else None
         rows.append(row)
     return rows
+
+
+def predicted_workspaces(report: MemoryReport) -> int:
+    """cuBLAS workspace bytes a predicted report counts in `temporary` (0 for measure)."""
+    if report.engine == "measure":
+        return 0
+    from vramplan.engines.runtime import workspaces_bytes
+    from vramplan.hardware import get_gpu
+    from vramplan.job import Runtime
+
+    gpu = get_gpu(report.runtime_gpu) if report.runtime_gpu else None
+    return workspaces_bytes(Runtime(**report.job["runtime"]), gpu)
 
 
 def register(app: typer.Typer) -> None:

@@ -19,7 +19,7 @@ from vramplan.engines.report import MemoryReport
 from vramplan.errors import JobError
 from vramplan import search as _search
 from vramplan.job import Job
-from vramplan.units import GiB, parse_bytes
+from vramplan.units import GiB, MiB, parse_bytes
 
 search_app = typer.Typer(help="Largest batch size or sequence length that fits.",
                          no_args_is_help=True)
@@ -40,7 +40,7 @@ AsJson = Annotated[bool, typer.Option("--json", help="print the result as JSON")
 def budget_of(job: Job, budget: str | None) -> tuple[int, str]:
     """Bytes to fit in, and what they are: --budget, else the usable memory of --gpu."""
     if budget:
-        return parse_bytes(budget), f"budget {budget}"
+        return parse_bytes(budget), "budget"
     if job.gpu:
         from vramplan.hardware import get_gpu
         gpu = get_gpu(job.gpu)
@@ -69,25 +69,34 @@ def _explain_engine(engine: str):
     return None if engine == "formula" else oracle_for("formula")
 
 
-def _gib(n: int | None) -> str:
-    return "-" if n is None else f"{n / GiB:,.2f}"
+def _unit(*sizes: int | None) -> tuple[str, int]:
+    """GiB, or MiB when everything is under 1 GiB (tiny test models)."""
+    return ("GiB", GiB) if max((n or 0 for n in sizes), default=0) >= GiB else ("MiB", MiB)
 
 
-def print_search(result: _search.SearchResult, what: str) -> None:
+def _size(n: int | None, unit: tuple[str, int]) -> str:
+    return "-" if n is None else f"{n / unit[1]:,.2f}"
+
+
+def print_search(result: _search.SearchResult, what: str,
+                 cap_reason: str = "the maximum asked for; more may fit") -> None:
     name = result.parameter.replace("_", " ")
+    unit = _unit(result.budget_bytes)
     table = Table(title=f"{name} search", caption=(
-        f"fits iff peak <= {_gib(result.limit_bytes)} GiB = {what} "
-        f"{_gib(result.budget_bytes)} GiB x (1 - {result.margin:g} margin)"))
-    for col in ("trial", name, "peak GiB", "fits"):
+        f"fits iff peak <= {_size(result.limit_bytes, unit)} {unit[0]} = {what} "
+        f"{_size(result.budget_bytes, unit)} {unit[0]} x (1 - {result.margin:g} margin)"))
+    for col in ("trial", name, f"peak {unit[0]}", "fits"):
         table.add_column(col, justify="right")
     for i, t in enumerate(result.trials, 1):
         verdict = "yes" if t.fits else ("OOM" if t.peak is None else "no")
-        table.add_row(str(i), str(t.value), _gib(t.peak), verdict)
+        table.add_row(str(i), str(t.value), _size(t.peak, unit), verdict)
     console.print(table)
     if result.best is not None:
-        capped = " (the maximum asked for; more may fit)" if result.capped else ""
+        capped = f" ({cap_reason})" if result.capped else ""
         console.print(f"[bold]largest {name} that fits: {result.best}[/]{capped}, "
                       f"found in {len(result.trials)} trials")
+        if result.limited_by:
+            console.print(f"  larger values are refused: {result.limited_by}")
         return
     smallest = result.trials[0].value
     console.print(f"[bold red]does not fit even at {name} {smallest}[/]"
@@ -134,16 +143,28 @@ def seq_len(
     Example: vramplan search seq-len llama-3.2-1b -b 4 --gpu A100-40GB --engine trace
     """
     limit, what = budget_of(job, budget)
+    positions = None if maximum else _max_positions(job)
     result = _search.max_seq_len(
         job, oracle_for(engine, budget_bytes=limit, device=device), limit, margin=margin,
-        granularity=granularity, maximum=maximum, explain=_explain_engine(engine))
+        granularity=granularity, maximum=maximum or positions, explain=_explain_engine(engine))
     if as_json:
         print_json(result.to_dict())
+    elif positions:
+        print_search(result, what, f"the longest the model accepts: {positions} positions")
     else:
         print_search(result, what)
 
 
-# --- sweep -----------------------------------------------------------------------------------------
+def _max_positions(job: Job) -> int | None:
+    """The longest text the model accepts (learned positions), when the catalog knows it."""
+    try:
+        from vramplan.models import load_architecture
+        return load_architecture(job.model).max_positions
+    except Exception:  # noqa: BLE001 - a factory model or unknown config: no limit known
+        return None
+
+
+# --- sweep ------------------------------------------------------------------------------------
 
 
 def _ints(text: str | None, option: str) -> list[int] | None:
@@ -208,14 +229,15 @@ def _print_rows(rows: list[dict], limit: int | None, what: str) -> None:
     title = "sweep" + (f" (fits: peak <= {what} x (1 - margin))" if limit else "")
     table = Table(title=title)
     measured = any(r["step_time_s"] is not None for r in rows)
-    cols = ["batch", "seq len", "peak alloc GiB", "device GiB", "fits"]
+    unit = _unit(limit, *(r["device_total"] for r in rows))
+    cols = ["batch", "seq len", f"peak alloc {unit[0]}", f"device {unit[0]}", "fits"]
     cols += ["step s", "samples/s", "tokens/s", "final loss"] if measured else []
     for col in cols:
         table.add_column(col, justify="right")
     for r in rows:
         fits = "OOM" if r["error"] else {True: "yes", False: "no", None: "-"}[r["fits"]]
-        cells = [str(r["batch_size"]), str(r["seq_len"]), _gib(r["peak_allocated"]),
-                 _gib(r["device_total"]), fits]
+        cells = [str(r["batch_size"]), str(r["seq_len"]), _size(r["peak_allocated"], unit),
+                 _size(r["device_total"], unit), fits]
         if measured:
             cells += [_num(r["step_time_s"], ".3f"), _num(r["samples_per_s"], ",.1f"),
                       _num(r["tokens_per_s"], ",.0f"), _num(r["final_loss"], ".4f")]

@@ -34,6 +34,7 @@ ZERO_BUCKET_ELEMENTS = 500_000_000
 FSDP_GATHERED_BLOCKS = 2
 # transformers' config defaults, for configs that leave the activation out
 DEFAULT_ACTIVATION = {"gpt2": "gelu_new", "t5": "relu", "gemma2": "gelu_pytorch_tanh"}
+EAGER_ONLY = ("t5", "gemma2")
 CLASSIFIER_TASKS = ("seq-classification", "image-classification")
 # Liger-style fused linear cross-entropy processes about b*s*h/V tokens per chunk.
 _LOSS_CHUNK_MIN_TOKENS = 1
@@ -59,9 +60,11 @@ class ParamMemory:
     weights: float            # bytes as stored
     gradients: float          # bytes of gradients of trainable params
     optimizer: float          # bytes of optimizer state
-    cast_copies: float        # 16-bit (or fp8) weight copies autocast keeps fwd -> bwd
+    cast_copies: float        # 16-bit (or fp8) copies of block weights autocast keeps fwd -> bwd
     step_temp: float          # temporaries of optimizer.step()
     largest_block: float      # bytes of the largest block's weights as stored
+    cast_head: float = 0.0    # the same for weights outside blocks (LM head), or QLoRA's
+    #                           one dequantised weight
     # a tied embedding's second gradient (from the lookup) before AccumulateGrad adds it
     # to the one from the output head
     tied_grad_transient: float = 0.0
@@ -85,10 +88,10 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
 
     tp, cp = job.parallel.tensor_parallel, job.parallel.context_parallel
     _check_parallel(job, arch)
-    layer_acts, peak_block_acts = _stack_activations(job, arch, shapes, dt)
+    layer_acts, block_acts = _stack_activations(job, arch, shapes, dt)
     activations = (layer_acts + _outside_block_activations(job, arch, shapes, dt, task)) / (tp * cp)
     if job.activation_offload:
-        activations = min(activations, 2 * peak_block_acts / (tp * cp))
+        activations = min(activations, 2 * block_acts / (tp * cp))
     logits_fwd, logits_bwd = _loss_buffers(job, arch, shapes, dt, task)
 
     w, g, o, cast, gathered, comm, notes = _per_gpu_params(job, params)
@@ -99,12 +102,24 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
     if job.optimizer_in_backward:
         g = min(g, params.largest_block / (tp * job.parallel.shard_degree))
 
+    recompute = dict(activations=0.0, cast=0.0)
+    if job.checkpointing == "full":
+        # saved tensors of checkpointed blocks hold no weight copies; during backward one
+        # block at a time is recomputed, with its activations and weight copies
+        layers = sum(st.num_layers for st in arch.stacks)
+        block_cast = max(0.0, cast - params.cast_head / tp)
+        cast -= block_cast
+        recompute = dict(activations=block_acts / (tp * cp), cast=block_cast / layers)
+
     base = dict(weights=w, optimizer_states=o, inputs=inputs)
     phases = {
         "forward": dict(base, gradients=g_kept, activations=activations,
                         temporary=cast + logits_fwd + gathered + comm + ws),
         "backward": dict(base, gradients=g_kept, activations=activations,
                          temporary=cast + logits_bwd + gathered + comm + ws),
+        "backward_recompute": dict(base, gradients=g_kept, activations=activations
+                                   + recompute["activations"],
+                                   temporary=cast + recompute["cast"] + gathered + comm + ws),
         "backward_end": dict(base, gradients=g, activations=0.0,
                              temporary=gathered + comm + ws + params.tied_grad_transient / tp),
         "optimizer": dict(base, gradients=g, activations=0.0, temporary=step_temp + comm + ws),
@@ -116,7 +131,8 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
     at_peak["allocator_overhead"] = int(allocated * job.runtime.allocator_overhead)
     at_peak["runtime_context"] = job.runtime.cuda_context_bytes
     phase_peaks = {"forward": totals["forward"],
-                   "backward": max(totals["backward"], totals["backward_end"]),
+                   "backward": max(totals["backward"], totals["backward_recompute"],
+                                   totals["backward_end"]),
                    "optimizer": totals["optimizer"]}
 
     report = MemoryReport(
@@ -125,7 +141,7 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
         per_gpu_of=job.parallel.num_gpus,
         categories={c: at_peak[c] for c in CATEGORIES},
         phase_peaks={k: int(round(v)) for k, v in phase_peaks.items()},
-        peak_phase="backward" if peak_name == "backward_end" else peak_name,
+        peak_phase=peak_name.split("_")[0],
         runtime_gpu=runtime_gpu.name if runtime_gpu else None,
         tokens_per_step=shapes.tokens_per_sample * job.effective_batch,
         notes=[*shapes.notes, *params.notes, *notes, *_technique_notes(job, arch)],
@@ -209,7 +225,8 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
     notes = []
     if job.peft is None:
         trainable, weights = total, total * dt.weight
-        cast = matmul_params * (dt.linear_saved if dt.autocast else 0)
+        cast = linear_params * (dt.linear_saved if dt.autocast else 0)
+        cast_head = (matmul_params - linear_params) * (dt.linear_saved if dt.autocast else 0)
         if dt.autocast:
             notes.append("autocast keeps a 16-bit copy of every matmul weight from forward "
                          "to backward (counted in temporary)")
@@ -223,13 +240,13 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
         trainable = adapters + head
         frozen = total - head
         base = frozen_base_bytes(job)
-        cast = 0.0
+        cast = cast_head = 0.0
         if job.peft.method == "qlora":
             per = (NF4_DOUBLE_QUANT_BYTES_PER_PARAM if job.peft.double_quant
                    else NF4_BYTES_PER_PARAM)
             weights = linear_params * per + (frozen - linear_params) * base
             # bitsandbytes dequantises one weight at a time to 16-bit for its matmul
-            cast = max((ln.in_features * ln.out_features for s in arch.stacks
+            cast_head = max((ln.in_features * ln.out_features for s in arch.stacks
                         for ln in s.linears), default=0) * 2
             notes.append("QLoRA: block linears in 4-bit NF4, the rest in 16-bit; "
                          "prepare_model_for_kbit_training would upcast the rest to fp32")
@@ -249,7 +266,7 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
     tied = (arch.vocab_size * _hidden(arch) * dt.grad
             if job.peft is None and arch.tied_embeddings else 0.0)
     return ParamMemory(total, trainable, weights, grads, optimizer, cast, step_temp,
-                       block_bytes, tied, tuple(notes))
+                       block_bytes, cast_head, tied, tuple(notes))
 
 
 def _hidden(arch: Architecture) -> int:
@@ -308,7 +325,7 @@ def _per_gpu_params(job: Job, params: ParamMemory):
     w = params.weights / tp / (shard if sharded_params else 1)
     g = params.gradients / tp / (shard if strategy != "zero1" else 1)
     o = params.optimizer / tp / shard
-    cast, gathered, comm = params.cast_copies / tp, 0.0, 0.0
+    cast, gathered, comm = (params.cast_copies + params.cast_head) / tp, 0.0, 0.0
     if sharded_params and shard > 1:
         # gathered blocks in the compute dtype replace autocast's weight copies
         gathered = FSDP_GATHERED_BLOCKS * params.largest_block / tp
@@ -359,7 +376,8 @@ def _adapters(job: Job) -> act.Adapters:
 
 
 def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
-    """Saved activations of all blocks (after checkpointing), and of the largest block."""
+    """Saved activations of all blocks (after checkpointing), and of the largest block
+    (what full checkpointing recomputes at a time)."""
     total, largest = 0.0, 0.0
     adapters = _adapters(job)
     if job.peft and "all-linear" in job.peft.target_modules:
@@ -378,7 +396,6 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
         if job.checkpointing == "full":
             # each block keeps only its input; one block is recomputed at a time in backward
             total += stack.num_layers * dt.residual * job.batch_size * seq * stack.hidden_size
-            total += block
         elif job.checkpointing == "selective":
             recomputed = ("softmax", "probs 16-bit", "attn dropout", "sdpa out", "logsumexp")
             kept = sum(b for name, b in saved if not name.endswith(recomputed))
@@ -389,8 +406,9 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
 
 
 def _attention_impl(job: Job, arch: Architecture) -> str:
-    # T5's relative position bias is added to the scores: transformers runs it eagerly.
-    return "eager" if arch.model_type == "t5" else job.attention
+    # T5 adds a position bias to the scores and Gemma-2 soft-caps them: transformers runs
+    # both eagerly whatever the job asks.
+    return "eager" if arch.model_type in EAGER_ONLY else job.attention
 
 
 def _activation_name(arch: Architecture) -> str:
@@ -470,9 +488,9 @@ def _check_parallel(job: Job, arch: Architecture) -> None:
 
 def _technique_notes(job: Job, arch: Architecture) -> list[str]:
     notes = []
-    if job.attention == "sdpa" and arch.model_type == "t5":
-        notes.append("T5 adds a position bias to the attention scores: transformers runs "
-                     "its attention eagerly, so memory is that of eager attention")
+    if job.attention == "sdpa" and arch.model_type in EAGER_ONLY:
+        notes.append(f"transformers runs {arch.model_type} attention eagerly (it changes the "
+                     "scores before the softmax), so memory is that of eager attention")
     if job.precision == "fp8":
         notes.append("fp8: linears save fp8 copies of inputs and weights (torchao float8 "
                      "training); everything else as bf16-mixed")

@@ -7,7 +7,7 @@ background thread. On the CPU the peak comes from the allocator's own memory eve
 check of the trace engine; a byte budget turns a step over budget into BudgetExceeded,
 which search treats like a CUDA out-of-memory error.
 
-    >>> report = measure(Job(model="tiny-llama", batch_size=4, seq_len=256), steps=5)
+    >>> report = measure(Job(model="llama-3.2-1b", batch_size=4, seq_len=256), steps=5)
     >>> report.peak_allocated, report.measured["step_time_median_s"]
 
 The model, optimizer, synthetic batch and the step itself come from vramplan.models.build,
@@ -20,7 +20,6 @@ import contextlib
 import math
 import os
 import statistics
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,13 +29,12 @@ import torch
 from vramplan.engines.report import CATEGORIES, MemoryReport
 from vramplan.errors import EngineError
 from vramplan.job import Job
-from vramplan.models.build import MAX_GRAD_NORM, TrainingSetup, train_step
+from vramplan.models.build import (MAX_GRAD_NORM, TrainingSetup, build_training_setup,
+                                   train_step)
 from vramplan.search import BudgetExceeded, is_out_of_memory
+from vramplan.track import NvmlSampler, p90
 
 CUDA_BLOCK = 512  # the caching allocator rounds every request up to 512 bytes
-# Phases that build.train_step marks; gradients are alive in full from backward's end
-# until "end" (zero_grad), so a peak in them counts all gradients.
-GRADIENT_PHASES = ("backward", "optimizer", "end")
 
 
 # --- entry point ----------------------------------------------------------------------------
@@ -53,15 +51,21 @@ def measure(job: Job, *, steps: int = 5, warmup: int = 2, emulate_gpu: str | Non
     Out-of-memory errors propagate (search relies on them); any other error in the step,
     and Ctrl-C, end the run early with a partial report that says why.
     """
-    from vramplan.models.build import build_training_setup  # shared with the trace engine
-
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise EngineError("measure on cuda needs a CUDA build of torch and a visible GPU; "
                           "use --device cpu (with --budget to stand in for the GPU's memory)")
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # started by torchrun
+    if distributed:
+        device = _join_process_group(job, device)
     setup = build_training_setup(job, device=device, model_config=model_config)
-    return measure_setup(setup, job, steps=steps, warmup=warmup, emulate_gpu=emulate_gpu,
-                         budget_bytes=budget_bytes)
+    counts = {"params_total": setup.params_total, "params_trainable": setup.params_trainable}
+    if distributed:
+        _shard(setup, job)
+    report = measure_setup(setup, job, steps=steps, warmup=warmup, emulate_gpu=emulate_gpu,
+                           budget_bytes=budget_bytes)
+    report = report.model_copy(update=counts)  # the whole model's, not this rank's shard
+    return _aggregate(report) if distributed else report
 
 
 def measure_setup(setup: TrainingSetup, job: Job, *, steps: int = 5, warmup: int = 2,
@@ -79,6 +83,7 @@ def measure_setup(setup: TrainingSetup, job: Job, *, steps: int = 5, warmup: int
                            "the CPU (use a budget)")
     run = _Run(steps=warmup + steps, warmup=warmup)
     scaler = torch.amp.GradScaler(setup.device.type) if job.precision == "fp16-mixed" else None
+    probe.watch_gradients(setup)
     probe.start()
     try:
         for index in range(warmup + steps):
@@ -170,10 +175,7 @@ def _report(job: Job, setup: TrainingSetup, run: _Run, probe) -> MemoryReport:
     categories = dict.fromkeys(CATEGORIES, 0)
     categories.update(weights=sizes["weights"], optimizer_states=sizes["optimizer_states"],
                       inputs=sizes["inputs"])
-    # zero_grad runs at the end of each step, so gradients are measured at their largest:
-    # one per trainable parameter, alive in full from the end of backward.
-    if probe.peak_phase in GRADIENT_PHASES or job.grad_accum > 1:
-        categories["gradients"] = sizes["gradients"]
+    categories["gradients"] = probe.peak_grads  # alive at the peak (gradient hooks)
     known = sum(categories.values())
     categories["activations"] = max(0, peak - known)
     if peak < known:  # the peak came before some of them existed (no step finished)
@@ -208,12 +210,9 @@ def _report(job: Job, setup: TrainingSetup, run: _Run, probe) -> MemoryReport:
         notes=notes, measured=measured)
 
 
-def p90(values: list[float]) -> float | None:
-    """90th percentile (nearest rank)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a sharded (DTensor) tensor; the tensor itself otherwise."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def tensor_bytes(setup: TrainingSetup, round_to: int = 1) -> dict[str, int]:
@@ -226,6 +225,7 @@ def tensor_bytes(setup: TrainingSetup, round_to: int = 1) -> dict[str, int]:
         for t in tensors:
             if not isinstance(t, torch.Tensor) or t.device.type == "meta":
                 continue
+            t = t.to_local() if hasattr(t, "to_local") else t  # a sharded DTensor: this rank's
             storage = t.untyped_storage()
             if storage.data_ptr() in seen or storage.nbytes() == 0:
                 continue
@@ -234,7 +234,7 @@ def tensor_bytes(setup: TrainingSetup, round_to: int = 1) -> dict[str, int]:
         return n
     model = setup.model
     weights = total([*model.parameters(), *model.buffers()])
-    gradients = sum(-(-p.numel() * p.element_size() // round_to) * round_to
+    gradients = sum(-(-_local(p).numel() * p.element_size() // round_to) * round_to
                     for p in setup.trainable)  # what backward allocates, once each
     states = total(v for s in setup.optimizer.state.values() for v in s.values())
     with torch.no_grad():
@@ -261,20 +261,49 @@ class _Probe:
         self.runtime_gpu: str | None = None
         self.device_name = "cpu"
         self._phase: str | None = None
+        self.grads_alive = 0    # gradient bytes allocated so far in this step
+        self.peak_grads = 0     # gradient bytes alive at the peak
+        self._grads_seen: set[int] = set()
 
     def mark(self, phase: str | None) -> None:
         """End the current phase and begin `phase` (None: the step is over)."""
         if self._phase is not None:
             self._close(self._phase)
+        if phase == "end":  # train_step has just run zero_grad
+            self.grads_alive = 0
+            self._grads_seen.clear()
         self._phase = phase
         if phase is not None:
             self._open(phase)
 
-    def _record(self, phase: str, peak: int) -> None:
+    def watch_gradients(self, setup: TrainingSetup) -> None:
+        """Count gradient bytes as backward creates them, to know how many are alive at the
+        peak (backward's peak often comes before most gradients exist)."""
+        round_to = CUDA_BLOCK if self.device.type == "cuda" else 1
+
+        def hook(param: torch.Tensor) -> None:
+            if id(param) in self._grads_seen:  # accumulation adds in place
+                return
+            self._grads_seen.add(id(param))
+            before = self.grads_alive
+            grad = _local(param.grad)
+            self.grads_alive += -(-grad.untyped_storage().nbytes() // round_to) * round_to
+            self._on_gradient(before)
+
+        for param in setup.trainable:
+            param.register_post_accumulate_grad_hook(hook)
+
+    def _on_gradient(self, before: int) -> None: ...
+
+    def _record(self, phase: str, peak: int, grads: int) -> None:
         if peak > self.phase_peaks.get(phase, -1):
             self.phase_peaks[phase] = peak
-        if peak >= max(self.phase_peaks.values()):
-            self.peak_phase = phase
+        if peak >= max(self.phase_peaks.values()) and (
+                peak > self.peak_allocated_seen or not self.peak_phase):
+            self.peak_phase, self.peak_grads = phase, grads
+        self.peak_allocated_seen = max(self.peak_allocated_seen, peak)
+
+    peak_allocated_seen = 0
 
     def peak_allocated(self) -> int:
         return max(self.phase_peaks.values(), default=0)
@@ -296,6 +325,9 @@ class _Probe:
 
     def measured(self) -> dict[str, Any]:
         return {}
+
+
+GRADS_MARK = "vramplan.grads="
 
 
 class _CpuProbe(_Probe):
@@ -349,21 +381,37 @@ class _CpuProbe(_Probe):
             self._range.__exit__(None, None, None)
             self._range = None
 
+    def _on_gradient(self, before: int) -> None:
+        if self._profiler is not None:  # a marker in the trace: gradient bytes from now on
+            with torch.profiler.record_function(f"{GRADS_MARK}{self.grads_alive}"):
+                pass
+
     def _collect(self, profiler) -> None:
-        """Running live bytes from the memory events; the peak inside each phase range."""
+        """Running live bytes from the memory events; the peak inside each phase range and
+        the gradient bytes alive at it (the last gradient marker before it)."""
         events = profiler.profiler.kineto_results.events()
         memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+        marks = sorted((e.start_ns(), int(e.name().removeprefix(GRADS_MARK)))
+                       for e in events if e.name().startswith(GRADS_MARK))
         ranges = [(e.name().removeprefix("vramplan."), e.start_ns(), e.end_ns())
-                  for e in events if e.name().startswith("vramplan.")]
-        live, running = self._live_at_start, []
+                  for e in events if e.name().startswith("vramplan.")
+                  and not e.name().startswith(GRADS_MARK)]
+        live, running = self._live_at_start, [(0, self._live_at_start)]
         for t, nbytes in memory:
             live += nbytes
             running.append((t, live))
         for phase, start, end in ranges:
-            before = [b for t, b in running if t < start]
-            # a phase that only frees peaks at the bytes it started with
-            level = before[-1] if before else self._live_at_start
-            self._record(phase, max([level, *(b for t, b in running if start <= t <= end)]))
+            # the bytes alive entering the phase count too (a phase may only free)
+            entering = [(t, b) for t, b in running if t < start][-1]
+            t_peak, peak = max([entering, *((t, b) for t, b in running if start <= t <= end)],
+                               key=lambda tb: tb[1])
+            # A gradient is allocated before its marker, and frees may come in between:
+            # every marker before the next allocation after the peak names a gradient
+            # that was alive at the peak.
+            t_next = next((t for t, n in memory if t > t_peak and n > 0), end)
+            grads = 0 if phase == "end" else max(
+                [b for t, b in marks if t < t_next], default=0)
+            self._record(phase, peak, grads)
 
     def timing_steps(self, times: list[float], warmup: int) -> list[float]:
         unprofiled = times[max(warmup, self.profiled_steps):]
@@ -386,6 +434,7 @@ class _CudaProbe(_Probe):
         self.runtime_gpu = emulate_gpu
         self._sampler = NvmlSampler(self.device)
         self.reserved_peak = 0
+        self._phase_max, self._grads_at_max = 0, 0
         total = torch.cuda.get_device_properties(self.device).total_memory
         cap = budget
         if emulate_gpu:
@@ -397,14 +446,26 @@ class _CudaProbe(_Probe):
             cap = min(cap or usable, usable - context)
             self.notes.append(f"emulating {emulate_gpu}: allocator capped at {cap} bytes = its "
                               f"usable memory minus the device's other use ({context} bytes)")
+        self._capped = bool(cap)
         if cap:
             torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), self.device)
 
     def _open(self, phase: str) -> None:
         torch.cuda.reset_peak_memory_stats(self.device)
+        self._phase_max, self._grads_at_max = 0, self.grads_alive
+
+    def _on_gradient(self, before: int) -> None:
+        # max_memory_allocated is a host-side counter (no sync): if it rose since the last
+        # gradient, the peak came in between; most often it is this gradient's allocation
+        # itself, so it counts (an earlier peak would be over-attributed by one gradient).
+        now = torch.cuda.max_memory_allocated(self.device)
+        if now > self._phase_max:
+            self._phase_max, self._grads_at_max = now, self.grads_alive
 
     def _close(self, phase: str) -> None:
-        self._record(phase, torch.cuda.max_memory_allocated(self.device))
+        peak = torch.cuda.max_memory_allocated(self.device)
+        grads = self.grads_alive if peak > self._phase_max else self._grads_at_max
+        self._record(phase, peak, grads)
         self.reserved_peak = max(self.reserved_peak,
                                  torch.cuda.max_memory_reserved(self.device))
 
@@ -415,6 +476,8 @@ class _CudaProbe(_Probe):
 
     def stop(self) -> None:
         self._sampler.stop()
+        if self._capped:  # the cap was for this run only
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
 
     def sync(self) -> None:
         torch.cuda.synchronize(self.device)
@@ -429,6 +492,7 @@ class _CudaProbe(_Probe):
 
     def measured(self) -> dict[str, Any]:
         s = self._sampler
+        # NVML's used memory is the whole device's (other processes too)
         return {"peak_reserved": self.reserved_peak, "nvml_used_max": s.max_used,
                 "context_overhead": max(0, s.max_used - self.reserved_peak) if s.max_used
                 else None,
@@ -447,35 +511,87 @@ def _nvml_used(device: torch.device) -> int | None:
         return None
 
 
-class NvmlSampler:
-    """Samples NVML used memory and utilization every `interval` s in a daemon thread.
-    NVML's utilization is the share of time a kernel ran (or memory was read or written)
-    over its own sample window, not SM occupancy."""
+# --- several processes (torchrun): shard the job, measure each rank, aggregate on rank 0 --------
 
-    def __init__(self, device: torch.device, interval: float = 0.05):
-        self.device, self.interval = device, interval
-        self.max_used = 0
-        self.gpu_util: list[float] = []
-        self.mem_util: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
+def _join_process_group(job: Job, device: str) -> str:
+    """Join torchrun's process group (NCCL on GPUs, gloo on CPUs); this rank's device."""
+    import torch.distributed as dist
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self._sample()  # at least one sample, even for a very short run
+    world = int(os.environ["WORLD_SIZE"])
+    if job.parallel.num_gpus != world:
+        raise EngineError(f"the job says num_gpus={job.parallel.num_gpus} but torchrun started "
+                          f"{world} processes: make them equal")
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return device
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
 
-    def _sample(self) -> None:
-        try:
-            self.max_used = max(self.max_used, int(torch.cuda.device_memory_used(self.device)))
-            self.gpu_util.append(float(torch.cuda.utilization(self.device)))
-            self.mem_util.append(float(torch.cuda.memory_usage(self.device)))
-        except Exception:  # noqa: BLE001 - NVML missing: memory stats still come from torch
-            self._stop.set()
+def _shard(setup: TrainingSetup, job: Job) -> None:
+    """Apply the job's strategy: DDP, or FSDP2 (zero2 keeps parameters gathered after the
+    forward; zero3 / fsdp reshard them), each transformer block its own FSDP unit."""
+    from vramplan.models.build import build_optimizer
+
+    strategy = job.parallel.strategy
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        index = [setup.device.index] if setup.device.type == "cuda" else None
+        setup.model = DistributedDataParallel(setup.model, device_ids=index)
+        return
+    if strategy not in ("zero2", "zero3", "fsdp"):
+        raise EngineError(f"measure across processes supports ddp, zero2, zero3 and fsdp "
+                          f"(got {strategy!r})")
+    from torch.distributed.fsdp import fully_shard
+
+    reshard = strategy != "zero2"
+    for block in _blocks(setup.model):
+        fully_shard(block, reshard_after_forward=reshard)
+    fully_shard(setup.model, reshard_after_forward=reshard)
+    # the optimizer has to see the sharded parameters
+    setup.optimizer = build_optimizer(job, setup.trainable, setup.notes)
+    setup.notes.append(f"{strategy}: FSDP2 fully_shard on each block and the root "
+                       f"(reshard_after_forward={reshard})")
+
+
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks: the children of the ModuleList that holds most parameters."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    if not lists:
+        return []
+    biggest = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+    return list(biggest)
+
+
+def _aggregate(report: MemoryReport) -> MemoryReport:
+    """Every rank's figures on rank 0: the report of the rank with the largest peak, plus
+    each rank's peak and time, their max and min, and the throughput of all ranks."""
+    import torch.distributed as dist
+
+    mine = {"rank": dist.get_rank(), "peak_allocated": report.peak_allocated,
+            "peak_reserved": report.peak_reserved, "device_total": report.device_total,
+            "step_time_median_s": report.measured.get("step_time_median_s"),
+            "samples_per_s": report.measured.get("samples_per_s"),
+            "tokens_per_s": report.measured.get("tokens_per_s"),
+            "report": report.model_dump(mode="json")}
+    ranks: list = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, mine)
+    if dist.get_rank() != 0:
+        return report
+    worst = max(ranks, key=lambda r: r["device_total"])
+    base = MemoryReport.model_validate(worst["report"])
+    peaks = [r["peak_allocated"] for r in ranks]
+    measured = dict(base.measured or {})
+    measured.update(
+        ranks=[{k: v for k, v in r.items() if k != "report"} for r in ranks],
+        world_size=len(ranks), worst_rank=worst["rank"],
+        peak_allocated_max=max(peaks), peak_allocated_min=min(peaks),
+        samples_per_s=sum(r["samples_per_s"] or 0 for r in ranks) or None,
+        tokens_per_s=sum(r["tokens_per_s"] or 0 for r in ranks) or None)
+    notes = [*base.notes, f"{len(ranks)} ranks; categories are rank {worst['rank']}'s (the "
+             "largest peak); throughput is the sum over ranks"]
+    return base.model_copy(update={"measured": measured, "notes": notes,
+                                   "per_gpu_of": len(ranks)})

@@ -29,6 +29,7 @@ and benchmarks/trace_accuracy.py.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import tempfile
@@ -44,7 +45,7 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
     UnsupportedOperatorException,
 )
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 from vramplan.engines import runtime
@@ -88,7 +89,8 @@ class Storage:
         if self.grad:
             return "gradients"
         if self.phase == "forward":
-            return "activations" if self.saved and not self.in_head else "temporary"
+            saved = self.saved and self.module and not self.in_head  # "" = the loss, outside
+            return "activations" if saved else "temporary"
         if self.phase == "backward" and self.module and not self.in_head:
             return "activations"  # recomputed by checkpointing
         if self.phase == "optimizer" and self.kept:
@@ -123,6 +125,7 @@ class _Tracker(TorchDispatchMode):
         self.head_modules: set[str] = set()
         self.failed_op: str | None = None
         self.failure: Exception | None = None
+        self.ops: set[str] = set()  # names of ops that made storages
         self._ops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -141,6 +144,12 @@ class _Tracker(TorchDispatchMode):
         return out
 
     def _see(self, t: torch.Tensor, func) -> None:
+        if is_traceable_wrapper_subclass(t):  # DTensor: the memory is its local shard
+            for name in t.__tensor_flatten__()[0]:
+                inner = getattr(t, name)
+                if isinstance(inner, torch.Tensor):
+                    self._see(inner, func)
+            return
         if t.device.type == "meta":
             return
         storage = t.untyped_storage()
@@ -148,8 +157,10 @@ class _Tracker(TorchDispatchMode):
         if key in self.live or storage.nbytes() == 0:
             return
         module = self.module_stack[-1] if self.module_stack else ""
-        record = Storage(storage.nbytes(), self.step, self.phase, module,
-                         func.__name__.split(".")[0], in_head=module in self.head_modules)
+        op = func.__name__.split(".")[0]
+        self.ops.add(op)
+        record = Storage(storage.nbytes(), self.step, self.phase, module, op,
+                         in_head=module in self.head_modules)
         self.live[key] = record
         self.events.append((1, record))
         weakref.finalize(storage, self._free, key)
@@ -158,6 +169,17 @@ class _Tracker(TorchDispatchMode):
         record = self.live.pop(key, None)
         if record is not None:
             self.events.append((-1, record))
+
+    def resized(self, t: torch.Tensor, func_name: str) -> None:
+        """FSDP frees and re-allocates unsharded parameters by resizing their storage in
+        place (no new storage, no dispatch): account for it as a free / a new allocation."""
+        storage = t.untyped_storage()
+        self._free(storage._cdata)
+        if storage.nbytes():
+            module = self.module_stack[-1] if self.module_stack else ""
+            record = Storage(storage.nbytes(), self.step, self.phase, module, func_name)
+            self.live[storage._cdata] = record
+            self.events.append((1, record))
 
     def mark(self, step: int, phase: str) -> None:
         if self.phase == "forward" and phase == "backward":
@@ -203,7 +225,8 @@ def _module_scope(tracker: _Tracker, model: torch.nn.Module):
 
 def _head_modules(model: torch.nn.Module) -> set[str]:
     """Modules whose own ops make logits and loss: the output head and the wrappers above it
-    (for a causal LM: PeftModel > LoraModel > LlamaForCausalLM, and lm_head)."""
+    (for a causal LM: PeftModel > LoraModel > LlamaForCausalLM, and lm_head). None for
+    models without an output embedding: their top module's own ops are real layers."""
     root = type(model).__name__
     for name, module in model.named_modules():
         getter = getattr(module, "get_output_embeddings", None)
@@ -213,7 +236,7 @@ def _head_modules(model: torch.nn.Module) -> set[str]:
             if head_name:
                 parts = head_name.split(".")
                 return {".".join(parts[:i]) or root for i in range(len(parts) + 1)}
-    return {root}
+    return set()
 
 
 @contextlib.contextmanager
@@ -317,9 +340,11 @@ class TraceResult:
 def run_trace(job: Job, *, time_limit_s: float = 300,
               model_config: dict | None = None) -> TraceResult:
     """Build and run the job's steps on fake tensors; return the raw event log."""
-    if job.parallel.num_gpus > 1:
-        raise EngineError("the trace engine runs single-GPU jobs only so far (parallel."
-                          f"num_gpus={job.parallel.num_gpus}): use --engine formula")
+    parallel = job.parallel
+    if parallel.tensor_parallel > 1 or parallel.context_parallel > 1 or \
+            parallel.strategy in ("zero1", "ddp") and parallel.num_gpus > 1:
+        raise EngineError(f"the trace engine does not simulate {parallel.strategy} / tensor or "
+                          "context parallelism yet: use --engine formula")
     if job.offload.optimizer or job.offload.params or job.activation_offload \
             or job.optimizer_in_backward:
         raise EngineError("offload and optimizer_in_backward are not traced yet: use "
@@ -328,8 +353,9 @@ def run_trace(job: Job, *, time_limit_s: float = 300,
     tracker = _Tracker(deadline=started + time_limit_s)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     try:
-        with fake, tracker, _transformers_quirks():
+        with _sharding(job, tracker) as shard, fake, tracker, _transformers_quirks():
             setup = build_training_setup(job, "cpu", model_config=model_config, empty=True)
+            shard(setup)
             tracker.head_modules = _head_modules(setup.model)
             with _module_scope(tracker, setup.model):
                 for step in range(1, STEPS + 1):
@@ -352,9 +378,80 @@ def run_trace(job: Job, *, time_limit_s: float = 300,
                 from None
         raise EngineError(f"tracing {job.model!r} failed: {type(error).__name__}: "
                           f"{str(error).splitlines()[0] if str(error) else ''}") from error
+    notes = list(setup.notes)
+    if tracker.ops & {"convolution", "convolution_backward"}:
+        notes.append("convolutions: the cuDNN workspace a GPU allocates inside each "
+                     "convolution is not traced (kernel-internal)")
     return TraceResult(tracker.events, tracker.marks, setup.params_total,
-                       setup.params_trainable, setup.model_name, setup.notes,
+                       setup.params_trainable, setup.model_name, notes,
                        time.monotonic() - started)
+
+
+@contextlib.contextmanager
+def _sharding(job: Job, tracker: _Tracker):
+    """For zero2 / zero3 / fsdp / hybrid-shard: a fake process group of the shard degree
+    (one process plays rank 0) and FSDP2 (fully_shard) on each transformer block and the
+    root. Yields the function that shards a built setup (a no-op for one GPU)."""
+    degree = job.parallel.shard_degree
+    if degree <= 1:
+        yield lambda setup: None
+        return
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    if dist.is_initialized():
+        raise EngineError("a torch.distributed process group is already initialised in this "
+                          "process: the sharded trace needs its own fake one")
+    dist.init_process_group("fake", rank=0, world_size=degree, store=FakeStore())
+    originals = (_fsdp_param.alloc_storage, _fsdp_param.free_storage,
+                 _fsdp_param_group.alloc_storage)
+
+    def alloc(tensor):
+        originals[0](tensor)
+        tracker.resized(tensor, "fsdp_all_gather")
+
+    def free(tensor):
+        originals[1](tensor)
+        tracker.resized(tensor, "fsdp_reshard")
+
+    _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = alloc
+    _fsdp_param.free_storage = free
+    try:
+        mesh = init_device_mesh("cpu", (degree,))  # outside fake mode
+
+        def shard(setup: TrainingSetup) -> None:
+            from torch.distributed.fsdp import fully_shard
+
+            from vramplan.models.build import build_optimizer
+            reshard = job.parallel.strategy != "zero2"  # zero2 keeps params gathered
+            blocks = _blocks(setup.model)
+            for block in blocks:
+                fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(setup.model, mesh=mesh, reshard_after_forward=reshard)
+            setup.optimizer = build_optimizer(job, setup.trainable, [])  # sharded params
+            gc.collect()  # the first optimizer held the unsharded parameters
+            setup.notes.append(f"{job.parallel.strategy}: FSDP2 over a fake process group of "
+                               f"{degree} ranks, {len(blocks)} blocks + root each a unit; "
+                               "per-rank memory of rank 0; NCCL buffers are not counted")
+        yield shard
+    finally:
+        _fsdp_param.alloc_storage, _fsdp_param.free_storage, \
+            _fsdp_param_group.alloc_storage = originals
+        dist.destroy_process_group()
+
+
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks to shard one by one: the classes a Hugging Face model names in
+    _no_split_modules, else the children of the largest nn.ModuleList."""
+    names = set()
+    for module in model.modules():
+        names |= set(getattr(module, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if blocks:
+        return blocks
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []
 
 
 def _run_step(setup: TrainingSetup, job: Job, tracker: _Tracker, step: int) -> None:
@@ -420,13 +517,16 @@ def _fits(report: MemoryReport, job: Job, gpu) -> list:
 
 # --- ground truth on the CPU --------------------------------------------------------------------
 
-def cpu_profiler_peak(job: Job, *, model_config: dict | None = None, seed: int = 0) -> int:
+def cpu_profiler_peak(job: Job, *, model_config: dict | None = None, seed: int = 0,
+                      onednn: bool = False) -> int:
     """Run the job's STEPS for real on the CPU; the peak live bytes of step STEPS from
     torch.profiler's allocator memory events (unrounded: the CPU allocator does not round).
 
-    Parameters and buffers exist before profiling starts; their bytes are added."""
+    Parameters and buffers exist before profiling starts; their bytes are added. oneDNN
+    is off by default: its bf16 matmul and convolution kernels allocate scratch buffers
+    that no CUDA kernel has (CUDA's own library workspaces are a separate, noted gap)."""
     torch.manual_seed(seed)
-    with _transformers_quirks():
+    with _transformers_quirks(), torch.backends.mkldnn.flags(enabled=onednn):
         setup = build_training_setup(job, "cpu", model_config=model_config)
         base = _storage_bytes(list(setup.model.parameters()) + list(setup.model.buffers()))
         from torch.profiler import ProfilerActivity, profile, record_function

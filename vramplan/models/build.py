@@ -55,6 +55,13 @@ _TASK_BY_SUFFIX = {
     "ForSequenceClassification": "seq-classification", "ForImageClassification":
     "image-classification", "ForConditionalGeneration": "seq2seq",
 }
+_TASK_ORDER = (  # encoder-decoders first, encoders (which also have LM heads) before decoders
+    ("seq2seq", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+    ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    ("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    ("image-classification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+    ("seq-classification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+)
 _PEFT_TASK_TYPES = {"causal-lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM",
                     "seq-classification": "SEQ_CLS", "speech-seq2seq": "SEQ_2_SEQ_LM"}
 CHUNKED_LOSS_CHUNKS = 8   # torchtune CEWithChunkedOutputLoss num_output_chunks
@@ -90,16 +97,29 @@ class TrainingSetup:
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.autocast(self.device.type, dtype=self.autocast_dtype))
-        if self.device.type == "cpu":
-            stack.enter_context(cuda_autocast_policy())
-        return stack
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+
+def _cuda_policy(setup: TrainingSetup) -> contextlib.AbstractContextManager:
+    # for the whole step: checkpointing recomputes forward under autocast inside backward
+    if setup.autocast_dtype is None or setup.device.type != "cpu":
+        return contextlib.nullcontext()
+    return cuda_autocast_policy()
 
 
 def train_step(setup: TrainingSetup, grad_accum: int,
                mark: Callable[[str], None] = lambda phase: None) -> None:
     """One optimizer step of `grad_accum` micro-batches, as the HF Trainer runs it."""
+    with _cuda_policy(setup):
+        _micro_steps(setup, grad_accum, mark)
+    mark("optimizer")
+    nn.utils.clip_grad_norm_(setup.trainable, MAX_GRAD_NORM, foreach=setup.clip_foreach)
+    setup.optimizer.step()
+    setup.optimizer.zero_grad(set_to_none=True)
+    mark("end")
+
+
+def _micro_steps(setup: TrainingSetup, grad_accum: int, mark: Callable[[str], None]) -> None:
     for _ in range(grad_accum):
         mark("inputs")
         batch = setup.make_batch()
@@ -110,11 +130,6 @@ def train_step(setup: TrainingSetup, grad_accum: int,
         mark("backward")
         (loss / grad_accum).backward()
         del loss
-    mark("optimizer")
-    nn.utils.clip_grad_norm_(setup.trainable, MAX_GRAD_NORM, foreach=setup.clip_foreach)
-    setup.optimizer.step()
-    setup.optimizer.zero_grad(set_to_none=True)
-    mark("end")
 
 
 def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
@@ -165,14 +180,20 @@ def load_model_config(ref: str) -> dict:
 
 
 def task_of_config(config: dict) -> str:
-    if config.get("model_type") == "whisper":
+    """The config's own task: from its `architectures`, else the first of transformers'
+    task mappings (in _TASK_ORDER) that has a class for its model_type."""
+    from transformers.models.auto import modeling_auto as auto
+    model_type = config.get("model_type")
+    if model_type in auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
         return "speech-seq2seq"
     for arch in config.get("architectures") or ():
         for suffix, task in _TASK_BY_SUFFIX.items():
             if arch.endswith(suffix):
-                return task
-    if config.get("is_encoder_decoder"):
-        return "seq2seq"
+                return "seq2seq" if task == "seq2seq" and config.get("is_encoder_decoder", True) \
+                    else task
+    for task, mapping in _TASK_ORDER:
+        if model_type in getattr(auto, mapping):
+            return task
     return "causal-lm"
 
 
@@ -228,7 +249,15 @@ def _build_on(auto, hf_config, job: Job, dtype: torch.dtype, device: torch.devic
     peft = job.peft
     try:
         with device:
-            model = auto.from_config(hf_config, attn_implementation=job.attention, dtype=dtype)
+            try:
+                model = auto.from_config(hf_config, attn_implementation=job.attention,
+                                         dtype=dtype)
+            except ValueError as error:
+                if "attention implementation" not in str(error) or job.attention == "eager":
+                    raise
+                model = auto.from_config(hf_config, attn_implementation="eager", dtype=dtype)
+                notes.append(f"{hf_config.model_type}: transformers has no {job.attention} "
+                             "attention for this model; traced with eager attention")
     except ValueError as error:
         raise ModelConfigError(f"{hf_config.model_type!r} has no {task} model in transformers: "
                                f"{str(error).splitlines()[0]}") from None
@@ -245,18 +274,25 @@ def _build_on(auto, hf_config, job: Job, dtype: torch.dtype, device: torch.devic
 
 
 def _materialize(model: nn.Module, device: torch.device) -> None:
-    """meta -> uninitialised tensors on `device`, keeping tied parameters tied.
-    (Module.to_empty tries to swap tensors in place, which fails for fake tensors.)"""
+    """meta -> uninitialised tensors on `device` (Module.to_empty swaps tensors in place,
+    which fails for fake tensors)."""
+    _replace_tensors(model, lambda t: torch.empty_like(t, device=device)
+                     if t.device.type == "meta" else t)
+
+
+def _replace_tensors(model: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Apply fn to every parameter and buffer by reassignment, keeping tied ones tied."""
     new: dict[int, torch.Tensor] = {}
     for module in model.modules():
         for table in (module._parameters, module._buffers):
             for name, t in table.items():
-                if t is None or t.device.type != "meta":
+                if t is None:
                     continue
                 if id(t) not in new:
-                    empty = torch.empty_like(t, device=device)
-                    new[id(t)] = (nn.Parameter(empty, requires_grad=t.requires_grad)
-                                  if isinstance(t, nn.Parameter) else empty)
+                    with torch.no_grad():
+                        value = fn(t)
+                    new[id(t)] = (nn.Parameter(value, requires_grad=t.requires_grad)
+                                  if isinstance(t, nn.Parameter) and value is not t else value)
                 table[name] = new[id(t)]
 
 
@@ -285,8 +321,9 @@ def _apply_peft(model: nn.Module, task: str, job: Job, skip: set[int],
         model = get_peft_model(model, lora,
                                autocast_adapter_dtype=job.precision != "bf16-pure")
     except ValueError as error:
+        from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
         linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
-                          if isinstance(m, nn.Linear)})
+                          if isinstance(m, (nn.Linear, Conv1D))})
         raise ModelConfigError(f"LoRA target_modules {list(spec.target_modules)} do not match "
                                f"this model ({str(error).splitlines()[0]}); its linear layers "
                                f"are named: {', '.join(linears)}") from None
@@ -417,9 +454,9 @@ def _from_factory(job: Job, device: torch.device, notes: list[str]):
         raise ModelConfigError(f"factory {job.model!r} returned {type(result).__name__}, not a "
                                "torch.nn.Module (return a module, (module, batch_fn) or "
                                "{'model': module, 'input_shapes': ...})")
-    model = result.to(device)
-    if job.precision == "bf16-pure":
-        model = model.to(torch.bfloat16)
+    model = result
+    floats = torch.bfloat16 if job.precision == "bf16-pure" else None
+    _replace_tensors(model, lambda t: t.to(device, floats if t.is_floating_point() else None))
     if job.peft is not None:
         raise EngineError("peft on a factory model is not supported yet: apply LoRA inside "
                           "the factory")
@@ -525,6 +562,9 @@ _CUDA_FP32_DTYPE_OPS = (
 )
 
 
+_CUDA_LOW_OPS = ("_grouped_mm",)  # MoE expert matmuls: lower precision on CUDA
+
+
 @contextlib.contextmanager
 def cuda_autocast_policy() -> Iterator[None]:
     """Make CPU autocast cast like CUDA autocast for the ops above, while active."""
@@ -532,6 +572,8 @@ def cuda_autocast_policy() -> Iterator[None]:
     try:
         warnings.filterwarnings("ignore", message=".*previously registered kernel")
         warnings.filterwarnings("ignore", message="Warning only once for all operators")
+        for name in _CUDA_LOW_OPS:
+            lib.impl(name, _low_kernel(_overload(name)), "AutocastCPU")
         for name in _CUDA_FP32_OPS:
             lib.impl(name, _fp32_kernel(_overload(name), set_dtype=False), "AutocastCPU")
         for name in _CUDA_FP32_DTYPE_OPS:
@@ -548,6 +590,16 @@ def _overload(name: str):
 
 _LOW = (torch.float16, torch.bfloat16)
 _AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+
+def _low_kernel(op):
+    def kernel(*args, **kwargs):
+        low = torch.get_autocast_dtype("cpu")
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
+            args = [a.to(low) if isinstance(a, torch.Tensor) and a.dtype == torch.float32
+                    else a for a in args]
+            return op(*args, **kwargs)
+    return kernel
 
 
 def _fp32_kernel(op, set_dtype: bool):

@@ -1,0 +1,107 @@
+"""Formula engine against the trace engine on catalog transformers at real sizes.
+
+The trace engine runs the real Hugging Face training step on fake tensors, so it is the
+reference here. Target (issue 3): median |difference| of peak allocated <= 3%, max <= 8%.
+Writes benchmarks/results/formula_vs_trace.{json,md}.
+
+    python benchmarks/formula_vs_trace.py            # all cases (about 10-20 minutes)
+    python benchmarks/formula_vs_trace.py --quick    # the first few
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from vramplan import Job, Peft
+from vramplan.engines.formula import estimate
+from vramplan.engines.report import TENSOR_CATEGORIES
+from vramplan.engines.trace import trace
+
+RESULTS = Path(__file__).parent / "results"
+
+CASES: list[dict] = [
+    dict(model="llama-3.2-1b", batch_size=1, seq_len=2048),
+    dict(model="llama-3.2-1b", batch_size=4, seq_len=1024, precision="bf16-pure"),
+    dict(model="llama-3.2-1b", batch_size=2, seq_len=2048, precision="fp32"),
+    dict(model="llama-3.2-1b", batch_size=2, seq_len=1024, attention="eager"),
+    dict(model="llama-3.2-1b", batch_size=8, seq_len=2048, checkpointing="full"),
+    dict(model="qwen2.5-0.5b", batch_size=4, seq_len=2048),
+    dict(model="qwen2.5-0.5b", batch_size=4, seq_len=2048, optimizer="sgd-momentum"),
+    dict(model="gemma-2-2b", batch_size=2, seq_len=1024, precision="bf16-pure", attention="eager"),
+    dict(model="phi-3-mini-4k", batch_size=2, seq_len=2048, precision="bf16-pure"),
+    dict(model="llama-3.2-3b", batch_size=2, seq_len=2048, grad_accum=4),
+    dict(model="llama-3.1-8b", batch_size=1, seq_len=2048),
+    dict(model="llama-3.1-8b", batch_size=4, seq_len=2048, peft={"rank": 16}),
+    dict(model="llama-3.1-8b", batch_size=4, seq_len=4096, peft={"rank": 16},
+         checkpointing="full"),
+    dict(model="mistral-7b", batch_size=2, seq_len=2048, precision="bf16-pure",
+         optimizer_impl="fused"),
+    dict(model="qwen2.5-7b", batch_size=1, seq_len=4096, precision="bf16-pure",
+         checkpointing="full"),
+    dict(model="llama-2-13b", batch_size=1, seq_len=4096, peft={"rank": 8},
+         checkpointing="full"),
+    dict(model="gpt2-xl", batch_size=4, seq_len=1024),
+    dict(model="bert-large-uncased", batch_size=16, seq_len=512),
+    dict(model="llama-3.1-70b", batch_size=1, seq_len=2048, peft={"rank": 16},
+         checkpointing="full"),
+]
+
+
+def compare(fields: dict) -> dict:
+    job = Job.model_validate(fields)
+    start = time.perf_counter()
+    traced = trace(job)
+    seconds = time.perf_counter() - start
+    formula = estimate(job)
+    diff = (formula.peak_allocated - traced.peak_allocated) / traced.peak_allocated
+    return {
+        "job": fields, "trace_peak": traced.peak_allocated, "formula_peak": formula.peak_allocated,
+        "difference": diff, "trace_phase": traced.peak_phase, "formula_phase": formula.peak_phase,
+        "trace_seconds": seconds,
+        "categories": {c: {"trace": traced.categories[c], "formula": formula.categories[c]}
+                       for c in TENSOR_CATEGORIES},
+    }
+
+
+def markdown(rows: list[dict], summary: dict) -> str:
+    lines = ["# Formula vs trace: peak allocated per GPU", "",
+             f"Machine: {summary['machine']}. Date: {summary['date']}.", "",
+             f"median |difference| {100 * summary['median_abs']:.2f}%, "
+             f"max {100 * summary['max_abs']:.2f}% over {len(rows)} jobs "
+             "(targets: 3% and 8%).", "",
+             "| job | trace GiB | formula GiB | difference | peak phase (trace/formula) |",
+             "|---|---:|---:|---:|---|"]
+    for r in rows:
+        job = ", ".join(f"{k}={v}" for k, v in r["job"].items())
+        lines.append(f"| {job} | {r['trace_peak'] / 2**30:.2f} | {r['formula_peak'] / 2**30:.2f} "
+                     f"| {100 * r['difference']:+.2f}% | {r['trace_phase']}/{r['formula_phase']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    rows = []
+    for fields in CASES[:4] if args.quick else CASES:
+        rows.append(compare(fields))
+        print(f"{rows[-1]['difference']:+.3%}  {fields}", flush=True)
+    diffs = [abs(r["difference"]) for r in rows]
+    summary = {"machine": f"{platform.platform()}, {__import__('os').cpu_count()} CPUs, "
+                          f"torch {__import__('torch').__version__}",
+               "date": time.strftime("%Y-%m-%d"),
+               "median_abs": statistics.median(diffs), "max_abs": max(diffs)}
+    if not args.quick:
+        (RESULTS / "formula_vs_trace.json").write_text(
+            json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
+        (RESULTS / "formula_vs_trace.md").write_text(markdown(rows, summary))
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()
