@@ -15,7 +15,7 @@ from vramplan.engines.allocator import CachingAllocator, round_size  # noqa: E40
 from vramplan.engines.report import CATEGORIES  # noqa: E402
 from vramplan.engines.trace import cpu_profiler_peak, run_trace, trace  # noqa: E402
 from vramplan.errors import EngineError, ModelConfigError  # noqa: E402
-from vramplan.job import Job, Peft  # noqa: E402
+from vramplan.job import Job, Parallel, Peft  # noqa: E402
 
 MiB = 2**20
 LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -94,6 +94,23 @@ def test_8bit_adamw_states_are_a_quarter_of_fp32_states():
     int8 = trace(_job(optimizer="adamw-8bit"), model_config=wide)
     ratio = int8.categories["optimizer_states"] / fp32.categories["optimizer_states"]
     assert 0.24 < ratio < 0.32
+
+
+def test_fsdp_traces_one_rank_with_sharded_state():
+    wide = dict(LLAMA, hidden_size=128, intermediate_size=256)
+    one = trace(_job(precision="bf16-pure"), model_config=wide)
+    four = trace(_job(precision="bf16-pure", parallel=Parallel(strategy="fsdp", num_gpus=4)),
+                 model_config=wide)
+    ratio = four.categories["optimizer_states"] / one.categories["optimizer_states"]
+    assert 0.2 < ratio < 0.35, ratio
+    assert four.per_gpu_of == 4 and any("fake process group of 4" in n for n in four.notes)
+    ddp = trace(_job(precision="bf16-pure", parallel=Parallel(strategy="ddp", num_gpus=4)),
+                model_config=wide)
+    assert ddp.categories["weights"] == one.categories["weights"]
+    assert any("gradient buckets" in n for n in ddp.notes)
+    with pytest.raises(EngineError, match="tensor or context parallelism"):
+        trace(_job(parallel=Parallel(strategy="fsdp", num_gpus=4, tensor_parallel=2)),
+              model_config=LLAMA)
 
 
 # --- the allocator model --------------------------------------------------------------------------

@@ -28,8 +28,9 @@ def test_track_records_steps_losses_and_memory(tmp_path):
     assert data["step_time_median_s"] > 0
     assert data["samples_per_s"] > 0 and data["tokens_per_s"] == pytest.approx(
         16 * data["samples_per_s"])
-    if data["process_peak_rss"] is not None:  # Linux
-        assert data["peak_rss_increase"] >= 200 * 1024**2
+    if data["process_peak_rss"] is not None:  # Linux; RSS is coarse: memory the process
+        # freed before may be reused without growing it, so only part of 256 MiB must show
+        assert data["peak_rss_increase"] >= 128 * 1024**2
 
 
 def test_report_is_written_when_the_loop_raises(tmp_path):

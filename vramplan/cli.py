@@ -268,5 +268,9 @@ def main() -> None:
         raise SystemExit(130) from None
 
 
-if __name__ == "__main__":
-    main()
+# Commands that live in their own modules (they import the helpers above).
+from vramplan.commands import measure as _measure_commands  # noqa: E402
+from vramplan.commands import search as _search_commands  # noqa: E402
+
+_search_commands.register(app)
+_measure_commands.register(app)

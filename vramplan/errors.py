@@ -6,6 +6,7 @@
     ├── JobFileError         a job file that is missing, unreadable or malformed
     ├── ModelConfigError     a model config that cannot be read or is not supported
     └── EngineError          an engine could not produce a report (unsupported op, time limit)
+        └── BudgetExceeded   a measured step needed more than its byte budget (counts as OOM)
 
 The CLI turns any of them into a one-line message and exit code 2.
 """
@@ -51,3 +52,7 @@ class ModelConfigError(VramplanError):
 
 class EngineError(VramplanError):
     """An engine could not produce a report."""
+
+
+class BudgetExceeded(EngineError):
+    """A step allocated more than the byte budget it was given (counts as out of memory)."""

@@ -33,14 +33,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from vramplan.engines.report import TENSOR_CATEGORIES, MemoryReport
-from vramplan.errors import EngineError, JobError
+from vramplan.errors import BudgetExceeded, JobError
 from vramplan.job import Job
-
-try:  # the measure engine raises it when a step goes over its byte budget
-    from vramplan.errors import BudgetExceeded
-except ImportError:  # until errors.py has it
-    class BudgetExceeded(EngineError):  # type: ignore[no-redef]
-        """A step allocated more than the byte budget it was given (counts as out of memory)."""
 
 Oracle = Callable[[Job], "int | MemoryReport"]
 

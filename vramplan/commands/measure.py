@@ -3,7 +3,7 @@
     vramplan measure llama-3.2-1b -b 4 -s 1024 --steps 5
     vramplan measure llama-3.2-1b -b 4 --emulate-gpu L4          # on a bigger GPU
     vramplan compare llama-3.2-1b -b 4 --engines formula,trace,measure
-    torchrun --standalone --nproc-per-node 2 -m vramplan.cli measure MODEL --num-gpus 2 \
+    torchrun --standalone --nproc-per-node 2 -m vramplan measure MODEL --num-gpus 2 \
         --strategy fsdp                                          # per rank, rank 0 aggregates
 """
 

@@ -82,7 +82,9 @@ class Storage:
     kept: bool = False      # optimizer storage alive after the step
 
     def category(self) -> str:
-        if self.phase == "build":
+        if self.op == "ddp_bucket":
+            return "gradients"
+        if self.phase == "build" or self.op == "fsdp_all_gather":  # FSDP: unsharded params
             return "weights"
         if self.phase == "inputs":
             return "inputs"
@@ -195,8 +197,11 @@ class _Tracker(TorchDispatchMode):
 
     def mark_grads(self, model: torch.nn.Module) -> None:
         for p in model.parameters():
-            if p.grad is not None:
-                record = self.live.get(p.grad.untyped_storage()._cdata)
+            grad = p.grad
+            if grad is not None and is_traceable_wrapper_subclass(grad):
+                grad = getattr(grad, "_local_tensor", None)  # DTensor: the local shard
+            if grad is not None:
+                record = self.live.get(grad.untyped_storage()._cdata)
                 if record is not None:
                     record.grad = True
 
@@ -268,6 +273,7 @@ class TraceResult:
     model_name: str
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    task: str = ""
 
     def step_range(self, step: int) -> tuple[int, int]:
         starts = [i for i, s, p in self.marks if s == step]
@@ -323,7 +329,10 @@ class TraceResult:
         notes.append(f"traced {STEPS} steps x {job.grad_accum} micro-batches on fake tensors in "
                      f"{self.seconds:.1f} s; step {STEPS} reported")
         notes.append(f"cuBLAS workspaces: {job.runtime.cublas_workspaces} x "
-                     f"{runtime.cublas_workspace_bytes(gpu) // 2**20} MiB in temporary")
+                     f"{runtime.cublas_workspace_bytes(gpu) / 2**20:g} MiB in temporary")
+        notes.append("reserved memory replays the caching allocator with room to spare; near a "
+                     "GPU's capacity it frees cached blocks and retries, so the real "
+                     "allocator_overhead can be smaller there")
         report = MemoryReport(
             engine="trace", job=job.model_dump(), model_name=self.model_name,
             params_total=self.params_total, params_trainable=self.params_trainable,
@@ -332,7 +341,7 @@ class TraceResult:
             peak_phase=peak_phase, runtime_gpu=gpu.name if gpu else None,
             top_modules=[ModuleUsage(name=n, bytes=b, category=c) for (n, c), b in top],
             timeline=_downsample([(e, b + workspaces) for e, b in timeline]),
-            tokens_per_step=_tokens_per_step(job), notes=notes)
+            tokens_per_step=_tokens_per_step(job, self.task), notes=notes)
         fits = _fits(report, job, gpu)
         return report.model_copy(update={"fits": fits}) if fits else report
 
@@ -342,7 +351,7 @@ def run_trace(job: Job, *, time_limit_s: float = 300,
     """Build and run the job's steps on fake tensors; return the raw event log."""
     parallel = job.parallel
     if parallel.tensor_parallel > 1 or parallel.context_parallel > 1 or \
-            parallel.strategy in ("zero1", "ddp") and parallel.num_gpus > 1:
+            parallel.strategy == "zero1" and parallel.num_gpus > 1:
         raise EngineError(f"the trace engine does not simulate {parallel.strategy} / tensor or "
                           "context parallelism yet: use --engine formula")
     if job.offload.optimizer or job.offload.params or job.activation_offload \
@@ -351,7 +360,9 @@ def run_trace(job: Job, *, time_limit_s: float = 300,
                           "--engine formula")
     started = time.monotonic()
     tracker = _Tracker(deadline=started + time_limit_s)
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    # no fallback kernels: an op without a fake kernel would run for real on zero-filled
+    # tensors of full size; better to stop and say which op
+    fake = FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False)
     try:
         with _sharding(job, tracker) as shard, fake, tracker, _transformers_quirks():
             setup = build_training_setup(job, "cpu", model_config=model_config, empty=True)
@@ -384,7 +395,7 @@ def run_trace(job: Job, *, time_limit_s: float = 300,
                      "convolution is not traced (kernel-internal)")
     return TraceResult(tracker.events, tracker.marks, setup.params_total,
                        setup.params_trainable, setup.model_name, notes,
-                       time.monotonic() - started)
+                       time.monotonic() - started, setup.task)
 
 
 @contextlib.contextmanager
@@ -393,6 +404,9 @@ def _sharding(job: Job, tracker: _Tracker):
     (one process plays rank 0) and FSDP2 (fully_shard) on each transformer block and the
     root. Yields the function that shards a built setup (a no-op for one GPU)."""
     degree = job.parallel.shard_degree
+    if job.parallel.strategy == "ddp" and job.parallel.data_parallel > 1:
+        yield lambda setup: _ddp_buckets(setup, tracker)
+        return
     if degree <= 1:
         yield lambda setup: None
         return
@@ -439,6 +453,33 @@ def _sharding(job: Job, tracker: _Tracker):
         _fsdp_param.alloc_storage, _fsdp_param.free_storage, \
             _fsdp_param_group.alloc_storage = originals
         dist.destroy_process_group()
+
+
+DDP_BUCKET_BYTES = 25 * 2**20       # DistributedDataParallel bucket_cap_mb default
+DDP_FIRST_BUCKET_BYTES = 1 * 2**20   # dist._DEFAULT_FIRST_BUCKET_BYTES
+
+
+def _ddp_buckets(setup: TrainingSetup, tracker: _Tracker) -> None:
+    """DDP's reducer cannot run on fake tensors (it reads data in C++), so its memory is
+    added as what it allocates: flat gradient buckets, one per dtype and 25 MiB (the first
+    1 MiB), holding a second copy of every gradient (gradient_as_bucket_view=False)."""
+    by_dtype: dict[torch.dtype, int] = defaultdict(int)
+    for p in setup.trainable:
+        by_dtype[p.dtype] += p.numel() * p.element_size()
+    buckets = []
+    for dtype, total in by_dtype.items():
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        cap, done = DDP_FIRST_BUCKET_BYTES, 0
+        while done < total:
+            size = min(cap, total - done)
+            buckets.append(torch.empty(size // itemsize, dtype=dtype))
+            done, cap = done + size, DDP_BUCKET_BYTES
+    for bucket in buckets:
+        tracker.live[bucket.untyped_storage()._cdata].op = "ddp_bucket"
+    setup.ddp_buckets = buckets  # kept alive with the setup, as the reducer keeps them
+    setup.notes.append(f"ddp: {len(buckets)} gradient buckets (25 MiB, first 1 MiB) added as "
+                       "DDP allocates them; the step itself is traced as on one GPU; NCCL "
+                       "buffers are not counted")
 
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -492,7 +533,9 @@ def _downsample(points: list[tuple[str, int]]) -> list[tuple[str, int]]:
     return [max(points[i:i + size], key=lambda p: p[1]) for i in range(0, len(points), size)]
 
 
-def _tokens_per_step(job: Job) -> int:
+def _tokens_per_step(job: Job, task: str) -> int:
+    if task in ("image-classification", ""):  # vision and factory models: samples
+        return job.effective_batch
     return job.effective_batch * job.seq_len
 
 

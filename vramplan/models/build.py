@@ -81,6 +81,7 @@ class TrainingSetup:
     model_name: str
     clip_foreach: bool = True
     notes: list[str] = field(default_factory=list)
+    task: str = ""  # the Hugging Face task; "" for factory models
 
     @property
     def trainable(self) -> list[nn.Parameter]:
@@ -136,6 +137,7 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
                          model_config: dict | None = None, empty: bool = False) -> TrainingSetup:
     device = torch.device(device)
     notes: list[str] = []
+    task = ""
     if model_config is None and _is_factory_ref(job.model):
         model, make_batch, compute_loss = _from_factory(job, device, notes)
         name = job.model
@@ -154,7 +156,7 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
     autocast = SIXTEEN_BIT[job.precision] if job.precision in (
         "fp16-mixed", "bf16-mixed", "fp8") else None
     return TrainingSetup(model, optimizer, make_batch, compute_loss, autocast, device, name,
-                         clip_foreach=job.optimizer_impl != "loop", notes=notes)
+                         clip_foreach=job.optimizer_impl != "loop", notes=notes, task=task)
 
 
 # --- model source -----------------------------------------------------------------------------

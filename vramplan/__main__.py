@@ -1,0 +1,5 @@
+"""`python -m vramplan` (also what torchrun runs: torchrun ... -m vramplan measure ...)."""
+
+from vramplan.cli import main
+
+main()
