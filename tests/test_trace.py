@@ -28,6 +28,8 @@ WHISPER = dict(model_type="whisper", d_model=64, encoder_layers=1, decoder_layer
                decoder_ffn_dim=128, vocab_size=256, num_mel_bins=80, max_source_positions=50,
                max_target_positions=64, pad_token_id=1, bos_token_id=2, eos_token_id=2,
                decoder_start_token_id=3, suppress_tokens=[], begin_suppress_tokens=[])
+VIT = dict(model_type="vit", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+           num_attention_heads=2, image_size=16, patch_size=8, num_labels=3)
 BERT = dict(model_type="bert", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, vocab_size=256, max_position_embeddings=64)
 
@@ -75,6 +77,16 @@ def test_report_categories_add_up_and_phases_are_named():
 
 def job_runtime_default() -> int:
     return Job().runtime.cuda_context_bytes
+
+
+def test_config_file_and_folder_are_read_without_the_catalog(tmp_path):
+    import json
+    (tmp_path / "config.json").write_text(json.dumps(VIT))
+    by_file = trace(_job(model=str(tmp_path / "config.json"), precision="fp32"))
+    by_folder = trace(_job(model=str(tmp_path), precision="fp32"))
+    assert by_file.categories == by_folder.categories
+    assert by_file.tokens_per_step == 2  # vision: samples per step
+    assert by_file.job["task"] is None and by_file.params_total > 0
 
 
 def test_lora_and_qlora_shrink_trainable_state():

@@ -88,9 +88,10 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
 
     def norm(name: str):
         if stack.norm == "rmsnorm":
-            # input (fp32 under autocast, else an fp32 copy) + fp32 normalised, or 16-bit
-            # normalised when the model runs in 16-bit
-            second = 4 if dt.residual == 4 else 2
+            # the fp32 input (or an fp32 copy of a 16-bit one), then the normalised tensor
+            # the weight multiplies: fp32, or 16-bit in a 16-bit model, and not saved at all
+            # when the weight is frozen (PEFT)
+            second = (4 if dt.residual == 4 else 2) if adapters.base_trainable else 0
             saved.append((name, (4 + second) * n_h))
         else:
             saved.append((name, (4 if dt.autocast else dt.residual) * n_h))
