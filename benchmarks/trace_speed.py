@@ -53,7 +53,8 @@ def main(sizes: list[str]) -> None:
         if out.returncode:
             rows.append({"model": f"llama-{size}", "error": out.stderr.strip().splitlines()[-1]})
         else:
-            rows.append({"model": f"llama-{size}", **json.loads(out.stdout.strip().splitlines()[-1])})
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            rows.append({"model": f"llama-{size}", **result})
         print(rows[-1], flush=True)
     machine = {"uname": subprocess.run(["uname", "-a"], capture_output=True, text=True).stdout
                .strip(), "cpus": len(__import__("os").sched_getaffinity(0))}

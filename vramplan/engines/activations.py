@@ -58,7 +58,8 @@ def _activation_saves(name: str) -> int:
 def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attention: str,
                         hidden_dropout: float, attention_dropout: float, activation: str,
                         adapters: Adapters, norms_per_block: int = 2,
-                        upcast_softmax: bool = True) -> list[tuple[str, int]]:
+                        upcast_softmax: bool = True, score_softcap: bool = False,
+                        ) -> list[tuple[str, int]]:
     """(name, bytes) of every tensor one block keeps for backward, per GPU (no parallelism)."""
     b, s = shape.batch, shape.seq
     h, a, k, d, f = (stack.hidden_size, stack.num_heads, stack.num_kv_heads, stack.head_dim,
@@ -106,7 +107,7 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
     norm("attn norm")
     linear_inputs("attn in", n_h, _pick(stack, "attn_in"), fp32_norm_out)
     saved.extend(_attention_core(b, s, s, a, k, d, c, attention, attention_dropout,
-                                 upcast_softmax or dt.autocast, "self"))
+                                 upcast_softmax or dt.autocast, "self", score_softcap))
     if len(_pick(stack, "attn_in")) == 1:
         # one fused q/k/v projection: k and v are views that keep its whole output alive
         saved.append(("fused qkv output", c * (n_q + n_kv)))
@@ -148,7 +149,8 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
 
 
 def _attention_core(b: int, s_q: int, s_k: int, a: int, k: int, d: int, c: int, attention: str,
-                    dropout: float, fp32_softmax: bool, tag: str) -> list[tuple[str, int]]:
+                    dropout: float, fp32_softmax: bool, tag: str,
+                    softcap: bool = False) -> list[tuple[str, int]]:
     n_q, n_kv = b * s_q * a * d, b * s_k * k * d
     if attention == "sdpa":
         # q, k, v, output, fp32 logsumexp [b, a, s] (flash/mem-efficient backward needs them)
@@ -162,6 +164,8 @@ def _attention_core(b: int, s_q: int, s_k: int, a: int, k: int, d: int, c: int, 
         out.append((f"{tag} probs 16-bit", c * scores))
     if dropout > 0:
         out.append((f"{tag} attn dropout", (1 + c) * scores))
+    if softcap:  # Gemma-2: cap * tanh(scores / cap) keeps the tanh output
+        out.append((f"{tag} softcap tanh", c * scores))
     return out
 
 

@@ -390,7 +390,8 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
             attention=_attention_impl(job, arch), hidden_dropout=arch.hidden_dropout,
             attention_dropout=arch.attention_dropout, activation=_activation_name(arch),
             adapters=adapters, norms_per_block=_norms_per_block(arch, stack),
-            upcast_softmax=arch.model_type not in ("gpt2", "bert", "roberta", "vit", "whisper"))
+            upcast_softmax=arch.model_type not in ("gpt2", "bert", "roberta", "vit", "whisper"),
+            score_softcap=bool(arch.extra.get("attn_logit_softcapping")))
         block = sum(b for _, b in saved)
         largest = max(largest, block)
         if job.checkpointing == "full":
@@ -471,6 +472,8 @@ def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task
     # nll gradient and the log_softmax gradient, both fp32 and dense
     forward = c * tv + 4 * tv + (4 * tv if c != 4 else 0)
     backward = 12 * tv  # the logits themselves are dropped with the outputs (HF Trainer)
+    if arch.extra.get("final_logit_softcapping"):  # Gemma-2 keeps tanh(logits / cap)
+        forward, backward = forward + c * tv, backward + c * tv
     return forward, backward
 
 

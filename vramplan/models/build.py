@@ -18,8 +18,8 @@ What each precision means here (Hugging Face Trainer conventions):
                the 16-bit dtype and the adapters in fp32 (peft's autocast_adapter_dtype)
   bf16-pure    every weight, gradient and optimizer state in bf16
   fp8          as bf16-mixed, with block linears run on float8 copies (models/lowbit.py)
-On a CPU the autocast op lists differ from CUDA's; `cuda_autocast_policy` makes CPU
-autocast follow the CUDA lists for the ops where the difference changes tensor dtypes.
+On a CPU the autocast op lists differ from CUDA's; train_step applies CUDA's lists there
+(models/autocast.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import contextlib
 import importlib
 import inspect
 import json
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from torch import nn
 from vramplan.errors import EngineError, ModelConfigError
 from vramplan.job import Job
 from vramplan.models import lowbit
+from vramplan.models.autocast import cuda_autocast_policy
 
 AUTO_CLASSES = {
     "causal-lm": "AutoModelForCausalLM",
@@ -544,88 +544,3 @@ def build_optimizer(job: Job, params: list[nn.Parameter], notes: list[str]):
         notes.append("lion: per-parameter loop implementation (torch has none)")
         return Lion(params)
     raise EngineError(f"optimizer {name!r} is not supported by the trace engine")
-
-
-# --- CUDA's autocast op lists on a CPU --------------------------------------------------------
-
-# aten/src/ATen/autocast_mode.cpp, CUDA: ops run in fp32 under autocast (CPU keeps them in
-# the lower precision), and ops given dtype=float32 unless the caller set one.
-_CUDA_FP32_OPS = (
-    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
-    "reciprocal", "rsqrt", "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor",
-    "pow.Scalar", "softplus", "layer_norm", "native_layer_norm", "group_norm",
-    "frobenius_norm.dim", "cosine_similarity", "dist", "renorm", "logsumexp",
-    "binary_cross_entropy_with_logits", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss",
-    "kl_div", "nll_loss", "nll_loss2d",
-)
-_CUDA_FP32_DTYPE_OPS = (
-    "softmax.int", "log_softmax.int", "cumsum", "cumprod", "prod", "prod.dim_int", "sum",
-    "sum.dim_IntList", "linalg_vector_norm",
-)
-
-
-_CUDA_LOW_OPS = ("_grouped_mm",)  # MoE expert matmuls: lower precision on CUDA
-
-
-@contextlib.contextmanager
-def cuda_autocast_policy() -> Iterator[None]:
-    """Make CPU autocast cast like CUDA autocast for the ops above, while active."""
-    lib = torch.library.Library("aten", "IMPL")
-    try:
-        warnings.filterwarnings("ignore", message=".*previously registered kernel")
-        warnings.filterwarnings("ignore", message="Warning only once for all operators")
-        for name in _CUDA_LOW_OPS:
-            lib.impl(name, _low_kernel(_overload(name)), "AutocastCPU")
-        for name in _CUDA_FP32_OPS:
-            lib.impl(name, _fp32_kernel(_overload(name), set_dtype=False), "AutocastCPU")
-        for name in _CUDA_FP32_DTYPE_OPS:
-            lib.impl(name, _fp32_kernel(_overload(name), set_dtype=True), "AutocastCPU")
-        yield
-    finally:
-        lib._destroy()
-
-
-def _overload(name: str):
-    packet, _, overload = name.partition(".")
-    return getattr(getattr(torch.ops.aten, packet), overload or "default")
-
-
-_LOW = (torch.float16, torch.bfloat16)
-_AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
-
-
-def _low_kernel(op):
-    def kernel(*args, **kwargs):
-        low = torch.get_autocast_dtype("cpu")
-        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
-            args = [a.to(low) if isinstance(a, torch.Tensor) and a.dtype == torch.float32
-                    else a for a in args]
-            return op(*args, **kwargs)
-    return kernel
-
-
-def _fp32_kernel(op, set_dtype: bool):
-    dtype_pos = next((i for i, a in enumerate(op._schema.arguments) if a.name == "dtype"), None)
-    dtype_kw_only = dtype_pos is not None and op._schema.arguments[dtype_pos].kwarg_only
-
-    def cast(value):
-        if isinstance(value, torch.Tensor) and value.dtype in _LOW:
-            return value.float()
-        if isinstance(value, (list, tuple)):
-            return type(value)(cast(v) for v in value)
-        return value
-
-    def kernel(*args, **kwargs):
-        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
-            if not set_dtype:
-                return op(*cast(args), **{k: cast(v) for k, v in kwargs.items()})
-            first = args[0]
-            if isinstance(first, torch.Tensor) and first.is_floating_point() \
-                    and first.dtype != torch.float64:
-                if dtype_kw_only or dtype_pos >= len(args):
-                    if kwargs.get("dtype") is None:
-                        kwargs["dtype"] = torch.float32
-                elif args[dtype_pos] is None:
-                    args = (*args[:dtype_pos], torch.float32, *args[dtype_pos + 1:])
-            return op(*args, **kwargs)
-    return kernel

@@ -1,0 +1,121 @@
+"""Sharded jobs in the trace engine: one process plays rank 0 of N.
+
+zero2 / zero3 / fsdp / hybrid-shard run FSDP2 (fully_shard) over a fake process group
+(torch.testing's FakeStore + the "fake" backend), so collectives allocate their real
+buffers and do nothing else. FSDP frees and re-allocates unsharded parameters by resizing
+storages in place, which dispatch does not see: alloc_storage / free_storage are wrapped to
+report it. DDP's C++ reducer reads tensor data, which fake tensors have none of, so its
+gradient buckets are added as DDP allocates them and the step is traced as on one GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+import torch
+
+from vramplan.errors import EngineError
+from vramplan.job import Job
+from vramplan.models.build import TrainingSetup
+
+if TYPE_CHECKING:
+    from vramplan.engines.trace import _Tracker
+
+@contextlib.contextmanager
+def sharding(job: Job, tracker: _Tracker):
+    """For zero2 / zero3 / fsdp / hybrid-shard: a fake process group of the shard degree
+    (one process plays rank 0) and FSDP2 (fully_shard) on each transformer block and the
+    root. Yields the function that shards a built setup (a no-op for one GPU)."""
+    degree = job.parallel.shard_degree
+    if job.parallel.strategy == "ddp" and job.parallel.data_parallel > 1:
+        yield lambda setup: _ddp_buckets(setup, tracker)
+        return
+    if degree <= 1:
+        yield lambda setup: None
+        return
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    if dist.is_initialized():
+        raise EngineError("a torch.distributed process group is already initialised in this "
+                          "process: the sharded trace needs its own fake one")
+    dist.init_process_group("fake", rank=0, world_size=degree, store=FakeStore())
+    originals = (_fsdp_param.alloc_storage, _fsdp_param.free_storage,
+                 _fsdp_param_group.alloc_storage)
+
+    def alloc(tensor):
+        originals[0](tensor)
+        tracker.resized(tensor, "fsdp_all_gather")
+
+    def free(tensor):
+        originals[1](tensor)
+        tracker.resized(tensor, "fsdp_reshard")
+
+    _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = alloc
+    _fsdp_param.free_storage = free
+    try:
+        mesh = init_device_mesh("cpu", (degree,))  # outside fake mode
+
+        def shard(setup: TrainingSetup) -> None:
+            from torch.distributed.fsdp import fully_shard
+
+            from vramplan.models.build import build_optimizer
+            reshard = job.parallel.strategy != "zero2"  # zero2 keeps params gathered
+            blocks = _blocks(setup.model)
+            for block in blocks:
+                fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(setup.model, mesh=mesh, reshard_after_forward=reshard)
+            setup.optimizer = build_optimizer(job, setup.trainable, [])  # sharded params
+            gc.collect()  # the first optimizer held the unsharded parameters
+            setup.notes.append(f"{job.parallel.strategy}: FSDP2 over a fake process group of "
+                               f"{degree} ranks, {len(blocks)} blocks + root each a unit; "
+                               "per-rank memory of rank 0; NCCL buffers are not counted")
+        yield shard
+    finally:
+        _fsdp_param.alloc_storage, _fsdp_param.free_storage, \
+            _fsdp_param_group.alloc_storage = originals
+        dist.destroy_process_group()
+
+
+DDP_BUCKET_BYTES = 25 * 2**20       # DistributedDataParallel bucket_cap_mb default
+DDP_FIRST_BUCKET_BYTES = 1 * 2**20   # dist._DEFAULT_FIRST_BUCKET_BYTES
+
+
+def _ddp_buckets(setup: TrainingSetup, tracker: _Tracker) -> None:
+    """DDP's reducer cannot run on fake tensors (it reads data in C++), so its memory is
+    added as what it allocates: flat gradient buckets, one per dtype and 25 MiB (the first
+    1 MiB), holding a second copy of every gradient (gradient_as_bucket_view=False)."""
+    by_dtype: dict[torch.dtype, int] = defaultdict(int)
+    for p in setup.trainable:
+        by_dtype[p.dtype] += p.numel() * p.element_size()
+    buckets = []
+    for dtype, total in by_dtype.items():
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        cap, done = DDP_FIRST_BUCKET_BYTES, 0
+        while done < total:
+            size = min(cap, total - done)
+            buckets.append(torch.empty(size // itemsize, dtype=dtype))
+            done, cap = done + size, DDP_BUCKET_BYTES
+    for bucket in buckets:
+        tracker.live[bucket.untyped_storage()._cdata].op = "ddp_bucket"
+    setup.ddp_buckets = buckets  # kept alive with the setup, as the reducer keeps them
+    setup.notes.append(f"ddp: {len(buckets)} gradient buckets (25 MiB, first 1 MiB) added as "
+                       "DDP allocates them; the step itself is traced as on one GPU; NCCL "
+                       "buffers are not counted")
+
+
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks to shard one by one: the classes a Hugging Face model names in
+    _no_split_modules, else the children of the largest nn.ModuleList."""
+    names = set()
+    for module in model.modules():
+        names |= set(getattr(module, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if blocks:
+        return blocks
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []
