@@ -95,11 +95,15 @@ EXPLAINED = {
         "workspace, which the trace report notes as not traced."),
 }
 NOTES = [
-    "Gaps of 5-15 KB in checkpointing and LoRA cases are the same kind: small CPU-kernel "
-    "scratch buffers (e.g. for non-contiguous bf16 inputs) that dispatch does not see.",
+    "The 5-15 KB gaps of the checkpointing cases are multiples of 5,056 bytes: the CPU RNG "
+    "state (torch.get_rng_state(), the Mersenne Twister state) that torch.utils.checkpoint "
+    "keeps per live checkpointed region. It is host memory, outside the GPU, so the trace "
+    "is right to leave it out. Remaining gaps of 8-100 bytes are scalar host tensors.",
     "The real run uses the same builders (vramplan.models.build), so both sides emulate CUDA "
-    "autocast op lists and the bitsandbytes 8-bit state layout; the GPU validation script "
-    "(issue item 8) checks those emulations against a real GPU.",
+    "autocast op lists and the bitsandbytes 8-bit state layout; only a run on a real GPU "
+    "checks those emulations (not done here: no GPU).",
+    "Sharded jobs (FSDP over a fake process group, DDP buckets) are not in this table: their "
+    "CPU ground truth needs torchrun with gloo, not done yet.",
     "oneDNN is switched off for the real run: with it on, bf16 matmuls and convolutions "
     "allocate oneDNN scratch (up to +40% on a bf16 ViT) that CUDA kernels do not have.",
     "QLoRA is not in this table: its CPU stand-in computes the dequantised weight with extra "

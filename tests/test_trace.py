@@ -120,6 +120,9 @@ def test_fsdp_traces_one_rank_with_sharded_state():
                 model_config=wide)
     assert ddp.categories["weights"] == one.categories["weights"]
     assert any("gradient buckets" in n for n in ddp.notes)
+    zero1 = trace(_job(precision="bf16-pure", parallel=Parallel(strategy="zero1", num_gpus=4)),
+                  model_config=wide)
+    assert zero1.categories["optimizer_states"] < one.categories["optimizer_states"] / 2
     with pytest.raises(EngineError, match="tensor or context parallelism"):
         trace(_job(parallel=Parallel(strategy="fsdp", num_gpus=4, tensor_parallel=2)),
               model_config=LLAMA)

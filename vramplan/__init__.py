@@ -4,18 +4,22 @@
     >>> report = vramplan.estimate(vramplan.Job(model="llama-3.2-1b", batch_size=4))
     >>> report.peak_allocated  # bytes per GPU
 
-Importing vramplan never imports torch: the formula engine answers instantly.
+Importing vramplan never imports torch: the formula engine answers instantly; trace,
+measure and track import it when called.
 """
 
-from vramplan.api import estimate, run_engine
+from vramplan.api import estimate, measure, run_engine, trace
 from vramplan.engines.report import CATEGORIES, GpuFit, MemoryReport
 from vramplan.errors import (
     EngineError, JobError, JobFileError, ModelConfigError, UnknownNameError, VramplanError,
 )
 from vramplan.job import Job, Offload, Parallel, Peft, Runtime
+from vramplan.search import max_batch_size, max_seq_len, sweep
+from vramplan.track import track
 
 __all__ = sorted([
     "CATEGORIES", "EngineError", "GpuFit", "Job", "JobError", "JobFileError", "MemoryReport",
     "ModelConfigError", "Offload", "Parallel", "Peft", "Runtime", "UnknownNameError",
-    "VramplanError", "estimate", "run_engine",
+    "VramplanError", "estimate", "max_batch_size", "max_seq_len", "measure", "run_engine",
+    "sweep", "trace", "track",
 ])

@@ -24,16 +24,23 @@ def estimate(job: Job) -> MemoryReport:
     return formula_estimate(job)
 
 
+def trace(job: Job, **options) -> MemoryReport:
+    """The real training step on fake tensors: exact, no GPU, needs torch."""
+    from vramplan.engines.trace import trace as trace_engine
+
+    return trace_engine(job, **options)
+
+
+def measure(job: Job, **options) -> MemoryReport:
+    """Real training steps on the device (CUDA when present, else CPU), needs torch."""
+    from vramplan.engines.measure import measure as measure_engine
+
+    return measure_engine(job, **options)
+
+
 def run_engine(job: Job, engine: str = "formula") -> MemoryReport:
     """Run `job` through the named engine (formula, trace or measure)."""
-    if engine == "formula":
-        return estimate(job)
-    if engine == "trace":
-        from vramplan.engines.trace import trace
-
-        return trace(job)
-    if engine == "measure":
-        from vramplan.engines.measure import measure
-
-        return measure(job)
-    raise UnknownNameError("engine", engine, ENGINES)
+    engines = {"formula": estimate, "trace": trace, "measure": measure}
+    if engine not in engines:
+        raise UnknownNameError("engine", engine, ENGINES)
+    return engines[engine](job)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 import time
 import weakref
@@ -63,6 +64,7 @@ _CHECK_EVERY = 128  # ops between time-limit checks
 
 def trace(job: Job, *, time_limit_s: float = 300, model_config: dict | None = None) -> MemoryReport:
     """Trace `job` on fake tensors and report per-GPU memory at the peak of step 2."""
+    _runtime_gpu(job)  # an unknown GPU name fails before the trace, not after
     result = run_trace(job, time_limit_s=time_limit_s, model_config=model_config)
     return result.report(job)
 
@@ -102,11 +104,14 @@ class Storage:
     def label(self) -> str:
         category = self.category()
         if category in ("activations", "temporary") and self.module:
-            return self.module
+            return _LAYER_INDEX.sub(".*", self.module)  # all layers of one kind together
         if category == "temporary":
             return f"{self.op} ({self.phase})"
         return {"weights": "parameters and buffers", "inputs": "batch", "gradients":
                 "parameter gradients", "optimizer_states": "optimizer state"}[category]
+
+
+_LAYER_INDEX = re.compile(r"\.\d+(?=\.|$)")  # model.layers.3.mlp -> model.layers.*.mlp
 
 
 class _TimeLimit(Exception):
@@ -273,7 +278,7 @@ class TraceResult:
     model_name: str
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    task: str = ""
+    tokens_per_sample: int = 0
 
     def step_range(self, step: int) -> tuple[int, int]:
         starts = [i for i, s, p in self.marks if s == step]
@@ -341,7 +346,7 @@ class TraceResult:
             peak_phase=peak_phase, runtime_gpu=gpu.name if gpu else None,
             top_modules=[ModuleUsage(name=n, bytes=b, category=c) for (n, c), b in top],
             timeline=_downsample([(e, b + workspaces) for e, b in timeline]),
-            tokens_per_step=_tokens_per_step(job, self.task), notes=notes)
+            tokens_per_step=job.effective_batch * max(self.tokens_per_sample, 1), notes=notes)
         fits = _fits(report, job, gpu)
         return report.model_copy(update={"fits": fits}) if fits else report
 
@@ -350,8 +355,7 @@ def run_trace(job: Job, *, time_limit_s: float = 300,
               model_config: dict | None = None) -> TraceResult:
     """Build and run the job's steps on fake tensors; return the raw event log."""
     parallel = job.parallel
-    if parallel.tensor_parallel > 1 or parallel.context_parallel > 1 or \
-            parallel.strategy == "zero1" and parallel.num_gpus > 1:
+    if parallel.tensor_parallel > 1 or parallel.context_parallel > 1:
         raise EngineError(f"the trace engine does not simulate {parallel.strategy} / tensor or "
                           "context parallelism yet: use --engine formula")
     if job.offload.optimizer or job.offload.params or job.activation_offload \
@@ -395,7 +399,7 @@ def run_trace(job: Job, *, time_limit_s: float = 300,
                      "convolution is not traced (kernel-internal)")
     return TraceResult(tracker.events, tracker.marks, setup.params_total,
                        setup.params_trainable, setup.model_name, notes,
-                       time.monotonic() - started, setup.task)
+                       time.monotonic() - started, setup.tokens_per_sample)
 
 
 def _run_step(setup: TrainingSetup, job: Job, tracker: _Tracker, step: int) -> None:
@@ -434,12 +438,6 @@ def _downsample(points: list[tuple[str, int]]) -> list[tuple[str, int]]:
         return points
     size = -(-len(points) // TIMELINE_POINTS)
     return [max(points[i:i + size], key=lambda p: p[1]) for i in range(0, len(points), size)]
-
-
-def _tokens_per_step(job: Job, task: str) -> int:
-    if task in ("image-classification", ""):  # vision and factory models: samples
-        return job.effective_batch
-    return job.effective_batch * job.seq_len
 
 
 def _runtime_gpu(job: Job):

@@ -5,7 +5,8 @@ zero2 / zero3 / fsdp / hybrid-shard run FSDP2 (fully_shard) over a fake process 
 buffers and do nothing else. FSDP frees and re-allocates unsharded parameters by resizing
 storages in place, which dispatch does not see: alloc_storage / free_storage are wrapped to
 report it. DDP's C++ reducer reads tensor data, which fake tensors have none of, so its
-gradient buckets are added as DDP allocates them and the step is traced as on one GPU.
+gradient buckets are added as DDP allocates them and the step is traced as on one GPU;
+zero1 adds torch's ZeroRedundancyOptimizer (rank 0's share of the optimizer state).
 """
 
 from __future__ import annotations
@@ -26,38 +27,23 @@ if TYPE_CHECKING:
 
 @contextlib.contextmanager
 def sharding(job: Job, tracker: _Tracker):
-    """For zero2 / zero3 / fsdp / hybrid-shard: a fake process group of the shard degree
-    (one process plays rank 0) and FSDP2 (fully_shard) on each transformer block and the
-    root. Yields the function that shards a built setup (a no-op for one GPU)."""
+    """Yields the function that turns a built setup into rank 0's (a no-op for one GPU):
+    zero2 / zero3 / fsdp / hybrid-shard: FSDP2 (fully_shard) on each block and the root over
+    a fake process group of the shard degree; ddp: DDP's gradient buckets; zero1: buckets +
+    ZeroRedundancyOptimizer over a fake group of the data-parallel degree."""
     degree = job.parallel.shard_degree
-    if job.parallel.strategy == "ddp" and job.parallel.data_parallel > 1:
-        yield lambda setup: _ddp_buckets(setup, tracker)
+    if job.parallel.strategy in ("ddp", "zero1") and job.parallel.data_parallel > 1:
+        if job.parallel.strategy == "ddp":
+            yield lambda setup: _ddp_buckets(setup, tracker)
+            return
+        with _fake_process_group(job.parallel.data_parallel):
+            yield lambda setup: _zero1(setup, job, tracker)
         return
     if degree <= 1:
         yield lambda setup: None
         return
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-    if dist.is_initialized():
-        raise EngineError("a torch.distributed process group is already initialised in this "
-                          "process: the sharded trace needs its own fake one")
-    dist.init_process_group("fake", rank=0, world_size=degree, store=FakeStore())
-    originals = (_fsdp_param.alloc_storage, _fsdp_param.free_storage,
-                 _fsdp_param_group.alloc_storage)
-
-    def alloc(tensor):
-        originals[0](tensor)
-        tracker.resized(tensor, "fsdp_all_gather")
-
-    def free(tensor):
-        originals[1](tensor)
-        tracker.resized(tensor, "fsdp_reshard")
-
-    _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = alloc
-    _fsdp_param.free_storage = free
-    try:
+    with _fake_process_group(degree), _storage_resizes_reported(tracker):
         mesh = init_device_mesh("cpu", (degree,))  # outside fake mode
 
         def shard(setup: TrainingSetup) -> None:
@@ -75,10 +61,57 @@ def sharding(job: Job, tracker: _Tracker):
                                f"{degree} ranks, {len(blocks)} blocks + root each a unit; "
                                "per-rank memory of rank 0; NCCL buffers are not counted")
         yield shard
+
+
+@contextlib.contextmanager
+def _fake_process_group(world_size: int):
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    if dist.is_initialized():
+        raise EngineError("a torch.distributed process group is already initialised in this "
+                          "process: the sharded trace needs its own fake one")
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _storage_resizes_reported(tracker: _Tracker):
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    originals = (_fsdp_param.alloc_storage, _fsdp_param.free_storage,
+                 _fsdp_param_group.alloc_storage)
+
+    def alloc(tensor):
+        originals[0](tensor)
+        tracker.resized(tensor, "fsdp_all_gather")
+
+    def free(tensor):
+        originals[1](tensor)
+        tracker.resized(tensor, "fsdp_reshard")
+
+    _fsdp_param.alloc_storage = _fsdp_param_group.alloc_storage = alloc
+    _fsdp_param.free_storage = free
+    try:
+        yield
     finally:
         _fsdp_param.alloc_storage, _fsdp_param.free_storage, \
             _fsdp_param_group.alloc_storage = originals
-        dist.destroy_process_group()
+
+
+def _zero1(setup: TrainingSetup, job: Job, tracker: _Tracker) -> None:
+    """ZeRO-1: DDP's buckets, and torch's ZeroRedundancyOptimizer holding rank 0's share
+    of the optimizer state (it broadcasts updated parameters after each step)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from vramplan.models.build import build_optimizer
+    _ddp_buckets(setup, tracker)
+    setup.optimizer = ZeroRedundancyOptimizer(
+        setup.trainable, optimizer_class=lambda params, **_: build_optimizer(job, params, []))
+    gc.collect()
+    setup.notes.append(f"zero1: optimizer state partitioned over {job.parallel.data_parallel} "
+                       "ranks by ZeroRedundancyOptimizer; rank 0 reported")
 
 
 DDP_BUCKET_BYTES = 25 * 2**20       # DistributedDataParallel bucket_cap_mb default

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vramplan.errors import EngineError, ModelConfigError
+from vramplan.errors import EngineError, JobError, ModelConfigError
 from vramplan.job import Job
 from vramplan.models import lowbit
 from vramplan.models.autocast import cuda_autocast_policy
@@ -82,6 +82,7 @@ class TrainingSetup:
     clip_foreach: bool = True
     notes: list[str] = field(default_factory=list)
     task: str = ""  # the Hugging Face task; "" for factory models
+    tokens_per_sample: int = 0  # text tokens per sample; 0 for vision, speech and factories
 
     @property
     def trainable(self) -> list[nn.Parameter]:
@@ -137,7 +138,7 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
                          model_config: dict | None = None, empty: bool = False) -> TrainingSetup:
     device = torch.device(device)
     notes: list[str] = []
-    task = ""
+    task, config = "", {}
     if model_config is None and _is_factory_ref(job.model):
         model, make_batch, compute_loss = _from_factory(job, device, notes)
         name = job.model
@@ -155,8 +156,11 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
     optimizer = build_optimizer(job, [p for p in model.parameters() if p.requires_grad], notes)
     autocast = SIXTEEN_BIT[job.precision] if job.precision in (
         "fp16-mixed", "bf16-mixed", "fp8") else None
+    tokens = text_len(job.seq_len, config, "seq_len", []) if task in (
+        "causal-lm", "masked-lm", "seq-classification", "seq2seq") else 0
     return TrainingSetup(model, optimizer, make_batch, compute_loss, autocast, device, name,
-                         clip_foreach=job.optimizer_impl != "loop", notes=notes, task=task)
+                         clip_foreach=job.optimizer_impl != "loop", notes=notes, task=task,
+                         tokens_per_sample=tokens)
 
 
 # --- model source -----------------------------------------------------------------------------
@@ -364,6 +368,7 @@ def hf_batch_factory(config: dict, task: str, job: Job, device: torch.device,
     """Synthetic micro-batch, as a data loader delivers it (no padding, so no attention mask:
     Hugging Face then skips building a [B, 1, L, L] mask, as it does for all-ones masks)."""
     b, vocab = job.batch_size, int(config.get("vocab_size") or 2)
+    seq = text_len(job.seq_len, config, "seq_len", notes)
     floats = torch.bfloat16 if job.precision == "bf16-pure" else torch.float32
     num_labels = int(config.get("num_labels") or len(config.get("id2label") or {}) or 2)
 
@@ -371,14 +376,13 @@ def hf_batch_factory(config: dict, task: str, job: Job, device: torch.device,
         return torch.randint(1, vocab, (b, length), device=device)
 
     if task in ("causal-lm", "masked-lm"):
-        return lambda: (lambda ids: {"input_ids": ids, "labels": tokens(job.seq_len)})(
-            tokens(job.seq_len))
+        return lambda: (lambda ids: {"input_ids": ids, "labels": tokens(seq)})(tokens(seq))
     if task == "seq-classification":
-        return lambda: {"input_ids": tokens(job.seq_len),
+        return lambda: {"input_ids": tokens(seq),
                         "labels": torch.randint(0, num_labels, (b,), device=device)}
     if task == "seq2seq":
-        target = job.target_len or job.seq_len
-        return lambda: {"input_ids": tokens(job.seq_len), "labels": tokens(target),
+        target = job.target_len or seq
+        return lambda: {"input_ids": tokens(seq), "labels": tokens(target),
                         "decoder_input_ids": tokens(target)}
     if task == "image-classification":
         size = job.image_size or int(config.get("image_size") or 224)
@@ -391,14 +395,34 @@ def hf_batch_factory(config: dict, task: str, job: Job, device: torch.device,
         frames = 2 * int(config.get("max_source_positions") or 1500)  # stride-2 conv frontend
         if job.audio_seconds:
             frames = round(job.audio_seconds * 100)  # 10 ms hop of the log-mel features
-        limit = int(config.get("max_target_positions") or job.seq_len)
-        target = job.target_len or min(job.seq_len, limit)
-        if not job.target_len and job.seq_len > limit:
+        limit = int(config.get("max_target_positions") or seq)
+        target = job.target_len or min(job.seq_len or limit, limit)
+        if not job.target_len and job.seq_len and job.seq_len > limit:
             notes.append(f"decoder tokens capped at the model's max_target_positions={limit}")
         return lambda: {"input_features": torch.randn(b, mels, frames, dtype=floats,
                                                       device=device),
                         "labels": tokens(target), "decoder_input_ids": tokens(target)}
     raise ModelConfigError(f"no batch factory for task {task!r}")
+
+
+# models whose positions are a learned table: longer sequences index past its end
+LEARNED_POSITIONS = {"gpt2", "bert", "roberta", "whisper", "opt", "gpt_neo"}
+
+
+def text_len(requested: int | None, config: dict, field: str, notes: list[str]) -> int:
+    """The job's text length; unset means min(2048, the model's maximum), as the formula
+    engine chooses."""
+    limit = config.get("max_position_embeddings") or config.get("n_positions")
+    if config.get("model_type") in ("bert", "roberta") and limit:
+        limit -= 2 if config["model_type"] == "roberta" else 0  # RoBERTa offsets by pad + 1
+    if requested is None:
+        chosen = min(2048, limit) if limit else 2048
+        notes.append(f"{field} not given: using {chosen}")
+        return chosen
+    if limit and requested > limit and config.get("model_type") in LEARNED_POSITIONS:
+        raise JobError(f"{field}={requested} is longer than the model's {limit} learned "
+                       f"positions: use {field} <= {limit}")
+    return requested
 
 
 def hf_loss(model: nn.Module, batch: dict) -> torch.Tensor:
