@@ -102,3 +102,14 @@ def test_public_api_is_explicit_and_sorted():
     assert vramplan.__all__ == sorted(vramplan.__all__)
     for name in vramplan.__all__:
         assert hasattr(vramplan, name)
+
+
+def test_local_config_file_and_model_folder(run_cli, tmp_path):
+    config = ('{"model_type": "llama", "hidden_size": 512, "intermediate_size": 1376, '
+              '"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4, '
+              '"vocab_size": 32000, "max_position_embeddings": 4096}')
+    (tmp_path / "config.json").write_text(config)
+    for ref in (str(tmp_path / "config.json"), str(tmp_path)):
+        code, out, err = run_cli("estimate", ref, "-b", "2", "--json")
+        assert code == 0, err
+        assert json.loads(out)["params_total"] > 0

@@ -178,3 +178,12 @@ def test_json_document_is_consistent():
 def test_estimate_is_the_formula_engine():
     job = Job(model=MODEL)
     assert estimate(job) == formula_estimate(job)
+
+
+def test_whisper_clips_are_padded_to_30_seconds():
+    short = estimate(Job(model="whisper-small", audio_seconds=5, seq_len=128))
+    full = estimate(Job(model="whisper-small", seq_len=128))
+    assert short.peak_allocated == full.peak_allocated
+    assert any("pads every clip" in n for n in short.notes)
+    with pytest.raises(JobError, match="at most 30 s"):
+        estimate(Job(model="whisper-small", audio_seconds=45))
