@@ -73,6 +73,7 @@ CASES = [  # (name, model config, job fields)
     ("llama bf16-mixed adamw fused", LLAMA, dict(optimizer_impl="fused")),
     ("llama bf16-mixed adamw loop", LLAMA, dict(optimizer_impl="loop")),
     ("llama fp8", LLAMA, dict(precision="fp8")),
+    ("llama bf16-mixed optimizer-in-backward", LLAMA, dict(optimizer_in_backward=True)),
     ("llama cls bf16-mixed", LLAMA, dict(task="seq-classification")),
     ("vit fp32 adamw", VIT, dict(precision="fp32")),
     ("vit bf16-mixed eager sgd-momentum", VIT, dict(attention="eager",

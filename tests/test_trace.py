@@ -48,6 +48,7 @@ def _job(**changes) -> Job:
     (BERT, dict(precision="bf16-mixed", task="masked-lm", grad_accum=2)),
     (LLAMA, dict(precision="bf16-pure", optimizer="adamw-8bit")),
     (T5, dict(precision="bf16-mixed", target_len=16)),
+    (LLAMA, dict(precision="fp32", optimizer_in_backward=True)),
     (WHISPER, dict(precision="bf16-mixed", checkpointing="full")),
 ])
 def test_traced_peak_matches_real_cpu_step(config, changes):
@@ -55,6 +56,15 @@ def test_traced_peak_matches_real_cpu_step(config, changes):
     traced, _ = run_trace(job, model_config=config).peak(rounded=False)
     real = cpu_profiler_peak(job, model_config=config)
     assert abs(traced - real) / real <= 0.02, (traced, real)
+
+
+def test_untraced_micro_batches_would_not_change_the_peak(monkeypatch):
+    import vramplan.engines.trace as engine
+    job = _job(precision="bf16-mixed", grad_accum=4, checkpointing="full")
+    short = run_trace(job, model_config=LLAMA).peak()
+    monkeypatch.setattr(engine, "MICRO_STEPS_TRACED", 4)
+    monkeypatch.setattr(engine, "STEPS", 2)
+    assert run_trace(job, model_config=LLAMA).peak()[0] == short[0]
 
 
 # --- the report -----------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ decided from each storage's whole life:
                       loss of the output head, optimizer-step buffers, cuBLAS workspaces
 
 Sizes are rounded to 512 B as the CUDA caching allocator does; the alloc/free sequence is
-replayed through engines/allocator.py for reserved memory.
+replayed through engines/allocator.py for reserved memory. Sharded jobs (ddp, zero1-3,
+fsdp, hybrid-shard) are traced as rank 0 of a fake process group (engines/trace_shard.py).
 
 `cpu_profiler_peak(job)` runs the same steps for real on the CPU and returns the peak from
 torch.profiler's allocator memory events: the independent ground truth used by the tests
@@ -60,6 +61,10 @@ STEPS = 2          # step 1 creates optimizer state; step 2 is the steady state,
 TIMELINE_POINTS = 2000
 TOP_MODULES = 10
 _CHECK_EVERY = 128  # ops between time-limit checks
+# Micro-batches 3..N of an accumulation step allocate and free exactly what micro-batch 2
+# does (the gradients exist from micro-batch 1 on), so they are not traced; step 1 only
+# has to create the optimizer state, so it runs one micro-batch.
+MICRO_STEPS_TRACED = 2
 
 
 def trace(job: Job, *, time_limit_s: float = 300, model_config: dict | None = None) -> MemoryReport:
@@ -193,7 +198,7 @@ class _Tracker(TorchDispatchMode):
             for record in self.live.values():
                 if record.phase == "forward" and record.step == step:
                     record.saved = True
-        if self.phase == "optimizer" and phase == "end":
+        if phase == "end":  # also states made by optimizer-in-backward hooks
             for record in self.live.values():
                 if record.phase == "optimizer" and record.step == step:
                     record.kept = True
@@ -331,8 +336,10 @@ class TraceResult:
         peak_phase = max(phase_peaks, key=phase_peaks.get) if phase_peaks else ""
         top = sorted(usage.items(), key=lambda kv: -kv[1])[:TOP_MODULES]
         notes = list(self.notes)
-        notes.append(f"traced {STEPS} steps x {job.grad_accum} micro-batches on fake tensors in "
-                     f"{self.seconds:.1f} s; step {STEPS} reported")
+        micro = min(job.grad_accum, MICRO_STEPS_TRACED)
+        notes.append(f"traced on fake tensors in {self.seconds:.1f} s: step 1 (creates the "
+                     f"optimizer state) and step {STEPS} with {micro} of its {job.grad_accum} "
+                     "micro-batches (the rest repeat micro-batch 2); step 2 reported")
         notes.append(f"cuBLAS workspaces: {job.runtime.cublas_workspaces} x "
                      f"{runtime.cublas_workspace_bytes(gpu) / 2**20:g} MiB in temporary")
         notes.append("reserved memory replays the caching allocator with room to spare; near a "
@@ -358,10 +365,8 @@ def run_trace(job: Job, *, time_limit_s: float = 300,
     if parallel.tensor_parallel > 1 or parallel.context_parallel > 1:
         raise EngineError(f"the trace engine does not simulate {parallel.strategy} / tensor or "
                           "context parallelism yet: use --engine formula")
-    if job.offload.optimizer or job.offload.params or job.activation_offload \
-            or job.optimizer_in_backward:
-        raise EngineError("offload and optimizer_in_backward are not traced yet: use "
-                          "--engine formula")
+    if job.offload.optimizer or job.offload.params or job.activation_offload:
+        raise EngineError("CPU offload is not traced yet: use --engine formula")
     started = time.monotonic()
     tracker = _Tracker(deadline=started + time_limit_s)
     # no fallback kernels: an op without a fake kernel would run for real on zero-filled
@@ -408,7 +413,8 @@ def _run_step(setup: TrainingSetup, job: Job, tracker: _Tracker, step: int) -> N
             tracker.mark_grads(setup.model)
         tracker.module_stack.clear()
         tracker.mark(step, phase)
-    train_step(setup, job.grad_accum, mark)
+    micro = 1 if step < STEPS else min(job.grad_accum, MICRO_STEPS_TRACED)
+    train_step(setup, micro, mark)
 
 
 def _live_at(events: list[tuple[int, Storage]], index: int) -> list[Storage]:

@@ -7,10 +7,12 @@ so both run the same step:
     setup = build_training_setup(job, device="cpu", empty=True)  # inside FakeTensorMode
     train_step(setup, job.grad_accum, mark=lambda phase: ...)  # phases: inputs, forward,
                                                                # backward, optimizer, end
-`empty=True` builds the model on the meta device and materialises it with `to_empty`
-(uninitialised weights), which is what FakeTensorMode needs for peft and what makes a
-405B model build in seconds. `model_config` (a Hugging Face config dict) overrides the
-lookup of `job.model`, for tests and benchmarks.
+`empty=True` builds the model (and peft adapters) on the meta device, outside any active
+dispatch mode, then materialises uninitialised tensors on `device` by reassignment: what
+FakeTensorMode needs for peft, and what makes a 405B model build in seconds.
+`model_config` (a Hugging Face config dict) overrides the lookup of `job.model`, for tests
+and benchmarks. `job.model` may also be "package.module:factory", a function returning an
+nn.Module (see _from_factory for the forms it may return).
 
 What each precision means here (Hugging Face Trainer conventions):
   fp32         fp32 weights, no autocast
@@ -28,6 +30,7 @@ import contextlib
 import importlib
 import inspect
 import json
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +86,7 @@ class TrainingSetup:
     notes: list[str] = field(default_factory=list)
     task: str = ""  # the Hugging Face task; "" for factory models
     tokens_per_sample: int = 0  # text tokens per sample; 0 for vision, speech and factories
+    mark: Callable[[str], None] = lambda phase: None  # the running train_step's phase marker
 
     @property
     def trainable(self) -> list[nn.Parameter]:
@@ -112,6 +116,7 @@ def _cuda_policy(setup: TrainingSetup) -> contextlib.AbstractContextManager:
 def train_step(setup: TrainingSetup, grad_accum: int,
                mark: Callable[[str], None] = lambda phase: None) -> None:
     """One optimizer step of `grad_accum` micro-batches, as the HF Trainer runs it."""
+    setup.mark = mark  # optimizer-in-backward hooks report their phase through it
     with _cuda_policy(setup):
         _micro_steps(setup, grad_accum, mark)
     mark("optimizer")
@@ -153,14 +158,49 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
         name = config.get("_name_or_path") or (job.model if model_config is None
                                                 else config["model_type"])
     model.train()
-    optimizer = build_optimizer(job, [p for p in model.parameters() if p.requires_grad], notes)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(job, trainable, notes)
     autocast = SIXTEEN_BIT[job.precision] if job.precision in (
         "fp16-mixed", "bf16-mixed", "fp8") else None
     tokens = text_len(job.seq_len, config, "seq_len", []) if task in (
         "causal-lm", "masked-lm", "seq-classification", "seq2seq") else 0
-    return TrainingSetup(model, optimizer, make_batch, compute_loss, autocast, device, name,
-                         clip_foreach=job.optimizer_impl != "loop", notes=notes, task=task,
-                         tokens_per_sample=tokens)
+    setup = TrainingSetup(model, optimizer, make_batch, compute_loss, autocast, device, name,
+                          clip_foreach=job.optimizer_impl != "loop", notes=notes, task=task,
+                          tokens_per_sample=tokens)
+    if job.optimizer_in_backward:
+        setup.optimizer = _optimizer_in_backward(setup, job, trainable)
+    return setup
+
+
+class _StepsInBackward(torch.optim.Optimizer):
+    """What train_step sees when each parameter is stepped by its own optimizer in a
+    post-accumulate-grad hook: nothing is left to do after backward."""
+
+    def __init__(self, per_param: dict):
+        self.per_param = per_param
+        super().__init__(list(per_param), {})
+
+    def step(self, closure=None):
+        return None
+
+    def zero_grad(self, set_to_none: bool = True):
+        return None
+
+
+def _optimizer_in_backward(setup: TrainingSetup, job: Job, trainable: list) -> _StepsInBackward:
+    per_param = {p: build_optimizer(job, [p], []) for p in trainable}
+
+    def step_now(p: torch.Tensor) -> None:
+        setup.mark("optimizer")
+        per_param[p].step()
+        per_param[p].zero_grad(set_to_none=True)
+        setup.mark("backward")
+
+    for p in trainable:
+        p.register_post_accumulate_grad_hook(step_now)
+    setup.notes.append("optimizer in backward: each parameter is stepped (and its gradient "
+                       "freed) as soon as it is ready; gradient clipping is not possible")
+    return _StepsInBackward(per_param)
 
 
 # --- model source -----------------------------------------------------------------------------
@@ -312,7 +352,11 @@ def _apply_checkpointing(model: nn.Module, job: Job, notes: list[str]) -> None:
     if job.checkpointing == "selective":
         notes.append("selective checkpointing: Hugging Face models only offer full "
                      "recomputation of each block; traced as full")
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def _apply_peft(model: nn.Module, task: str, job: Job, skip: set[int],
@@ -324,8 +368,10 @@ def _apply_peft(model: nn.Module, task: str, job: Job, skip: set[int],
     lora = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
                       target_modules=targets, task_type=_PEFT_TASK_TYPES.get(task))
     try:
-        model = get_peft_model(model, lora,
-                               autocast_adapter_dtype=job.precision != "bf16-pure")
+        with warnings.catch_warnings():  # peft still asks for is_gradient_checkpointing
+            warnings.simplefilter("ignore", FutureWarning)
+            model = get_peft_model(model, lora,
+                                   autocast_adapter_dtype=job.precision != "bf16-pure")
     except ValueError as error:
         from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
         linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
