@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-import vramplan.track as track_module
-from vramplan.track import track
+import vramplan.tracking as track_module
+from vramplan.tracking import track
 
 
 def test_track_records_steps_losses_and_memory(tmp_path):
@@ -60,7 +60,7 @@ def test_track_without_path_keeps_result_in_memory():
 
 
 def test_importing_track_does_not_import_torch():
-    code = "import sys, vramplan.track; assert 'torch' not in sys.modules"
+    code = "import sys, vramplan.tracking; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -15,7 +15,7 @@ from vramplan.errors import (
 )
 from vramplan.job import Job, Offload, Parallel, Peft, Runtime
 from vramplan.search import max_batch_size, max_seq_len, sweep
-from vramplan.track import track
+from vramplan.tracking import track
 
 __all__ = sorted([
     "CATEGORIES", "EngineError", "GpuFit", "Job", "JobError", "JobFileError", "MemoryReport",

@@ -32,7 +32,7 @@ from vramplan.job import Job
 from vramplan.models.build import (MAX_GRAD_NORM, TrainingSetup, build_training_setup,
                                    train_step)
 from vramplan.search import BudgetExceeded, is_out_of_memory
-from vramplan.track import NvmlSampler, p90
+from vramplan.tracking import NvmlSampler, p90
 
 CUDA_BLOCK = 512  # the caching allocator rounds every request up to 512 bytes
 

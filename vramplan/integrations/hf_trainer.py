@@ -13,7 +13,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from vramplan.track import Tracker
+from vramplan.tracking import Tracker
 
 DEFAULT_NAME = "vramplan-track.json"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vramplan.track import Tracker
+from vramplan.tracking import Tracker
 
 try:
     from lightning.pytorch import Callback
