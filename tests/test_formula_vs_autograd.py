@@ -1,7 +1,8 @@
 """The formula's activation model against what autograd really saves (tiny models, CPU).
 
 The real side counts every distinct storage that autograd's saved-tensor hooks see during
-a forward pass with the loss, minus the parameters. The formula side is activations +
+a forward pass with the loss, minus the parameters, with CPU autocast casting as CUDA's
+does (vramplan.models.autocast), since the formula describes a GPU. The formula side is activations +
 autocast weight copies + the saved log_softmax output. Dropout is off: on the CPU, sdpa
 with dropout falls back to the math kernel, which a GPU's flash kernel does not.
 """
@@ -14,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 from vramplan import Job  # noqa: E402
 from vramplan.engines import formula  # noqa: E402
 from vramplan.models import architecture_from_config  # noqa: E402
+from vramplan.models.autocast import cuda_autocast_policy  # noqa: E402
 
 LLAMA = dict(model_type="llama", hidden_size=256, intermediate_size=688, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,
@@ -46,7 +48,8 @@ def autograd_saved_bytes(config: dict, task: str, precision: str, attention: str
     ids = torch.randint(0, config["vocab_size"], (b, s))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision.endswith("mixed")):
-            model(input_ids=ids, labels=ids)
+            with cuda_autocast_policy():
+                model(input_ids=ids, labels=ids)
     return sum(saved.values())
 
 

@@ -51,8 +51,13 @@ class Adapters:
     base_trainable: bool = True
 
 
-def _activation_saves(name: str) -> int:
-    return ACTIVATION_SAVES.get(name, 1)
+def _activation_saved_bytes(name: str, dt: Dtypes) -> int:
+    """Bytes per element an activation function keeps besides its output."""
+    if name == "gelu_new" and dt.autocast:
+        # CUDA autocast runs pow in fp32, so tanh(.) and 1 + tanh(.) are fp32 while x and
+        # 0.5 * x stay 16-bit
+        return 2 * 4 + 2 * dt.compute
+    return ACTIVATION_SAVES.get(name, 1) * dt.compute
 
 
 def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attention: str,
@@ -137,9 +142,9 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
                   _pick(stack, "mlp_in"), fp32_norm_out and stack.num_experts == 1)
     if stack.mlp == "gated":
         # gate out (act input), act out, up out: each saved by the elementwise product
-        saved.append(("gate/up/act", (2 + _activation_saves(activation)) * c * n_f))
+        saved.append(("gate/up/act", (2 * c + _activation_saved_bytes(activation, dt)) * n_f))
     else:
-        saved.append(("mlp act input", _activation_saves(activation) * c * n_f))
+        saved.append(("mlp act input", _activation_saved_bytes(activation, dt) * n_f))
     dropout_mask("mlp inner dropout", n_f, hidden_dropout if stack.mlp == "relu" else 0.0)
     linear_inputs("mlp mid", n_f, _pick(stack, "mlp_out"), False)
     dropout_mask("mlp resid dropout", n_h, hidden_dropout)

@@ -1,4 +1,4 @@
-"""CUDA's autocast op lists, applied to CPU autocast.
+"""CPU kernels made to keep the memory CUDA's kernels keep: autocast casts and dropout.
 
 CPU autocast keeps ops such as pow, layer_norm, softmax or sum in bf16, where CUDA autocast
 runs them in fp32 (aten/src/ATen/autocast_mode.cpp). That changes activation dtypes and so
@@ -96,3 +96,34 @@ def _fp32_kernel(op, set_dtype: bool):
                     args = (*args[:dtype_pos], torch.float32, *args[dtype_pos + 1:])
             return op(*args, **kwargs)
     return kernel
+
+
+@contextlib.contextmanager
+def cuda_dropout_kernels() -> Iterator[None]:
+    """Dropout as CUDA runs it, while active.
+
+    CUDA's fused dropout (native_dropout) saves a 1-byte mask, where the CPU's saves a mask
+    in the input's dtype; CUDA's flash and memory-efficient attention apply dropout inside
+    the kernel, where CPU sdpa with dropout falls back to the math path that stores the
+    s x s probabilities. So dropout goes through native_dropout here, and sdpa runs with
+    dropout_p=0, which keeps the same tensors as CUDA's kernels (the flash kernel saves only
+    its RNG state besides them). Values differ from a CPU run's; memory is CUDA's.
+    """
+    functional = torch.nn.functional
+    original_dropout = functional.dropout
+    original_sdpa = functional.scaled_dot_product_attention
+
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if not training or p == 0:
+            return input
+        return torch.native_dropout(input, p, True)[0]
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs):
+        return original_sdpa(query, key, value, attn_mask, 0.0, *args, **kwargs)
+
+    functional.dropout, functional.scaled_dot_product_attention = dropout, sdpa
+    try:
+        yield
+    finally:
+        functional.dropout = original_dropout
+        functional.scaled_dot_product_attention = original_sdpa

@@ -42,7 +42,7 @@ from torch import nn
 from vramplan.errors import EngineError, JobError, ModelConfigError
 from vramplan.job import Job
 from vramplan.models import lowbit
-from vramplan.models.autocast import cuda_autocast_policy
+from vramplan.models.autocast import cuda_autocast_policy, cuda_dropout_kernels
 
 AUTO_CLASSES = {
     "causal-lm": "AutoModelForCausalLM",
@@ -108,9 +108,12 @@ class TrainingSetup:
 
 def _cuda_policy(setup: TrainingSetup) -> contextlib.AbstractContextManager:
     # for the whole step: checkpointing recomputes forward under autocast inside backward
-    if setup.autocast_dtype is None or setup.device.type != "cpu":
-        return contextlib.nullcontext()
-    return cuda_autocast_policy()
+    stack = contextlib.ExitStack()
+    if setup.device.type == "cpu":
+        stack.enter_context(cuda_dropout_kernels())
+        if setup.autocast_dtype is not None:
+            stack.enter_context(cuda_autocast_policy())
+    return stack
 
 
 def train_step(setup: TrainingSetup, grad_accum: int,
