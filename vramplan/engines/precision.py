@@ -14,14 +14,18 @@ from dataclasses import dataclass
 
 from vramplan.job import Job
 
-# 4-bit NF4 (bitsandbytes, QLoRA paper sec. 2): 0.5 B per weight, one absmax per 64 weights;
-# fp32 absmax without double quantisation, int8 absmax plus one fp32 per 256 absmax with it.
-NF4_BYTES_PER_PARAM = 0.5 + 4 / 64
-NF4_DOUBLE_QUANT_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
+# bitsandbytes block sizes, shared by the formula and the trace's low-bit stand-ins.
+# 4-bit NF4 (functional.quantize_4bit; QLoRA paper sec. 2): two codes per byte and one
+# absmax per 64 weights, fp32, or with double quantisation uint8 plus one fp32 per 256.
+NF4_BLOCK = 64
+NF4_DOUBLE_QUANT_BLOCK = 256
+NF4_BYTES_PER_PARAM = 0.5 + 4 / NF4_BLOCK
+NF4_DOUBLE_QUANT_BYTES_PER_PARAM = 0.5 + 1 / NF4_BLOCK + 4 / (NF4_BLOCK * NF4_DOUBLE_QUANT_BLOCK)
 
-# bitsandbytes 8-bit optimizers: uint8 states, one fp32 absmax per 2048-element block;
-# tensors under 4096 elements keep 32-bit states (min_8bit_size).
-BNB_BLOCK = 2048
+# 8-bit optimizers (optim/optimizer.py, Optimizer2State.init_state): uint8 states with one
+# fp32 absmax per 256-element block; tensors under 4096 elements keep 32-bit states
+# (min_8bit_size).
+BNB_BLOCK = 256
 BNB_MIN_8BIT_SIZE = 4096
 
 

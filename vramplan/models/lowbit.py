@@ -23,10 +23,9 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import is_fake
 
-NF4_BLOCK = 64            # bitsandbytes 4-bit blocksize
-NF4_DOUBLE_QUANT_BLOCK = 256
-ADAM8_BLOCK = 256         # bitsandbytes Optimizer2State blockwise absmax
-ADAM8_MIN_SIZE = 4096     # min_8bit_size: smaller tensors keep 32-bit states
+from vramplan.engines.precision import BNB_BLOCK as ADAM8_BLOCK
+from vramplan.engines.precision import BNB_MIN_8BIT_SIZE as ADAM8_MIN_SIZE
+from vramplan.engines.precision import NF4_BLOCK, NF4_DOUBLE_QUANT_BLOCK
 
 
 # --- QLoRA: the 4-bit base --------------------------------------------------------------------
