@@ -150,16 +150,21 @@ def estimate(
     = "formula",
     as_json: Annotated[bool, typer.Option("--json", help="print the MemoryReport as JSON")] = False,
     unit: Annotated[str, typer.Option(help="GiB (binary) or GB (decimal)")] = "GiB",
+    time_limit: Annotated[float, typer.Option(help="trace only: stop after this many seconds")]
+    = 300.0,
 ) -> None:
     """Peak GPU memory of one training step, by category, and where it fits.
 
     Example: vramplan estimate llama-3.1-8b -b 4 -s 2048 --peft qlora --gpu L4
     """
-    from vramplan.api import run_engine
+    from vramplan.api import run_engine, trace
 
     if unit not in ("GiB", "GB"):
         raise VramplanError(f"--unit must be GiB or GB (got {unit!r})")
-    report = run_engine(job, engine)
+    if engine == "trace":
+        report = trace(job, time_limit_s=time_limit)
+    else:
+        report = run_engine(job, engine)
     if as_json:
         print_json(report.to_json_dict())
         return
@@ -254,7 +259,8 @@ def _default(ctx: typer.Context) -> None:
         from vramplan.api import default_job_path
 
         ctx.invoke(estimate, model=None, job_file=default_job_path(), engine="formula",
-                   as_json=False, unit="GiB", **{name: None for name in _JOB_FLAGS})
+                   as_json=False, unit="GiB", time_limit=300.0,
+                   **{name: None for name in _JOB_FLAGS})
 
 
 def main() -> None:

@@ -70,6 +70,13 @@ def print_report(report: MemoryReport, console: Console, unit: str = "GiB",
         phases = ", ".join(f"{p} {_size(report.phase_peaks[p], unit)}" for p in _PHASE_ORDER
                            if p in report.phase_peaks)
         console.print(f"Peak allocated by phase ({unit}): {phases}")
+    if report.top_modules:
+        top = Table(title="Largest holders at the peak", title_justify="left")
+        for col in ("module or op", unit, "category"):
+            top.add_column(col, justify="right" if col == unit else "left")
+        for usage in report.top_modules[:8]:
+            top.add_row(usage.name, _size(usage.bytes, unit), usage.category.replace("_", " "))
+        console.print(top)
     if report.fits:
         print_fits(report, console, unit, highlight_gpu)
     for note in report.notes:
