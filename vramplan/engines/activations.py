@@ -64,7 +64,7 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
                         hidden_dropout: float, attention_dropout: float, activation: str,
                         adapters: Adapters, norms_per_block: int = 2,
                         upcast_softmax: bool = True, score_softcap: bool = False,
-                        ) -> list[tuple[str, int]]:
+                        norm_scales_input: bool = False) -> list[tuple[str, int]]:
     """(name, bytes) of every tensor one block keeps for backward, per GPU (no parallelism)."""
     b, s = shape.batch, shape.seq
     h, a, k, d, f = (stack.hidden_size, stack.num_heads, stack.num_kv_heads, stack.head_dim,
@@ -98,7 +98,9 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
             # the weight multiplies: fp32, or 16-bit in a 16-bit model, and not saved at all
             # when the weight is frozen (PEFT)
             second = (4 if dt.residual == 4 else 2) if adapters.base_trainable else 0
-            saved.append((name, (4 + second) * n_h))
+            # T5's norm scales the 16-bit input itself (not its fp32 copy), keeping it too
+            third = dt.residual if norm_scales_input and dt.residual != 4 else 0
+            saved.append((name, (4 + second + third) * n_h))
         else:
             saved.append((name, (4 if dt.autocast else dt.residual) * n_h))
 

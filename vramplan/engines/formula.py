@@ -34,7 +34,9 @@ ZERO_BUCKET_ELEMENTS = 500_000_000
 FSDP_GATHERED_BLOCKS = 2
 # transformers' config defaults, for configs that leave the activation out
 DEFAULT_ACTIVATION = {"gpt2": "gelu_new", "t5": "relu", "gemma2": "gelu_pytorch_tanh"}
-EAGER_ONLY = ("t5", "gemma2")
+EAGER_ONLY = ("gemma2",)
+# Families whose eager attention computes the softmax in fp32 (softmax(..., dtype=float32))
+UPCAST_SOFTMAX = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3")
 CLASSIFIER_TASKS = ("seq-classification", "image-classification")
 # Liger-style fused linear cross-entropy processes about b*s*h/V tokens per chunk.
 _LOSS_CHUNK_MIN_TOKENS = 1
@@ -390,8 +392,9 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
             attention=_attention_impl(job, arch), hidden_dropout=arch.hidden_dropout,
             attention_dropout=arch.attention_dropout, activation=_activation_name(arch),
             adapters=adapters, norms_per_block=_norms_per_block(arch, stack),
-            upcast_softmax=arch.model_type not in ("gpt2", "bert", "roberta", "vit", "whisper"),
-            score_softcap=bool(arch.extra.get("attn_logit_softcapping")))
+            upcast_softmax=arch.model_type in UPCAST_SOFTMAX,
+            score_softcap=bool(arch.extra.get("attn_logit_softcapping")),
+            norm_scales_input=arch.model_type == "t5")
         block = sum(b for _, b in saved)
         largest = max(largest, block)
         if job.checkpointing == "full":
@@ -407,8 +410,8 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
 
 
 def _attention_impl(job: Job, arch: Architecture) -> str:
-    # T5 adds a position bias to the scores and Gemma-2 soft-caps them: transformers runs
-    # both eagerly whatever the job asks.
+    # Gemma-2 soft-caps the scores: transformers runs its attention eagerly whatever the
+    # job asks.
     return "eager" if arch.model_type in EAGER_ONLY else job.attention
 
 
@@ -468,10 +471,14 @@ def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task
         buffers = (c + 8) * min(chunk, t) * vocab + c * t * h
         return buffers, buffers
     tv = t * vocab
-    # logits (kept by the output), fp32 upcast -> log_softmax output (saved); in backward the
-    # nll gradient and the log_softmax gradient, both fp32 and dense
-    forward = c * tv + 4 * tv + (4 * tv if c != 4 else 0)
-    backward = 12 * tv  # the logits themselves are dropped with the outputs (HF Trainer)
+    # the loss runs in fp32 when transformers' causal-LM loss upcasts the logits or autocast
+    # does (log_softmax is on its fp32 list); other heads' losses stay in the logits' dtype
+    loss = 4 if task == "causal-lm" or dt.autocast else c
+    # forward: logits (kept by the output), their upcast copy, the log_softmax output
+    # (saved); backward: that output plus the dense nll and log_softmax gradients. The
+    # logits themselves are dropped with the outputs before backward (HF Trainer).
+    forward = c * tv + loss * tv + (loss * tv if loss != c else 0)
+    backward = 3 * loss * tv
     if arch.extra.get("final_logit_softcapping"):  # Gemma-2 keeps tanh(logits / cap)
         forward, backward = forward + c * tv, backward + c * tv
     return forward, backward

@@ -47,14 +47,18 @@ def sharding(job: Job, tracker: _Tracker):
         mesh = init_device_mesh("cpu", (degree,))  # outside fake mode
 
         def shard(setup: TrainingSetup) -> None:
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
             from vramplan.models.build import build_optimizer
             reshard = job.parallel.strategy != "zero2"  # zero2 keeps params gathered
+            # mixed precision gathers 16-bit parameters (as accelerate and torchtitan set
+            # FSDP2 up) and reduces gradients in fp32; autocast then has nothing to cast
+            policy = MixedPrecisionPolicy(param_dtype=setup.autocast_dtype,
+                                          reduce_dtype=torch.float32)
             blocks = _blocks(setup.model)
             for block in blocks:
-                fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
-            fully_shard(setup.model, mesh=mesh, reshard_after_forward=reshard)
+                fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+            fully_shard(setup.model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
             setup.optimizer = build_optimizer(job, setup.trainable, [])  # sharded params
             gc.collect()  # the first optimizer held the unsharded parameters
             setup.notes.append(f"{job.parallel.strategy}: FSDP2 over a fake process group of "

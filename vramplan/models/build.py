@@ -293,6 +293,10 @@ def _no_dispatch_modes():
     return _disable_current_modes()
 
 
+# models whose sdpa call gets an additive mask that requires grad (a learned bias)
+SDPA_WITH_TRAINED_BIAS = ("t5",)
+
+
 def _build_on(auto, hf_config, job: Job, dtype: torch.dtype, device: torch.device, task: str,
               notes: list[str]) -> nn.Module:
     peft = job.peft
@@ -307,6 +311,11 @@ def _build_on(auto, hf_config, job: Job, dtype: torch.dtype, device: torch.devic
                 model = auto.from_config(hf_config, attn_implementation="eager", dtype=dtype)
                 notes.append(f"{hf_config.model_type}: transformers has no {job.attention} "
                              "attention for this model; traced with eager attention")
+            if job.attention == "sdpa" and hf_config.model_type in SDPA_WITH_TRAINED_BIAS:
+                notes.append(f"{hf_config.model_type} passes a trained position bias to sdpa: on "
+                             "the CPU that takes the math kernel, which stores the s x s scores "
+                             "that CUDA's memory-efficient kernel does not, so this overestimates "
+                             "a GPU's activations (the formula engine models CUDA's kernel)")
     except ValueError as error:
         raise ModelConfigError(f"{hf_config.model_type!r} has no {task} model in transformers: "
                                f"{str(error).splitlines()[0]}") from None
