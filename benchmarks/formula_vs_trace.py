@@ -17,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from vramplan import Job, Peft
+from vramplan import Job
 from vramplan.engines.formula import estimate
 from vramplan.engines.report import TENSOR_CATEGORIES
 from vramplan.engines.trace import trace

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vramplan.engines.allocator import CachingAllocator, round_size  # noqa: E402
+from vramplan.engines.allocator import CachingAllocator  # noqa: E402
 from vramplan.engines.report import CATEGORIES  # noqa: E402
 from vramplan.engines.trace import cpu_profiler_peak, run_trace, trace  # noqa: E402
 from vramplan.errors import EngineError, ModelConfigError  # noqa: E402

@@ -17,9 +17,9 @@ from vramplan.job import Job, Offload, Parallel, Peft, Runtime
 from vramplan.search import max_batch_size, max_seq_len, sweep
 from vramplan.tracking import track
 
-__all__ = sorted([
-    "CATEGORIES", "EngineError", "GpuFit", "Job", "JobError", "JobFileError", "MemoryReport",
-    "ModelConfigError", "Offload", "Parallel", "Peft", "Runtime", "UnknownNameError",
-    "VramplanError", "estimate", "max_batch_size", "max_seq_len", "measure", "run_engine",
-    "sweep", "trace", "track",
-])
+__all__ = [
+    "CATEGORIES", "EngineError", "GpuFit", "Job", "JobError", "JobFileError",
+    "MemoryReport", "ModelConfigError", "Offload", "Parallel", "Peft", "Runtime",
+    "UnknownNameError", "VramplanError", "estimate", "max_batch_size", "max_seq_len",
+    "measure", "run_engine", "sweep", "trace", "track",
+]

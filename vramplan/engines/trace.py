@@ -304,7 +304,6 @@ class TraceResult:
     def report(self, job: Job) -> MemoryReport:
         gpu = _runtime_gpu(job)
         start, end = self.step_range(STEPS)
-        live_records: dict[int, Storage] = {}
         live, peak, peak_i, timeline = 0, -1, start, []
         phase_peaks: dict[str, int] = defaultdict(int)
         mark_i, phase = 0, "build"
