@@ -187,3 +187,17 @@ def test_whisper_clips_are_padded_to_30_seconds():
     assert any("pads every clip" in n for n in short.notes)
     with pytest.raises(JobError, match="at most 30 s"):
         estimate(Job(model="whisper-small", audio_seconds=45))
+
+
+def test_selective_checkpointing_keeps_matmul_outputs_between_full_and_none():
+    def activations(mode):
+        return estimate(Job(model=MODEL, batch_size=8, seq_len=2048,
+                            checkpointing=mode)).categories["activations"]
+    full, selective, none = activations("full"), activations("selective"), activations("none")
+    assert full < selective < none
+    # Llama-3.2-1B, 16 blocks: per token the block input (4 h bytes, fp32 residual) and
+    # 2-byte outputs of q, k, v, o (h + 2*512 + 512 + h), gate, up (2 x 8192), down (h),
+    # and sdpa (h) plus an fp32 logsumexp per head
+    h, tokens = 2048, 8 * 2048
+    per_token = 4 * h + 2 * (h + 512 + 512 + h + 2 * 8192 + h + h) + 4 * 32
+    assert selective - full == pytest.approx(16 * tokens * (per_token - 4 * h), rel=0.01)

@@ -50,6 +50,7 @@ def _job(**changes) -> Job:
     (T5, dict(precision="bf16-mixed", target_len=16)),
     (LLAMA, dict(precision="fp32", optimizer_in_backward=True)),
     (WHISPER, dict(precision="bf16-mixed", checkpointing="full")),
+    (LLAMA, dict(precision="bf16-mixed", checkpointing="selective")),
 ])
 def test_traced_peak_matches_real_cpu_step(config, changes):
     job = _job(**changes)

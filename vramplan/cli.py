@@ -55,7 +55,7 @@ _JOB_FLAGS: dict[str, tuple[Any, Any, tuple[str, ...]]] = {
                   ("optimizer",)),
     "optimizer_impl": (Optional[str], typer.Option(help="foreach, fused, loop"),
                        ("optimizer_impl",)),
-    "checkpointing": (Optional[str], typer.Option(help="none, selective, full"),
+    "checkpointing": (Optional[str], typer.Option(help="none, selective (keep matmul outputs, recompute the rest), full"),
                       ("checkpointing",)),
     "attention": (Optional[str], typer.Option(help="eager, sdpa (flash)"), ("attention",)),
     "loss": (Optional[str], typer.Option(help="standard, chunked"), ("loss",)),

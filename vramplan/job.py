@@ -128,6 +128,8 @@ class Job(_Strict):
     precision: Precision = "bf16-mixed"
     optimizer: Optimizer = "adamw"
     optimizer_impl: OptimizerImpl = "foreach"  # torch's CUDA default for Adam/AdamW/SGD
+    # full: each block keeps its input and is recomputed in backward; selective: it also
+    # keeps its matmul and attention outputs and recomputes the rest (torchtitan's "op" SAC)
     checkpointing: Checkpointing = "none"
     attention: Attention = "sdpa"
     loss: Loss = "standard"

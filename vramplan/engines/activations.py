@@ -188,3 +188,27 @@ def _width(tensor: str, stack: Stack) -> int:
     if tensor in ("attn out", "cross out"):
         return stack.num_heads * stack.head_dim
     return stack.hidden_size
+
+
+def block_matmul_outputs(stack: Stack, shape: BlockShape, dt: Dtypes, *, attention: str,
+                         adapters: Adapters) -> list[tuple[str, int]]:
+    """What selective checkpointing keeps of one block (torchtitan's "op" policy): its
+    input and the outputs of its matmuls and attention kernels; the rest is recomputed."""
+    b, s, c = shape.batch, shape.seq, dt.compute
+    a, d = stack.num_heads, stack.head_dim
+    routed = stack.experts_per_token if stack.num_experts > 1 else 1
+    kept = [("block input", dt.residual * b * s * stack.hidden_size)]
+    for ln in stack.linears:
+        tokens = b * (shape.encoder_seq if ln.role == "cross_kv" else s)
+        if ln.count > 1:
+            tokens *= routed
+        kept.append((f"{ln.name} out", c * tokens * ln.out_features))
+        if ln.name in adapters.targets:  # lora_A and lora_B are matmuls too
+            kept.append((f"{ln.name} lora out", c * tokens * (adapters.rank + ln.out_features)))
+    attentions = [(s, "self")] + ([(shape.encoder_seq, "cross")] if stack.cross_attention else [])
+    for s_k, tag in attentions:
+        if attention == "sdpa":
+            kept.append((f"{tag} sdpa out+lse", c * b * s * a * d + 4 * b * a * s))
+        else:  # the two batched matmuls: q @ k^T and probs @ v
+            kept.append((f"{tag} scores+out", c * b * a * s * s_k + c * b * s * a * d))
+    return kept

@@ -105,7 +105,7 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
         g = min(g, params.largest_block / (tp * job.parallel.shard_degree))
 
     recompute = dict(activations=0.0, cast=0.0)
-    if job.checkpointing == "full":
+    if job.checkpointing in ("full", "selective"):
         # saved tensors of checkpointed blocks hold no weight copies; during backward one
         # block at a time is recomputed, with its activations and weight copies
         layers = sum(st.num_layers for st in arch.stacks)
@@ -401,9 +401,10 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
             # each block keeps only its input; one block is recomputed at a time in backward
             total += stack.num_layers * dt.residual * job.batch_size * seq * stack.hidden_size
         elif job.checkpointing == "selective":
-            recomputed = ("softmax", "probs 16-bit", "attn dropout", "sdpa out", "logsumexp")
-            kept = sum(b for name, b in saved if not name.endswith(recomputed))
-            total += stack.num_layers * kept
+            kept = act.block_matmul_outputs(
+                stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
+                attention=_attention_impl(job, arch), adapters=adapters)
+            total += stack.num_layers * sum(b for _, b in kept)
         else:
             total += stack.num_layers * block
     return total, largest

@@ -361,14 +361,31 @@ def _apply_checkpointing(model: nn.Module, job: Job, notes: list[str]) -> None:
         notes.append(f"{type(model).__name__} does not support gradient checkpointing: "
                      "traced without it")
         return
-    if job.checkpointing == "selective":
-        notes.append("selective checkpointing: Hugging Face models only offer full "
-                     "recomputation of each block; traced as full")
     kwargs = {"use_reentrant": False}
+    if job.checkpointing == "selective":
+        kwargs["context_fn"] = _save_matmuls_only
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x name
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _save_matmuls_only():
+    """Selective checkpointing as torchtitan's "op" policy: inside each block keep the
+    outputs of matmuls and attention kernels, recompute everything else in backward."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    aten = torch.ops.aten
+    kept = {aten.mm.default, aten.addmm.default, aten.bmm.default,
+            aten._scaled_dot_product_flash_attention_for_cpu.default,
+            aten._scaled_dot_product_flash_attention.default,
+            aten._scaled_dot_product_efficient_attention.default,
+            aten._scaled_dot_product_cudnn_attention.default}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in kept else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def _apply_peft(model: nn.Module, task: str, job: Job, skip: set[int],
