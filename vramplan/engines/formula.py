@@ -5,7 +5,8 @@ GPU. The step is modelled as three phases and the peak is the largest of them:
 
   forward   weights + optimizer states + (grads kept across micro-steps) + activations
             + 16-bit weight copies (autocast) + logits and loss buffers
-  backward  at its start, the same plus the loss gradient buffers; at its end, all grads
+  backward  at its start, the same plus the loss gradient buffers; with checkpointing,
+            while one block is recomputed; at its end, all grads
   optimizer weights + states + grads + the step's temporaries
 """
 
@@ -38,8 +39,6 @@ EAGER_ONLY = ("gemma2",)
 # Families whose eager attention computes the softmax in fp32 (softmax(..., dtype=float32))
 UPCAST_SOFTMAX = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3")
 CLASSIFIER_TASKS = ("seq-classification", "image-classification")
-# Liger-style fused linear cross-entropy processes about b*s*h/V tokens per chunk.
-_LOSS_CHUNK_MIN_TOKENS = 1
 
 
 @dataclass(frozen=True)
@@ -468,7 +467,7 @@ def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task
     if job.loss == "chunked":
         # fused linear cross-entropy: a chunk of about t*h/V tokens at a time; the hidden
         # states' gradient is computed in the forward pass
-        chunk = max(_LOSS_CHUNK_MIN_TOKENS, t * h / vocab)
+        chunk = max(1, t * h / vocab)  # Liger's chunk: about b*s*h/V tokens
         buffers = (c + 8) * min(chunk, t) * vocab + c * t * h
         return buffers, buffers
     tv = t * vocab
