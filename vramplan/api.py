@@ -17,11 +17,11 @@ def default_job_path() -> Path:
     return Path(str(resources.files("vramplan") / "jobs" / "default.yaml"))
 
 
-def estimate(job: Job) -> MemoryReport:
+def estimate(job: Job, **options) -> MemoryReport:
     """Closed-form estimate: instant, any size, no torch."""
     from vramplan.engines.formula import estimate as formula_estimate
 
-    return formula_estimate(job)
+    return formula_estimate(job, **options)
 
 
 def trace(job: Job, **options) -> MemoryReport:
@@ -38,9 +38,10 @@ def measure(job: Job, **options) -> MemoryReport:
     return measure_engine(job, **options)
 
 
-def run_engine(job: Job, engine: str = "formula") -> MemoryReport:
-    """Run `job` through the named engine (formula, trace or measure)."""
+def run_engine(job: Job, engine: str = "formula", **options) -> MemoryReport:
+    """Run `job` through the named engine (formula, trace or measure); options go to that
+    engine (trace: time_limit_s; measure: steps, warmup, device, budget_bytes, ...)."""
     engines = {"formula": estimate, "trace": trace, "measure": measure}
     if engine not in engines:
         raise UnknownNameError("engine", engine, ENGINES)
-    return engines[engine](job)
+    return engines[engine](job, **options)

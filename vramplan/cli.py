@@ -157,14 +157,11 @@ def estimate(
 
     Example: vramplan estimate llama-3.1-8b -b 4 -s 2048 --peft qlora --gpu L4
     """
-    from vramplan.api import run_engine, trace
+    from vramplan.api import run_engine
 
     if unit not in ("GiB", "GB"):
         raise VramplanError(f"--unit must be GiB or GB (got {unit!r})")
-    if engine == "trace":
-        report = trace(job, time_limit_s=time_limit)
-    else:
-        report = run_engine(job, engine)
+    report = run_engine(job, engine, **({"time_limit_s": time_limit} if engine == "trace" else {}))
     if as_json:
         print_json(report.to_json_dict())
         return

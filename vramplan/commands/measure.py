@@ -162,12 +162,11 @@ def compare(
 def run_engine_for_compare(job: Job, engine: str, steps: int, warmup: int,
                            device: str | None) -> MemoryReport | str:
     """The engine's report, or why it has none (an engine that is missing or failed)."""
+    from vramplan.api import run_engine
+
+    options = dict(steps=steps, warmup=warmup, device=device) if engine == "measure" else {}
     try:
-        if engine == "measure":
-            from vramplan.engines.measure import measure as run
-            return run(job, steps=steps, warmup=warmup, device=device)
-        from vramplan.api import run_engine
-        return run_engine(job, engine)
+        return run_engine(job, engine, **options)
     except ImportError as error:
         return f"not available ({error})"
     except Exception as error:  # noqa: BLE001 - one engine failing keeps the others' answers

@@ -53,15 +53,11 @@ def oracle_for(engine: str, *, budget_bytes: int | None = None, device: str | No
                steps: int = 1, warmup: int = 1) -> Callable[[Job], MemoryReport]:
     """Job -> MemoryReport by engine name. measure runs short real steps; on the CPU the
     budget makes a step over it raise BudgetExceeded, on CUDA it caps the allocator."""
-    if engine == "measure":
-        from vramplan.engines.measure import measure
-
-        def run(job: Job) -> MemoryReport:
-            return measure(job, steps=steps, warmup=warmup, budget_bytes=budget_bytes,
-                           device=device)
-        return run
     from vramplan.api import run_engine
-    return lambda job: run_engine(job, engine)
+
+    options = (dict(steps=steps, warmup=warmup, budget_bytes=budget_bytes, device=device)
+               if engine == "measure" else {})
+    return lambda job: run_engine(job, engine, **options)
 
 
 def _explain_engine(engine: str):

@@ -19,7 +19,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-KiB, MiB = 1024, 1024**2
+from vramplan.units import MiB
+
 MIN_BLOCK = 512
 SMALL_SIZE = 1 * MiB
 SMALL_BUFFER = 2 * MiB

@@ -26,6 +26,7 @@ from vramplan.hardware import get_gpu, list_gpus
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job
 from vramplan.models import Architecture, Stack, load_architecture
+from vramplan.units import format_bytes
 
 # Families whose positions are learned tables: a longer sequence cannot run at all.
 LEARNED_POSITIONS = {"gpt2", "bert", "roberta", "whisper", "opt", "gpt_neo"}
@@ -341,11 +342,11 @@ def _per_gpu_params(job: Job, params: ParamMemory):
         grad_bytes = params.gradients / max(params.trainable, 1)
         comm = min(params.gradients / tp, ZERO_BUCKET_ELEMENTS * grad_bytes)
     if job.offload.optimizer:
-        notes.append(f"optimizer states offloaded to CPU: {o / 2**30:.2f} GiB of host memory "
-                     "per GPU")
+        notes.append(f"optimizer states offloaded to CPU: {format_bytes(int(o))} of host "
+                     "memory per GPU")
         o = 0.0
     if job.offload.params:
-        notes.append(f"parameters and gradients offloaded to CPU: {(w + g) / 2**30:.2f} GiB "
+        notes.append(f"parameters and gradients offloaded to CPU: {format_bytes(int(w + g))} "
                      "of host memory per GPU")
         w, g = 0.0, 0.0
     if job.optimizer == "paged-adamw-8bit":

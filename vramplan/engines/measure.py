@@ -30,7 +30,7 @@ from vramplan.engines.report import CATEGORIES, MemoryReport
 from vramplan.errors import EngineError
 from vramplan.job import Job
 from vramplan.models.build import (MAX_GRAD_NORM, TrainingSetup, build_training_setup,
-                                   train_step)
+                                   fully_shard_setup, train_step)
 from vramplan.search import BudgetExceeded, is_out_of_memory
 from vramplan.tracking import NvmlSampler, p90
 
@@ -534,8 +534,6 @@ def _join_process_group(job: Job, device: str) -> str:
 def _shard(setup: TrainingSetup, job: Job) -> None:
     """Apply the job's strategy: DDP, or FSDP2 (zero2 keeps parameters gathered after the
     forward; zero3 / fsdp reshard them), each transformer block its own FSDP unit."""
-    from vramplan.models.build import build_optimizer
-
     strategy = job.parallel.strategy
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
@@ -545,25 +543,8 @@ def _shard(setup: TrainingSetup, job: Job) -> None:
     if strategy not in ("zero2", "zero3", "fsdp"):
         raise EngineError(f"measure across processes supports ddp, zero2, zero3 and fsdp "
                           f"(got {strategy!r})")
-    from torch.distributed.fsdp import fully_shard
-
-    reshard = strategy != "zero2"
-    for block in _blocks(setup.model):
-        fully_shard(block, reshard_after_forward=reshard)
-    fully_shard(setup.model, reshard_after_forward=reshard)
-    # the optimizer has to see the sharded parameters
-    setup.optimizer = build_optimizer(job, setup.trainable, setup.notes)
-    setup.notes.append(f"{strategy}: FSDP2 fully_shard on each block and the root "
-                       f"(reshard_after_forward={reshard})")
-
-
-def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The transformer blocks: the children of the ModuleList that holds most parameters."""
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
-    if not lists:
-        return []
-    biggest = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
-    return list(biggest)
+    blocks = fully_shard_setup(setup, job)
+    setup.notes.append(f"{strategy}: FSDP2 fully_shard on {blocks} blocks and the root")
 
 
 def _aggregate(report: MemoryReport) -> MemoryReport:

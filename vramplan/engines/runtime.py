@@ -12,10 +12,10 @@ from collections.abc import Iterable
 from vramplan.engines.report import GpuFit, MemoryReport
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Runtime
+from vramplan.units import KiB, MiB
 
-MiB = 1024**2
-CUBLAS_WORKSPACE_HOPPER = 32 * MiB        # ":4096:8" x ... -> 32 MiB on sm90 and newer
-CUBLAS_WORKSPACE_DEFAULT = 8 * MiB + 128 * 1024  # ":4096:2:16:8" = 8.125 MiB
+CUBLAS_WORKSPACE_HOPPER = 32 * MiB                # 32 MiB on sm90 and newer
+CUBLAS_WORKSPACE_DEFAULT = 8 * MiB + 128 * KiB    # ":4096:2:16:8" = 8.125 MiB
 
 
 def cublas_workspace_bytes(gpu: GPU | None) -> int:

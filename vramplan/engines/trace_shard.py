@@ -20,7 +20,7 @@ import torch
 
 from vramplan.errors import EngineError
 from vramplan.job import Job
-from vramplan.models.build import TrainingSetup
+from vramplan.models.build import TrainingSetup, fully_shard_setup
 
 if TYPE_CHECKING:
     from vramplan.engines.trace import _Tracker
@@ -47,22 +47,10 @@ def sharding(job: Job, tracker: _Tracker):
         mesh = init_device_mesh("cpu", (degree,))  # outside fake mode
 
         def shard(setup: TrainingSetup) -> None:
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-            from vramplan.models.build import build_optimizer
-            reshard = job.parallel.strategy != "zero2"  # zero2 keeps params gathered
-            # mixed precision gathers 16-bit parameters (as accelerate and torchtitan set
-            # FSDP2 up) and reduces gradients in fp32; autocast then has nothing to cast
-            policy = MixedPrecisionPolicy(param_dtype=setup.autocast_dtype,
-                                          reduce_dtype=torch.float32)
-            blocks = _blocks(setup.model)
-            for block in blocks:
-                fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
-            fully_shard(setup.model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
-            setup.optimizer = build_optimizer(job, setup.trainable, [])  # sharded params
+            blocks = fully_shard_setup(setup, job, mesh)
             gc.collect()  # the first optimizer held the unsharded parameters
             setup.notes.append(f"{job.parallel.strategy}: FSDP2 over a fake process group of "
-                               f"{degree} ranks, {len(blocks)} blocks + root each a unit; "
+                               f"{degree} ranks, {blocks} blocks + root each a unit; "
                                "per-rank memory of rank 0; NCCL buffers are not counted")
         yield shard
 
@@ -145,14 +133,3 @@ def _ddp_buckets(setup: TrainingSetup, tracker: _Tracker) -> None:
                        "buffers are not counted")
 
 
-def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks to shard one by one: the classes a Hugging Face model names in
-    _no_split_modules, else the children of the largest nn.ModuleList."""
-    names = set()
-    for module in model.modules():
-        names |= set(getattr(module, "_no_split_modules", None) or ())
-    blocks = [m for m in model.modules() if type(m).__name__ in names]
-    if blocks:
-        return blocks
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-    return list(max(lists, key=len)) if lists else []
