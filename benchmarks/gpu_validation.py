@@ -8,9 +8,15 @@ formula predictions. The set is sized to finish in under 8 minutes on one H200.
     PYTHONPATH=. python benchmarks/gpu_validation.py --out benchmarks/results
     PYTHONPATH=. python benchmarks/gpu_validation.py --quick     # two jobs, a smoke test
 
+The predictions need no GPU, so GPU time can be saved by making them first on any machine
+and handing them over:
+
+    PYTHONPATH=. python benchmarks/gpu_validation.py --predict-only predictions.json
+    PYTHONPATH=. python benchmarks/gpu_validation.py --predictions predictions.json
+
 Writes gpu_validation.json and gpu_validation.md (with the GPU's name, driver, CUDA and
-torch versions). The lent H200 has torch and transformers but no pydantic: carry its wheel
-(see the device tool's README) and install it before running.
+torch versions) after every job, so a run cut short still leaves its rows. The lent H200
+has torch and transformers but no pydantic: carry its wheel (see the device tool's README).
 """
 
 from __future__ import annotations
@@ -27,23 +33,33 @@ from pathlib import Path
 from vramplan import Job
 from vramplan.engines.formula import estimate
 
-# Jobs that fit an 80 GB GPU with room to spare, across families and techniques.
+# Jobs that fit one H200 with room to spare, across families and techniques; the riskier
+# code paths (fp8 kernels) come last so a failure there cannot spoil the others.
 JOBS: list[dict] = [
     dict(model="llama-3.2-1b", batch_size=4, seq_len=2048),
     dict(model="llama-3.2-1b", batch_size=8, seq_len=2048, precision="bf16-pure",
          checkpointing="full"),
     dict(model="llama-3.2-1b", batch_size=4, seq_len=2048, attention="eager"),
-    dict(model="qwen2.5-0.5b", batch_size=8, seq_len=2048, optimizer="adamw",
-         optimizer_impl="fused"),
+    dict(model="llama-3.2-1b", batch_size=4, seq_len=2048, checkpointing="selective"),
+    dict(model="llama-3.2-1b", batch_size=4, seq_len=2048, optimizer="adamw-8bit"),
+    dict(model="qwen2.5-0.5b", batch_size=8, seq_len=2048, optimizer_impl="fused"),
+    dict(model="qwen2.5-0.5b", batch_size=8, seq_len=2048, loss="chunked", grad_accum=2),
     dict(model="llama-3.2-3b", batch_size=2, seq_len=2048, precision="bf16-pure"),
     dict(model="llama-3.1-8b", batch_size=4, seq_len=2048, peft={"rank": 16},
          checkpointing="full"),
     dict(model="llama-3.1-8b", batch_size=2, seq_len=4096, peft={"rank": 16}),
+    # the built-in default job (QLoRA, 8-bit paged AdamW) with fewer micro-steps
+    dict(model="llama-3.1-8b", batch_size=2, grad_accum=2, seq_len=2048,
+         optimizer="paged-adamw-8bit", checkpointing="full",
+         peft={"method": "qlora", "rank": 16, "alpha": 32, "dropout": 0.05}),
+    dict(model="gemma-2-2b", batch_size=2, seq_len=2048, attention="eager"),
     dict(model="gpt2-medium", batch_size=8, seq_len=1024),
+    dict(model="gpt2-medium", batch_size=8, seq_len=1024, precision="fp16-mixed"),
     dict(model="bert-base-uncased", batch_size=32, seq_len=512),
     dict(model="vit-base-patch16-224", batch_size=64),
     dict(model="whisper-small", batch_size=8, seq_len=128),
     dict(model="t5-base", batch_size=8, seq_len=512, precision="bf16-pure"),
+    dict(model="llama-3.2-1b", batch_size=4, seq_len=2048, precision="fp8"),
 ]
 
 
@@ -66,27 +82,38 @@ def gpu_facts() -> dict:
     return facts
 
 
-def validate(fields: dict, steps: int, warmup: int) -> dict:
-    from vramplan.engines.measure import measure
+def predict(fields: dict) -> dict:
+    """The formula's and the trace's figures for one job (no GPU needed)."""
     from vramplan.engines.trace import trace
 
     job = Job.model_validate(fields)
     row: dict = {"job": fields}
-    try:
-        row["formula"] = _figures(estimate(job))
-    except Exception as error:
-        row["formula_error"] = f"{type(error).__name__}: {error}"
-    try:
-        row["trace"] = _figures(trace(job))
-    except Exception as error:
-        row["trace_error"] = f"{type(error).__name__}: {error}"
+    for engine, run in (("formula", estimate), ("trace", trace)):
+        start = time.perf_counter()
+        try:
+            row[engine] = _figures(run(job))
+        except Exception as error:
+            row[f"{engine}_error"] = f"{type(error).__name__}: {error}"
+        row[f"{engine}_seconds"] = time.perf_counter() - start
+    return row
+
+
+def validate(row: dict, steps: int, warmup: int) -> dict:
+    """Run the job for real on the GPU and add what the device saw to its predictions."""
+    import torch
+
+    from vramplan.engines.measure import measure
+
+    job = Job.model_validate(row["job"])
+    row = dict(row, allocated_before=torch.cuda.memory_allocated())
     start = time.perf_counter()
     try:
         report = measure(job, steps=steps, warmup=warmup)
         row["measured"] = {**_figures(report), **{
             k: report.measured.get(k) for k in (
                 "peak_reserved", "nvml_used_max", "context_overhead", "step_time_median_s",
-                "tokens_per_s", "samples_per_s", "gpu_util_mean")}}
+                "tokens_per_s", "samples_per_s", "gpu_util_mean", "complete", "stopped",
+                "losses")}, "notes": report.notes}
     except Exception as error:
         row["measure_error"] = f"{type(error).__name__}: {error}"
         traceback.print_exc()
@@ -110,60 +137,111 @@ def _free() -> None:
     torch.cuda.reset_peak_memory_stats()
 
 
-def _error(row: dict, engine: str) -> float | None:
-    if engine not in row or "measured" not in row:
+# predicted figure -> the measured figure it is compared with
+COMPARED = {"peak_allocated": "peak_allocated", "peak_reserved": "peak_reserved",
+            "device_total": "nvml_used_max"}
+
+
+def _error(row: dict, engine: str, figure: str = "peak_allocated") -> float | None:
+    measured = (row.get("measured") or {}).get(COMPARED[figure])
+    if engine not in row or not measured:
         return None
-    real = row["measured"]["peak_allocated"]
-    return (row[engine]["peak_allocated"] - real) / real
+    return (row[engine][figure] - measured) / measured
+
+
+def _percent(error: float | None) -> str:
+    return "-" if error is None else f"{100 * error:+.1f}%"
 
 
 def markdown(facts: dict, rows: list[dict]) -> str:
+    gib = 2**30
     lines = [f"# GPU validation on {facts['gpu']}", "",
              f"driver {facts.get('driver')}, CUDA {facts['cuda']}, torch {facts['torch']}, "
-             f"{facts['platform']}", "",
-             "| job | measured alloc GiB | reserved GiB | NVML used GiB | context MiB | "
-             "trace error | formula error |", "|---|---:|---:|---:|---:|---:|---:|"]
+             f"Python {facts['python']}, {facts['platform']}", "",
+             "Errors are (predicted - measured) / measured. Allocated: "
+             "torch.cuda.max_memory_allocated(); reserved: max_memory_reserved(); device: "
+             "NVML's used memory (the whole GPU) against the predicted device total.", "",
+             "| job | allocated GiB | trace | formula | reserved GiB | trace | formula | "
+             "NVML used GiB | trace | formula | context MiB | step s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         job = ", ".join(f"{k}={v}" for k, v in row["job"].items())
         m = row.get("measured")
         if not m:
-            lines.append(f"| {job} | failed: {row.get('measure_error', '')[:80]} | | | | | |")
+            why = row.get("measure_error", "not run")[:100].replace("|", "/")
+            lines.append(f"| {job} | failed: {why} |" + " |" * 10)
             continue
-        errs = [_error(row, e) for e in ("trace", "formula")]
-        lines.append(
-            f"| {job} | {m['peak_allocated'] / 2**30:.2f} | {m['peak_reserved'] / 2**30:.2f} | "
-            f"{(m['nvml_used_max'] or 0) / 2**30:.2f} | {(m['context_overhead'] or 0) / 2**20:.0f} "
-            "| " + " | ".join("-" if e is None else f"{100 * e:+.1f}%" for e in errs) + " |")
-    for engine in ("trace", "formula"):
-        errs = [abs(e) for e in (_error(r, engine) for r in rows) if e is not None]
-        if errs:
-            lines.append(f"\n{engine}: median |error| {100 * statistics.median(errs):.2f}%, "
-                         f"max {100 * max(errs):.2f}% over {len(errs)} jobs")
+        cells = [job]
+        for figure, key in COMPARED.items():
+            cells.append(f"{(m[key] or 0) / gib:.2f}")
+            cells += [_percent(_error(row, e, figure)) for e in ("trace", "formula")]
+        cells.append(f"{(m['context_overhead'] or 0) / 2**20:.0f}")
+        step = m.get("step_time_median_s")
+        cells.append(f"{step:.3f}" if step else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for figure in COMPARED:
+        for engine in ("trace", "formula"):
+            errs = [abs(e) for e in (_error(r, engine, figure) for r in rows) if e is not None]
+            if errs:
+                lines.append(f"* {engine} {figure}: median |error| "
+                             f"{100 * statistics.median(errs):.2f}%, max {100 * max(errs):.2f}% "
+                             f"over {len(errs)} jobs")
+    failed = [r for r in rows if "measure_error" in r or not r.get("measured", {}).get(
+        "complete", True)]
+    for row in failed:
+        lines.append(f"* failed or partial: {row['job']}: "
+                     f"{row.get('measure_error') or row['measured'].get('stopped')}")
     return "\n".join(lines) + "\n"
+
+
+def _write(out: Path, facts: dict, rows: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_validation.json").write_text(
+        json.dumps({"machine": facts, "rows": rows}, indent=2, default=str) + "\n")
+    (out / "gpu_validation.md").write_text(markdown(facts, rows))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--quick", action="store_true", help="two jobs only")
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--predict-only", type=Path, metavar="FILE",
+                        help="write the formula and trace predictions to FILE and stop")
+    parser.add_argument("--predictions", type=Path, metavar="FILE",
+                        help="predictions made earlier with --predict-only")
     args = parser.parse_args()
+    jobs = JOBS[:2] if args.quick else JOBS
+
+    if args.predict_only:
+        rows = []
+        for fields in jobs:
+            rows.append(predict(fields))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k not in (
+                "formula", "trace")} | {e: rows[-1].get(e, {}).get("peak_allocated")
+                                        for e in ("formula", "trace")}), flush=True)
+        args.predict_only.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+        return
 
     import torch
 
     if not torch.cuda.is_available():
         sys.exit("gpu_validation needs a CUDA GPU; none is visible to torch")
     facts = gpu_facts()
+    if args.predictions:
+        saved = json.loads(args.predictions.read_text())["rows"]
+        predicted = [next(r for r in saved if r["job"] == fields) for fields in jobs]
+        facts["predictions_from"] = "--predictions (made before the GPU run)"
+    else:
+        predicted = [predict(fields) for fields in jobs]
     rows = []
-    for fields in JOBS[:2] if args.quick else JOBS:
-        rows.append(validate(fields, args.steps, args.warmup))
-        print(json.dumps({k: v for k, v in rows[-1].items() if k != "trace"}, default=str),
-              flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_validation.json").write_text(
-        json.dumps({"machine": facts, "rows": rows}, indent=2, default=str) + "\n")
-    (args.out / "gpu_validation.md").write_text(markdown(facts, rows))
+    for row in predicted:
+        rows.append(validate(row, args.steps, args.warmup))
+        print(json.dumps({k: v for k, v in rows[-1].items() if k not in (
+            "formula", "trace")}, default=str), flush=True)
+        _write(args.out, facts, rows)
     print(markdown(facts, rows))
 
 

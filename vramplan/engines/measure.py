@@ -471,6 +471,9 @@ class _CudaProbe(_Probe):
 
     def start(self) -> None:
         torch.cuda.synchronize(self.device)
+        # Blocks cached while the model was built (QLoRA quantizes a 16-bit copy) would
+        # count as the step's reserved memory: give them back first.
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         self._sampler.start()
 
