@@ -14,6 +14,11 @@ and handing them over:
     PYTHONPATH=. python benchmarks/gpu_validation.py --predict-only predictions.json
     PYTHONPATH=. python benchmarks/gpu_validation.py --predictions predictions.json
 
+After a fix to an engine, --rescore recomputes the predictions beside the committed GPU
+measurements, on any machine (the measurements do not change):
+
+    PYTHONPATH=. python benchmarks/gpu_validation.py --rescore
+
 Writes gpu_validation.json and gpu_validation.md (with the GPU's name, driver, CUDA and
 torch versions) after every job, so a run cut short still leaves its rows. The lent H200
 has torch and transformers but no pydantic: carry its wheel (see the device tool's README).
@@ -158,6 +163,7 @@ def markdown(facts: dict, rows: list[dict]) -> str:
     lines = [f"# GPU validation on {facts['gpu']}", "",
              f"driver {facts.get('driver')}, CUDA {facts['cuda']}, torch {facts['torch']}, "
              f"Python {facts['python']}, {facts['platform']}", "",
+             f"Predictions: {facts.get('predictions_from', 'made in the same run')}.", "",
              "Errors are (predicted - measured) / measured. Allocated: "
              "torch.cuda.max_memory_allocated(); reserved: max_memory_reserved(); device: "
              "NVML's used memory (the whole GPU) against the predicted device total.", "",
@@ -202,6 +208,24 @@ def _write(out: Path, facts: dict, rows: list[dict]) -> None:
     (out / "gpu_validation.md").write_text(markdown(facts, rows))
 
 
+MEASURED_KEYS = ("measured", "measure_error", "seconds", "allocated_before")
+
+
+def rescore(out: Path) -> None:
+    """New predictions (this code, this machine) beside the GPU measurements saved in out."""
+    import subprocess
+
+    saved = json.loads((out / "gpu_validation.json").read_text())
+    rows = [{**predict(old["job"]), **{k: old[k] for k in MEASURED_KEYS if k in old}}
+            for old in saved["rows"]]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip() or "unknown"
+    facts = {**saved["machine"], "predictions_from": f"--rescore on {time.strftime('%Y-%m-%d')}"
+             f" at commit {commit} (measurements unchanged)"}
+    _write(out, facts, rows)
+    print(markdown(facts, rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
@@ -212,8 +236,14 @@ def main() -> None:
                         help="write the formula and trace predictions to FILE and stop")
     parser.add_argument("--predictions", type=Path, metavar="FILE",
                         help="predictions made earlier with --predict-only")
+    parser.add_argument("--rescore", action="store_true",
+                        help="recompute the predictions of the run saved in --out (no GPU)")
     args = parser.parse_args()
     jobs = JOBS[:2] if args.quick else JOBS
+
+    if args.rescore:
+        rescore(args.out)
+        return
 
     if args.predict_only:
         rows = []

@@ -3,7 +3,7 @@
 The real side counts every distinct storage that autograd's saved-tensor hooks see during
 a forward pass with the loss, minus the parameters, with CPU autocast casting as CUDA's
 does (vramplan.models.autocast), since the formula describes a GPU. The formula side is activations +
-autocast weight copies + the saved log_softmax output. Dropout is off: on the CPU, sdpa
+autocast weight copies + what the loss saves. Dropout is off: on the CPU, sdpa
 with dropout falls back to the math kernel, which a GPU's flash kernel does not.
 """
 
@@ -62,8 +62,10 @@ def formula_saved_bytes(config: dict, task: str, precision: str, attention: str,
     outside = formula._outside_block_activations(job, arch, shapes, dt, task)
     params = formula._param_memory(job, arch, task)
     casts = params.cast_copies + params.cast_head
-    log_softmax = 4 * b * s * arch.vocab_size
-    return layers + outside + casts + log_softmax
+    # saved by the loss: the fp32 log_softmax output; a masked-LM head under autocast saves
+    # a bf16 log_softmax output and nll_loss's fp32 copy of it instead
+    per_logit = 6 if task == "masked-lm" and precision.endswith("mixed") else 4
+    return layers + outside + casts + per_logit * b * s * arch.vocab_size
 
 
 @pytest.mark.parametrize("config, task", [(LLAMA, "causal-lm"), (GPT2, "causal-lm"),

@@ -31,6 +31,7 @@ OptimizerImpl = Literal["foreach", "fused", "loop"]
 Checkpointing = Literal["none", "selective", "full"]
 Attention = Literal["eager", "sdpa"]
 Loss = Literal["standard", "chunked"]
+CHUNKED_LOSS_CHUNKS = 8  # chunks of the sequence the chunked loss scores one at a time
 Strategy = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "hybrid-shard"]
 PeftMethod = Literal["lora", "qlora"]
 
@@ -95,8 +96,11 @@ class Offload(_Strict):
 class Runtime(_Strict):
     """Memory the framework holds beyond tensors; documented defaults, override when measured.
 
-    cuda_context_bytes: CUDA context + kernels with lazy module loading, about 300-500 MiB
-      (pytorch issues #107667, #109888); best measured as NVML used - torch reserved.
+    cuda_context_bytes: NVML's used memory beyond torch's reserved memory: the CUDA context
+      and loaded kernels (lazy module loading) plus what the driver reserves, which NVML
+      counts as used. 1390 MiB measured on an H200 (driver 580, CUDA 13.0, torch 2.11: 615
+      MiB driver-reserved + 767 MiB context; benchmarks/results/gpu_runtime_probe.json);
+      other GPUs are not measured yet, and smaller ones likely hold less: override it.
     allocator_overhead: reserved / allocated - 1 of the caching allocator at the peak
       (fragmentation and cached blocks); 0.05 is a planning value, trace replays it exactly.
     cublas_workspaces: cuBLAS workspaces held (one per thread x stream that runs a matmul:
@@ -104,7 +108,7 @@ class Runtime(_Strict):
       (aten/src/ATen/cuda/CublasHandlePool.cpp).
     """
 
-    cuda_context_bytes: int = Field(500 * 1024**2, ge=0)
+    cuda_context_bytes: int = Field(1390 * 1024**2, ge=0)
     allocator_overhead: float = Field(0.05, ge=0, le=1)
     cublas_workspaces: int = Field(2, ge=0, le=64)
 

@@ -24,7 +24,7 @@ from vramplan.engines.runtime import fit_table, workspaces_bytes
 from vramplan.errors import JobError
 from vramplan.hardware import get_gpu, list_gpus
 from vramplan.hardware.gpu import GPU
-from vramplan.job import Job
+from vramplan.job import CHUNKED_LOSS_CHUNKS, Job
 from vramplan.models import Architecture, Stack, load_architecture
 from vramplan.units import format_bytes
 
@@ -466,20 +466,26 @@ def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task
         return 0.0, 0.0
     c, h = dt.compute, _hidden(arch)
     if job.loss == "chunked":
-        # fused linear cross-entropy: a chunk of about t*h/V tokens at a time; the hidden
-        # states' gradient is computed in the forward pass
-        chunk = max(1, t * h / vocab)  # Liger's chunk: about b*s*h/V tokens
-        buffers = (c + 8) * min(chunk, t) * vocab + c * t * h
-        return buffers, buffers
+        # build.chunked_causal_lm_loss: each sequence chunk checkpointed, so forward keeps
+        # no logits; backward recomputes one chunk's bf16 logits, their fp32 copy and
+        # log_softmax, then the nll and log_softmax gradients, beside the hidden states' grad
+        tc = t / CHUNKED_LOSS_CHUNKS
+        return max(c + 4, 8) * tc * vocab, (c + 12) * tc * vocab + c * t * h
     tv = t * vocab
-    # the loss runs in fp32 when transformers' causal-LM loss upcasts the logits or autocast
-    # does (log_softmax is on its fp32 list); other heads' losses stay in the logits' dtype
-    loss = 4 if task == "causal-lm" or dt.autocast else c
-    # forward: logits (kept by the output), their upcast copy, the log_softmax output
-    # (saved); backward: that output plus the dense nll and log_softmax gradients. The
-    # logits themselves are dropped with the outputs before backward (HF Trainer).
-    forward = c * tv + loss * tv + (loss * tv if loss != c else 0)
-    backward = 3 * loss * tv
+    if task == "causal-lm" or not dt.autocast:
+        # transformers' causal-LM loss upcasts the logits to fp32 first; other heads without
+        # autocast stay in the logits' dtype. Forward: logits (kept by the output), the
+        # upcast copy, the log_softmax output (saved); backward: that output plus the dense
+        # nll and log_softmax gradients. The logits are dropped with the outputs (HF Trainer).
+        loss = 4 if task == "causal-lm" else c
+        forward = c * tv + loss * tv + (loss * tv if loss != c else 0)
+        backward = 3 * loss * tv
+    else:
+        # cross_entropy on 16-bit logits under CUDA autocast: log_softmax stays 16-bit and
+        # only nll_loss's input is upcast, and both are saved; backward adds the fp32 nll
+        # gradient (measured on an H200: benchmarks/results/gpu_runtime_probe.json)
+        forward = 2 * c * tv + 4 * tv
+        backward = (c + 8) * tv
     if arch.extra.get("final_logit_softcapping"):  # Gemma-2 keeps tanh(logits / cap)
         forward, backward = forward + c * tv, backward + c * tv
     return forward, backward

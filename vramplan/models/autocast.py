@@ -33,6 +33,12 @@ _CUDA_FP32_DTYPE_OPS = (
 
 _CUDA_LOW_OPS = ("_grouped_mm",)  # MoE expert matmuls: lower precision on CUDA
 
+# CPU autocast runs these in fp32 as a whole; CUDA autocast has no rule for them, so their
+# decomposition runs and each part is cast on its own: cross_entropy on bf16 logits keeps a
+# bf16 log_softmax and upcasts only nll_loss's input (seen on an H200:
+# benchmarks/results/gpu_runtime_probe.json, BERT's loss).
+_CUDA_UNCAST_OPS = ("cross_entropy_loss",)
+
 
 @contextlib.contextmanager
 def cuda_autocast_policy() -> Iterator[None]:
@@ -43,6 +49,8 @@ def cuda_autocast_policy() -> Iterator[None]:
         warnings.filterwarnings("ignore", message="Warning only once for all operators")
         for name in _CUDA_LOW_OPS:
             lib.impl(name, _low_kernel(_overload(name)), "AutocastCPU")
+        for name in _CUDA_UNCAST_OPS:
+            lib.impl(name, _overload(name).decompose, "AutocastCPU")
         for name in _CUDA_FP32_OPS:
             lib.impl(name, _fp32_kernel(_overload(name), set_dtype=False), "AutocastCPU")
         for name in _CUDA_FP32_DTYPE_OPS:

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from vramplan.errors import EngineError, JobError, ModelConfigError
-from vramplan.job import Job
+from vramplan.job import CHUNKED_LOSS_CHUNKS, Job
 from vramplan.models import lowbit
 from vramplan.models.autocast import cuda_autocast_policy, cuda_dropout_kernels
 
@@ -67,7 +67,6 @@ _TASK_ORDER = (  # encoder-decoders first, encoders (which also have LM heads) b
 )
 _PEFT_TASK_TYPES = {"causal-lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM",
                     "seq-classification": "SEQ_CLS", "speech-seq2seq": "SEQ_2_SEQ_LM"}
-CHUNKED_LOSS_CHUNKS = 8   # torchtune CEWithChunkedOutputLoss num_output_chunks
 MAX_GRAD_NORM = 1.0       # Hugging Face Trainer default
 SIXTEEN_BIT = {"fp16-mixed": torch.float16, "bf16-mixed": torch.bfloat16,
                "bf16-pure": torch.bfloat16, "fp8": torch.bfloat16}
