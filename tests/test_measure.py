@@ -304,3 +304,13 @@ def test_cuda_path_with_faked_torch_cuda(monkeypatch):
     assert m["mem_bandwidth_util_mean"] == 30 and m["nvml_used_max"] == 600_000_000
     assert m["context_overhead"] == 588_000_000 and report.runtime_gpu == "L4"
     assert m["complete"], m["stopped"]
+
+
+def test_out_of_memory_message_keeps_the_failed_request_only():
+    from vramplan.commands.measure import describe_oom
+    seen_on_h200 = RuntimeError(  # benchmarks/results/gpu_cli_check.txt
+        "CUDA out of memory. Tried to allocate 112.00 MiB. GPU 0 has a total capacity of "
+        "139.80 GiB of which 117.91 GiB is free. Including non-PyTorch memory, this process "
+        "has 21.88 GiB memory in use. 21.29 GiB allowed; Of the allocated memory 21.09 GiB "
+        "is allocated by PyTorch")
+    assert describe_oom(seen_on_h200) == "CUDA out of memory: tried to allocate 112.00 MiB"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -54,7 +55,9 @@ def measure(
     except Exception as error:  # noqa: BLE001 - out of memory is an answer, not a crash
         if not is_out_of_memory(error):
             raise
-        console.print(f"[bold red]out of memory[/]: {str(error).splitlines()[0]}\n"
+        limit = f" (--emulate-gpu {emulate_gpu} caps this process to its memory)" \
+            if emulate_gpu else ""
+        console.print(f"[bold red]out of memory[/]: {describe_oom(error)}{limit}\n"
                       "  try: vramplan search batch-size ... to find what fits")
         raise typer.Exit(1) from None
     if os.environ.get("RANK", "0") != "0":
@@ -159,6 +162,17 @@ def compare(
             console.print(f"[yellow]{name}[/]: {report}")
 
 
+def describe_oom(error: BaseException) -> str:
+    """torch's first sentence and the request that failed; torch's paragraph about
+    allocator settings is left out."""
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    request = re.search(r"Tried to allocate [\d.]+ \w+", text)
+    first = text.split(". ")[0].rstrip(".")
+    if request is None or request.group(0) in first:
+        return first
+    return f"{first}: t{request.group(0)[1:]}"
+
+
 def run_engine_for_compare(job: Job, engine: str, steps: int, warmup: int,
                            device: str | None) -> MemoryReport | str:
     """The engine's report, or why it has none (an engine that is missing or failed)."""
@@ -174,7 +188,7 @@ def run_engine_for_compare(job: Job, engine: str, steps: int, warmup: int,
         if isinstance(error, VramplanError) and not isinstance(error, EngineError):
             raise  # the job itself is wrong: every engine would say so
         if is_out_of_memory(error):
-            return f"out of memory: {str(error).splitlines()[0]}"
+            return f"out of memory: {describe_oom(error)}"
         return f"failed: {type(error).__name__}: {error}"
 
 
