@@ -102,14 +102,16 @@ class Runtime(_Strict):
       MiB driver-reserved + 767 MiB context; benchmarks/results/gpu_runtime_probe.json);
       other GPUs are not measured yet, and smaller ones likely hold less: override it.
     allocator_overhead: reserved / allocated - 1 of the caching allocator at the peak
-      (fragmentation and cached blocks); 0.05 is a planning value, trace replays it exactly.
+      (fragmentation and cached blocks), if known (from a measure run, say). None: the
+      formula plans it from the step's transient memory (activations and temporaries at
+      the peak), by checkpointing mode; the trace replays the allocator instead.
     cublas_workspaces: cuBLAS workspaces held (one per thread x stream that runs a matmul:
       the forward thread and the autograd thread), each 8.125 MiB, 32 MiB on sm90+
       (aten/src/ATen/cuda/CublasHandlePool.cpp).
     """
 
     cuda_context_bytes: int = Field(1390 * 1024**2, ge=0)
-    allocator_overhead: float = Field(0.05, ge=0, le=1)
+    allocator_overhead: float | None = Field(None, ge=0, le=1)
     cublas_workspaces: int = Field(2, ge=0, le=64)
 
 
