@@ -1,7 +1,7 @@
 """`vramplan measure` and `vramplan compare`: thin shells over the measure engine.
 
     vramplan measure llama-3.2-1b -b 4 -s 1024 --steps 5
-    vramplan measure llama-3.2-1b -b 4 --emulate-gpu L4          # on a bigger GPU
+    vramplan measure qwen2.5-0.5b -b 2 -s 1024 --emulate-gpu L4  # on a bigger GPU
     vramplan compare llama-3.2-1b -b 4 --engines formula,trace,measure
     torchrun --standalone --nproc-per-node 2 -m vramplan measure MODEL --num-gpus 2 \
         --strategy fsdp                                          # per rank, rank 0 aggregates
@@ -44,7 +44,7 @@ def measure(
 ) -> None:
     """Run real training steps with synthetic data and report memory, time and loss.
 
-    Example: vramplan measure llama-3.2-1b -b 4 -s 1024 --steps 5 --emulate-gpu L4
+    Example: vramplan measure qwen2.5-0.5b -b 2 -s 1024 --steps 5 --emulate-gpu L4
     """
     from vramplan.engines.measure import measure as run
     from vramplan.search import is_out_of_memory
