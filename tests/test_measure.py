@@ -295,7 +295,8 @@ def test_cuda_path_with_faked_torch_cuda(monkeypatch):
     report = measure_setup(setup, JOB, steps=2, warmup=1, emulate_gpu="L4")
     from vramplan.hardware import get_gpu
     usable = get_gpu("L4").usable_bytes
-    assert fractions[0] == pytest.approx((usable - 600_000_000) / (140 * 1024**3))
+    context = max(600_000_000, JOB.runtime.cuda_context_bytes)  # the job's is the floor
+    assert fractions[0] == pytest.approx((usable - context) / (140 * 1024**3))
     assert fractions[-1] == 1.0  # the cap is lifted after the run
     assert report.peak_allocated == 10_000_000 and report.peak_reserved == 12_000_000
     assert report.categories["runtime_context"] == 588_000_000

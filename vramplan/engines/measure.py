@@ -76,7 +76,8 @@ def measure_setup(setup: TrainingSetup, job: Job, *, steps: int = 5, warmup: int
         raise EngineError(f"need steps >= 1 and warmup >= 0 (got steps={steps}, "
                           f"warmup={warmup})")
     cuda = setup.device.type == "cuda"
-    probe = _CudaProbe(setup.device, emulate_gpu, budget_bytes) if cuda else (
+    probe = _CudaProbe(setup.device, emulate_gpu, budget_bytes,
+                       job.runtime.cuda_context_bytes) if cuda else (
         _CpuProbe(setup, budget_bytes, profiled_steps=warmup + 1))
     if emulate_gpu and not cuda:
         probe.notes.append(f"--emulate-gpu {emulate_gpu} applies on CUDA only: ignored on "
@@ -425,7 +426,8 @@ class _CpuProbe(_Probe):
 
 
 class _CudaProbe(_Probe):
-    def __init__(self, device: torch.device, emulate_gpu: str | None, budget: int | None):
+    def __init__(self, device: torch.device, emulate_gpu: str | None, budget: int | None,
+                 context_bytes: int = 0):
         super().__init__()
         torch.cuda.init()
         self.device = torch.device("cuda", device.index if device.index is not None
@@ -440,8 +442,10 @@ class _CudaProbe(_Probe):
         if emulate_gpu:
             from vramplan.hardware import get_gpu
             usable = get_gpu(emulate_gpu).usable_bytes
-            # The cap applies to the caching allocator; the context lives outside it.
-            context = max(0, (_nvml_used(self.device) or 0)
+            # The cap applies to the caching allocator; the context lives outside it. It
+            # grows as kernels load during the step, so the job's planned context is the
+            # floor (1382 MiB at the first step on an H200 against 1234 MiB at this point).
+            context = max(context_bytes, (_nvml_used(self.device) or 0)
                           - torch.cuda.memory_reserved(self.device))
             cap = min(cap or usable, usable - context)
             self.notes.append(f"emulating {emulate_gpu}: allocator capped at {cap} bytes = its "
