@@ -64,9 +64,7 @@ CASES: list[dict] = [
          checkpointing="full"),
     dict(model="vit-large-patch16-224", batch_size=32),
     dict(model="whisper-small", batch_size=8, seq_len=128),
-    # eager: on the CPU, T5's sdpa with its trained position bias takes the math kernel,
-    # unlike CUDA's memory-efficient one (see the trace report's note)
-    dict(model="t5-base", batch_size=8, seq_len=512, precision="bf16-pure", attention="eager"),
+    dict(model="t5-base", batch_size=8, seq_len=512, precision="bf16-pure"),
 ]
 
 

@@ -58,9 +58,13 @@ CASES = [  # (name, model config, job fields)
                                           optimizer="sgd")),
     ("bert mlm bf16-mixed ckpt lora", BERT, dict(task="masked-lm", checkpointing="full",
                                                  peft=BERT_LORA)),
-    ("t5 fp32 adamw", T5, dict(task="seq2seq", precision="fp32")),
-    ("t5 bf16-mixed adamw-8bit", T5, dict(task="seq2seq", optimizer="adamw-8bit")),
-    ("t5 bf16-mixed lora", T5, dict(task="seq2seq", peft=T5_LORA, target_len=16)),
+    # T5 eager: under sdpa its trained position bias makes the trace keep CUDA's
+    # memory-efficient kernel's tensors, which the CPU (math kernel) has not
+    ("t5 fp32 adamw", T5, dict(task="seq2seq", precision="fp32", attention="eager")),
+    ("t5 bf16-mixed adamw-8bit", T5, dict(task="seq2seq", optimizer="adamw-8bit",
+                                          attention="eager")),
+    ("t5 bf16-mixed lora", T5, dict(task="seq2seq", peft=T5_LORA, target_len=16,
+                                    attention="eager")),
     ("llama fp32 sdpa adamw", LLAMA, dict(precision="fp32")),
     ("llama bf16-mixed eager adamw", LLAMA, dict(attention="eager")),
     ("llama bf16-mixed ckpt adamw", LLAMA, dict(checkpointing="full")),

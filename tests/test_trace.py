@@ -47,7 +47,9 @@ def _job(**changes) -> Job:
     (LLAMA, dict(precision="bf16-mixed", peft=Peft(rank=4))),
     (BERT, dict(precision="bf16-mixed", task="masked-lm", grad_accum=2)),
     (LLAMA, dict(precision="bf16-pure", optimizer="adamw-8bit")),
-    (T5, dict(precision="bf16-mixed", target_len=16)),
+    # eager: with sdpa the trace keeps CUDA's memory-efficient kernel's tensors, which a
+    # real CPU step (math kernel) cannot
+    (T5, dict(precision="bf16-mixed", target_len=16, attention="eager")),
     (LLAMA, dict(precision="fp32", optimizer_in_backward=True)),
     (WHISPER, dict(precision="bf16-mixed", checkpointing="full")),
     (LLAMA, dict(precision="bf16-mixed", checkpointing="selective")),
@@ -57,6 +59,21 @@ def test_traced_peak_matches_real_cpu_step(config, changes):
     traced, _ = run_trace(job, model_config=config).peak(rounded=False)
     real = cpu_profiler_peak(job, model_config=config)
     assert abs(traced - real) / real <= 0.02, (traced, real)
+
+
+def test_t5_sdpa_keeps_the_efficient_kernels_tensors_not_the_scores():
+    # T5's trained position bias: CUDA runs sdpa with the memory-efficient kernel (checked on
+    # an H200: benchmarks/results/gpu_validation.md); the CPU's math kernel would save the
+    # softmax of the s x s scores, which the trace must not count
+    def ops(attention):
+        result = run_trace(_job(precision="bf16-mixed", target_len=16, attention=attention),
+                           model_config=T5)
+        return {record.op for _, record in result.events}, result.peak()[0]
+
+    sdpa_ops, sdpa_peak = ops("sdpa")
+    eager_ops, eager_peak = ops("eager")
+    assert "_softmax" in eager_ops and "_softmax" not in sdpa_ops
+    assert sdpa_peak <= eager_peak
 
 
 def test_untraced_micro_batches_would_not_change_the_peak(monkeypatch):

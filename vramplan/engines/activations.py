@@ -64,8 +64,13 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
                         hidden_dropout: float, attention_dropout: float, activation: str,
                         adapters: Adapters, norms_per_block: int = 2,
                         upcast_softmax: bool = True, score_softcap: bool = False,
-                        norm_scales_input: bool = False) -> list[tuple[str, int]]:
-    """(name, bytes) of every tensor one block keeps for backward, per GPU (no parallelism)."""
+                        norm_scales_input: bool = False,
+                        trained_bias: bool = False) -> list[tuple[str, int]]:
+    """(name, bytes) of every tensor one block keeps for backward, per GPU (no parallelism).
+
+    trained_bias: self-attention adds a trained position bias (T5); under sdpa each layer
+    passes sdpa its own contiguous [1, heads, s, s] copy of it, which the kernel keeps.
+    """
     b, s = shape.batch, shape.seq
     h, a, k, d, f = (stack.hidden_size, stack.num_heads, stack.num_kv_heads, stack.head_dim,
                      stack.intermediate_size)
@@ -115,6 +120,8 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
     linear_inputs("attn in", n_h, _pick(stack, "attn_in"), fp32_norm_out)
     saved.extend(_attention_core(b, s, s, a, k, d, c, attention, attention_dropout,
                                  upcast_softmax or dt.autocast, "self", score_softcap))
+    if trained_bias and attention == "sdpa":
+        saved.append(("position bias copy", c * a * s * s))
     if len(_pick(stack, "attn_in")) == 1:
         # one fused q/k/v projection: k and v are views that keep its whole output alive
         saved.append(("fused qkv output", c * (n_q + n_kv)))
@@ -146,7 +153,11 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
         # gate out (act input), act out, up out: each saved by the elementwise product
         saved.append(("gate/up/act", (2 * c + _activation_saved_bytes(activation, dt)) * n_f))
     else:
-        saved.append(("mlp act input", _activation_saved_bytes(activation, dt) * n_f))
+        inner_dropout = hidden_dropout if stack.mlp == "relu" else 0.0
+        act_bytes = _activation_saved_bytes(activation, dt)
+        if inner_dropout and not act_bytes:
+            act_bytes = c  # relu keeps its output, and the dropout after it makes a new one
+        saved.append(("mlp act input", act_bytes * n_f))
     dropout_mask("mlp inner dropout", n_f, hidden_dropout if stack.mlp == "relu" else 0.0)
     linear_inputs("mlp mid", n_f, _pick(stack, "mlp_out"), False)
     dropout_mask("mlp resid dropout", n_h, hidden_dropout)

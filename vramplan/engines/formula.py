@@ -394,7 +394,8 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
             adapters=adapters, norms_per_block=_norms_per_block(arch, stack),
             upcast_softmax=arch.model_type in UPCAST_SOFTMAX,
             score_softcap=bool(arch.extra.get("attn_logit_softcapping")),
-            norm_scales_input=arch.model_type == "t5")
+            norm_scales_input=arch.model_type == "t5",
+            trained_bias=arch.model_type == "t5")
         block = sum(b for _, b in saved)
         largest = max(largest, block)
         if job.checkpointing == "full":

@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Iterator
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 # aten/src/ATen/autocast_mode.cpp, CUDA: ops run in fp32 under autocast (CPU keeps them in
 # the lower precision), and ops given dtype=float32 unless the caller set one.
@@ -106,6 +107,29 @@ def _fp32_kernel(op, set_dtype: bool):
     return kernel
 
 
+class _EfficientAttention(torch.autograd.Function):
+    """The tensors of CUDA's memory-efficient attention with a bias that needs a gradient
+    (T5's trained position bias), for fake tensors only: the CPU has no such kernel and its
+    math path would keep the s x s scores. Forward saves q, k, v, the bias, the output and
+    an fp32 logsumexp per query row (rows padded to 32); backward returns a gradient for
+    each input, the bias's at the bias's full shape
+    (aten/src/ATen/native/transformers/cuda/attention.cu, _efficient_attention_forward)."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, bias):
+        out = query.new_empty((*query.shape[:-1], value.shape[-1]))
+        rows = -(-query.shape[-2] // 32) * 32
+        logsumexp = query.new_empty((*query.shape[:-2], rows), dtype=torch.float32)
+        ctx.save_for_backward(query, key, value, bias, out, logsumexp)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, bias, _, _ = ctx.saved_tensors
+        return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value),
+                torch.empty_like(bias))
+
+
 @contextlib.contextmanager
 def cuda_dropout_kernels() -> Iterator[None]:
     """Dropout as CUDA runs it, while active.
@@ -127,6 +151,8 @@ def cuda_dropout_kernels() -> Iterator[None]:
         return torch.native_dropout(input, p, True)[0]
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs):
+        if is_fake(query) and isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad:
+            return _EfficientAttention.apply(query, key, value, attn_mask)
         return original_sdpa(query, key, value, attn_mask, 0.0, *args, **kwargs)
 
     functional.dropout, functional.scaled_dot_product_attention = dropout, sdpa

@@ -311,10 +311,10 @@ def _build_on(auto, hf_config, job: Job, dtype: torch.dtype, device: torch.devic
                 notes.append(f"{hf_config.model_type}: transformers has no {job.attention} "
                              "attention for this model; traced with eager attention")
             if job.attention == "sdpa" and hf_config.model_type in SDPA_WITH_TRAINED_BIAS:
-                notes.append(f"{hf_config.model_type} passes a trained position bias to sdpa: on "
-                             "the CPU that takes the math kernel, which stores the s x s scores "
-                             "that CUDA's memory-efficient kernel does not, so this overestimates "
-                             "a GPU's activations (the formula engine models CUDA's kernel)")
+                notes.append(f"{hf_config.model_type} passes a trained position bias to sdpa: "
+                             "CUDA runs it with the memory-efficient kernel, whose tensors the "
+                             "trace keeps; a real CPU run takes the math kernel instead, which "
+                             "also stores the s x s scores")
     except ValueError as error:
         raise ModelConfigError(f"{hf_config.model_type!r} has no {task} model in transformers: "
                                f"{str(error).splitlines()[0]}") from None
