@@ -79,4 +79,4 @@ def main(sizes: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["7b", "70b"])
+    main(sys.argv[1:] or ["7b", "70b", "405b"])
