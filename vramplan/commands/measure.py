@@ -166,11 +166,11 @@ def describe_oom(error: BaseException) -> str:
     """torch's first sentence and the request that failed; torch's paragraph about
     allocator settings is left out."""
     text = str(error).splitlines()[0] if str(error) else type(error).__name__
-    request = re.search(r"Tried to allocate [\d.]+ \w+", text)
+    request = re.search(r"Tried to allocate ([\d.]+ \w+)", text)
     first = text.split(". ")[0].rstrip(".")
     if request is None or request.group(0) in first:
         return first
-    return f"{first}: t{request.group(0)[1:]}"
+    return f"{first}: tried to allocate {request.group(1)}"
 
 
 def run_engine_for_compare(job: Job, engine: str, steps: int, warmup: int,
