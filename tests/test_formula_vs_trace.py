@@ -1,0 +1,26 @@
+"""The formula against the trace on a few small catalog models, for the loss and attention
+paths the H200 runs corrected (benchmarks/results/gpu_validation_notes.md). The full
+comparison at real sizes is benchmarks/formula_vs_trace.py."""
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from vramplan import Job  # noqa: E402
+from vramplan.engines.formula import estimate  # noqa: E402
+from vramplan.engines.trace import trace  # noqa: E402
+
+
+@pytest.mark.parametrize("fields", [
+    # vramplan's chunked loss: 8 checkpointed sequence chunks
+    dict(model="qwen2.5-0.5b", batch_size=2, seq_len=1024, loss="chunked"),
+    # cross_entropy on bf16 logits under autocast: bf16 log_softmax, fp32 nll input
+    dict(model="bert-base-uncased", batch_size=8, seq_len=512),
+    # T5's trained position bias under sdpa: CUDA's memory-efficient kernel
+    dict(model="t5-small", batch_size=8, seq_len=512, precision="bf16-pure"),
+], ids=["chunked-loss", "masked-lm-autocast", "t5-sdpa"])
+def test_formula_matches_trace(fields):
+    job = Job.model_validate(fields)
+    traced, predicted = trace(job).peak_allocated, estimate(job).peak_allocated
+    assert predicted == pytest.approx(traced, rel=0.04)
