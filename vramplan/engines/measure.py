@@ -33,6 +33,7 @@ from vramplan.models.build import (MAX_GRAD_NORM, TrainingSetup, build_training_
                                    fully_shard_setup, train_step)
 from vramplan.search import BudgetExceeded, is_out_of_memory
 from vramplan.tracking import NvmlSampler, p90
+from vramplan.units import format_bytes
 
 CUDA_BLOCK = 512  # the caching allocator rounds every request up to 512 bytes
 
@@ -448,8 +449,10 @@ class _CudaProbe(_Probe):
             context = max(context_bytes, (_nvml_used(self.device) or 0)
                           - torch.cuda.memory_reserved(self.device))
             cap = min(cap or usable, usable - context)
-            self.notes.append(f"emulating {emulate_gpu}: allocator capped at {cap} bytes = its "
-                              f"usable memory minus the device's other use ({context} bytes)")
+            self.notes.append(
+                f"emulating {emulate_gpu}: allocator capped at {format_bytes(cap)} = its usable "
+                f"{format_bytes(usable)} minus the memory outside the allocator "
+                f"({format_bytes(context, 'MiB', 0)})")
         self._capped = bool(cap)
         if cap:
             torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), self.device)
