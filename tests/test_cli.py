@@ -47,6 +47,15 @@ def test_lora_flags_build_a_peft_section(run_cli):
     assert json.loads(out)["params_trainable"] == 851_968
 
 
+def test_runtime_flags_override_the_measured_defaults(run_cli):
+    code, out, err = run_cli("estimate", "gpt2", "--cuda-context", "800MiB",
+                             "--allocator-overhead", "0.1", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["categories"]["runtime_context"] == 800 * 2**20
+    assert data["categories"]["allocator_overhead"] == int(0.1 * data["peak_allocated"])
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["estimate", "lama-3.1-8b"], "did you mean 'llama-3.1-8b'"),
     (["estimate", "gpt2", "--gpu", "H10O"], "unknown gpu 'H10O'"),
@@ -59,6 +68,8 @@ def test_lora_flags_build_a_peft_section(run_cli):
     (["estimate", "gpt2", "--unit", "furlongs"], "--unit must be GiB or GB"),
     (["models", "--min-params", "lots"], "parameter count"),
     (["gpus", "--min-memory", "big"], "memory size"),
+    (["estimate", "gpt2", "--cuda-context", "lots"], "cannot read 'lots' as a memory size"),
+    (["estimate", "gpt2", "--allocator-overhead", "2"], "allocator_overhead"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(run_cli, args, fragment):
     code, out, err = run_cli(*args)

@@ -86,6 +86,12 @@ _JOB_FLAGS: dict[str, tuple[Any, Any, tuple[str, ...]]] = {
         ("offload", "params")),
     "gpu": (Optional[str], typer.Option("--gpu", "-g", help="the GPU to check (default: all)"),
             ("gpu",)),
+    "cuda_context": (Optional[str], typer.Option(
+        help="memory outside torch's allocator, e.g. 1.2GiB (measure shows it as context "
+             "overhead; default 1390 MiB, an H200's)"), ("runtime", "cuda_context_bytes")),
+    "allocator_overhead": (Optional[float], typer.Option(
+        help="formula: reserved / allocated - 1, e.g. 0.1 (default: planned by checkpointing)"),
+        ("runtime", "allocator_overhead")),
 }
 
 

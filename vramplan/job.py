@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from vramplan.errors import JobError, JobFileError
+from vramplan.units import parse_bytes
 
 DEFAULT_MODEL = "llama-3.1-8b"
 
@@ -113,6 +115,17 @@ class Runtime(_Strict):
     cuda_context_bytes: int = Field(1390 * 1024**2, ge=0)
     allocator_overhead: float | None = Field(None, ge=0, le=1)
     cublas_workspaces: int = Field(2, ge=0, le=64)
+
+    @field_validator("cuda_context_bytes", mode="before")
+    @classmethod
+    def _size_with_unit(cls, value: Any) -> Any:
+        """Job files and --cuda-context may give a size with its unit, e.g. '1.2GiB'."""
+        if isinstance(value, str):
+            try:
+                return parse_bytes(value)
+            except JobError as error:
+                raise ValueError(str(error)) from None
+        return value
 
 
 class Job(_Strict):
