@@ -132,7 +132,7 @@ def test_learned_positions_refuse_longer_sequences_rotary_ones_warn():
     with pytest.raises(JobError, match="1024 learned positions"):
         estimate(Job(model="gpt2", seq_len=2048))
     report = estimate(Job(model=MODEL, seq_len=200_000))
-    assert any("max_position_embeddings" in n for n in report.notes)
+    assert any("exceeds the 131072 positions" in n for n in report.notes)
 
 
 def test_every_catalog_family_estimates(catalog_names=None):

@@ -24,3 +24,20 @@ def test_formula_matches_trace(fields):
     job = Job.model_validate(fields)
     traced, predicted = trace(job).peak_allocated, estimate(job).peak_allocated
     assert predicted == pytest.approx(traced, rel=0.04)
+
+
+def test_both_engines_choose_the_same_default_lengths():
+    # an unset seq_len is min(2048, the model's length); T5 once got 2048 in the formula
+    # and its config's 512 in the trace
+    from vramplan.models.build import load_model_config, task_of_config, text_len
+    from vramplan.models.catalog import list_models
+
+    for entry in list_models():
+        config = load_model_config(entry.name)
+        if task_of_config(config) not in ("causal-lm", "masked-lm", "seq2seq"):
+            continue  # vision has no text; speech caps its decoder at max_target_positions
+        report = estimate(Job(model=entry.name, batch_size=1))
+        formula_note = next(n for n in report.notes if n.startswith("seq_len not given"))
+        notes: list[str] = []
+        text_len(None, config, "seq_len", notes)
+        assert notes == [formula_note], entry.name

@@ -69,7 +69,8 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
     """(name, bytes) of every tensor one block keeps for backward, per GPU (no parallelism).
 
     trained_bias: self-attention adds a trained position bias (T5); under sdpa each layer
-    passes sdpa its own contiguous [1, heads, s, s] copy of it, which the kernel keeps.
+    passes sdpa its own contiguous [1, heads, s, s] copy of it, which the kernel keeps. The
+    bias comes from an embedding, so it has the weights' dtype (fp32 under autocast).
     """
     b, s = shape.batch, shape.seq
     h, a, k, d, f = (stack.hidden_size, stack.num_heads, stack.num_kv_heads, stack.head_dim,
@@ -121,7 +122,7 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
     saved.extend(_attention_core(b, s, s, a, k, d, c, attention, attention_dropout,
                                  upcast_softmax or dt.autocast, "self", score_softcap))
     if trained_bias and attention == "sdpa":
-        saved.append(("position bias copy", c * a * s * s))
+        saved.append(("position bias copy", dt.residual * a * s * s))
     if len(_pick(stack, "attn_in")) == 1:
         # one fused q/k/v projection: k and v are views that keep its whole output alive
         saved.append(("fused qkv output", c * (n_q + n_kv)))

@@ -208,8 +208,8 @@ def _text_len(requested: int | None, arch: Architecture, field: str, notes: list
         if arch.model_type in LEARNED_POSITIONS:
             raise JobError(f"{field}={requested} is longer than {arch.name}'s {limit} learned "
                            f"positions: use {field} <= {limit}")
-        notes.append(f"warning: {field}={requested} exceeds {arch.name}'s "
-                     f"max_position_embeddings={limit}; it needs RoPE scaling to train well")
+        notes.append(f"warning: {field}={requested} exceeds the {limit} positions {arch.name} "
+                     "was trained on; it may need position scaling to train well")
     return requested
 
 

@@ -242,7 +242,9 @@ def _t5(c: _Cfg) -> Architecture:
         # relative attention bias (first block of each stack) + the two final norms
         other_params=2 * buckets * nh + 2 * d,
         head_params={"seq2seq": 0 if tie else vocab * d}, default_task="seq2seq",
-        vocab_size=vocab, max_positions=None, tied_embeddings=tie,
+        # relative positions accept any length; n_positions is the length T5 was trained on,
+        # the default sequence length (as the trace's model builder reads it too)
+        vocab_size=vocab, max_positions=c.opt_int("n_positions", 0) or None, tied_embeddings=tie,
         hidden_dropout=drop, attention_dropout=drop)
 
 
