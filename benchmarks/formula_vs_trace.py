@@ -6,6 +6,8 @@ Writes benchmarks/results/formula_vs_trace.{json,md}.
 
     python benchmarks/formula_vs_trace.py            # all cases (about 10-20 minutes)
     python benchmarks/formula_vs_trace.py --quick    # the first few
+    python benchmarks/formula_vs_trace.py --catalog  # every catalog model at its defaults,
+                                                     # batch 2 (-> formula_vs_trace_catalog.*)
 """
 
 from __future__ import annotations
@@ -124,9 +126,16 @@ def overhead_by_checkpointing(rows: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--catalog", action="store_true",
+                        help="every catalog model with the default job settings, batch 2")
     args = parser.parse_args()
+    if args.catalog:
+        from vramplan.models import list_models
+        cases = [{"model": entry.name, "batch_size": 2} for entry in list_models()]
+    else:
+        cases = CASES[:4] if args.quick else CASES
     rows = []
-    for fields in CASES[:4] if args.quick else CASES:
+    for fields in cases:
         rows.append(compare(fields))
         print(f"{rows[-1]['difference']:+.3%}  {fields}", flush=True)
     diffs = [abs(r["difference"]) for r in rows]
@@ -136,9 +145,10 @@ def main() -> None:
                "median_abs": statistics.median(diffs), "max_abs": max(diffs),
                "trace_allocator_overhead": overhead_by_checkpointing(rows)}
     if not args.quick:
-        (RESULTS / "formula_vs_trace.json").write_text(
+        name = "formula_vs_trace_catalog" if args.catalog else "formula_vs_trace"
+        (RESULTS / f"{name}.json").write_text(
             json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")
-        (RESULTS / "formula_vs_trace.md").write_text(markdown(rows, summary))
+        (RESULTS / f"{name}.md").write_text(markdown(rows, summary))
     print(json.dumps(summary, indent=2))
 
 
