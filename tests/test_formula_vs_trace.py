@@ -19,7 +19,12 @@ from vramplan.engines.trace import trace  # noqa: E402
     dict(model="bert-base-uncased", batch_size=8, seq_len=512),
     # T5's trained position bias under sdpa: CUDA's memory-efficient kernel
     dict(model="t5-small", batch_size=8, seq_len=512, precision="bf16-pure"),
-], ids=["chunked-loss", "masked-lm-autocast", "t5-sdpa"])
+    # a fused q/k/v projection without rotary embeddings: q, k, v are views of its output;
+    # gelu_new under autocast
+    dict(model="gpt2", batch_size=2, seq_len=1024),
+    # eager attention with dropout: the mask and the dropped probabilities are kept
+    dict(model="gpt2", batch_size=2, seq_len=1024, attention="eager"),
+], ids=["chunked-loss", "masked-lm-autocast", "t5-sdpa", "gpt2-fused-qkv", "gpt2-eager-dropout"])
 def test_formula_matches_trace(fields):
     job = Job.model_validate(fields)
     traced, predicted = trace(job).peak_allocated, estimate(job).peak_allocated

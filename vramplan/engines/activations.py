@@ -54,9 +54,9 @@ class Adapters:
 def _activation_saved_bytes(name: str, dt: Dtypes) -> int:
     """Bytes per element an activation function keeps besides its output."""
     if name == "gelu_new" and dt.autocast:
-        # CUDA autocast runs pow in fp32, so tanh(.) and 1 + tanh(.) are fp32 while x and
-        # 0.5 * x stay 16-bit
-        return 2 * 4 + 2 * dt.compute
+        # CUDA autocast runs pow in fp32: pow keeps its fp32 copy of x, and tanh(.) and
+        # 1 + tanh(.) are fp32, while 0.5 * x stays 16-bit (checked against an H200 run)
+        return 3 * 4 + dt.compute
     return ACTIVATION_SAVES.get(name, 1) * dt.compute
 
 
@@ -65,9 +65,12 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
                         adapters: Adapters, norms_per_block: int = 2,
                         upcast_softmax: bool = True, score_softcap: bool = False,
                         norm_scales_input: bool = False,
-                        trained_bias: bool = False) -> list[tuple[str, int]]:
+                        trained_bias: bool = False,
+                        rotary: bool = True) -> list[tuple[str, int]]:
     """(name, bytes) of every tensor one block keeps for backward, per GPU (no parallelism).
 
+    rotary: q and k are rotated (new tensors); without it, a fused q/k/v projection's q,
+    k and v are all views of its output.
     trained_bias: self-attention adds a trained position bias (T5); under sdpa each layer
     passes sdpa its own contiguous [1, heads, s, s] copy of it, which the kernel keeps. The
     bias comes from an embedding, so it has the weights' dtype (fp32 under autocast).
@@ -79,8 +82,10 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
     c = dt.compute
     saved: list[tuple[str, int]] = []
 
-    def linear_inputs(tensor: str, elements: int, consumers: list[str], fp32_input: bool):
-        """Inputs saved for the linears in `consumers` that read one tensor."""
+    def linear_inputs(tensor: str, elements: int, consumers: list[str], fp32_input: bool,
+                      already_saved: bool = False):
+        """Inputs saved for the linears in `consumers` that read one tensor (already_saved:
+        the tensor itself is counted elsewhere; only casts and LoRA copies of it are new)."""
         trained = [n for n in consumers if adapters.base_trainable]
         lora = [n for n in consumers if n in adapters.targets]
         if trained:
@@ -88,12 +93,13 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
                 # each linear casts the fp32 (or fp8) input on its own
                 saved.append((f"{tensor} cast x{len(trained)}",
                               len(trained) * dt.linear_saved * elements))
-            elif tensor != "encoder out":  # one encoder output serves every layer: counted once
+            elif tensor != "encoder out" and not already_saved:
+                # (the one encoder output that serves every layer is counted once, elsewhere)
                 saved.append((tensor, c * elements))
         if lora:
             if adapters.dropout > 0:  # each adapter drops out its own copy
                 saved.append((f"{tensor} lora dropout x{len(lora)}", len(lora) * (c + 1) * elements))
-            elif not trained:
+            elif not trained and not already_saved:
                 saved.append((tensor, c * elements))
             rank_elems = elements // max(1, _width(tensor, stack)) * adapters.rank
             saved.append((f"{tensor} lora A out x{len(lora)}", len(lora) * c * rank_elems))
@@ -123,10 +129,13 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
                                  upcast_softmax or dt.autocast, "self", score_softcap))
     if trained_bias and attention == "sdpa":
         saved.append(("position bias copy", dt.residual * a * s * s))
-    if len(_pick(stack, "attn_in")) == 1:
-        # one fused q/k/v projection: k and v are views that keep its whole output alive
+    if len(_pick(stack, "attn_in")) == 1 and rotary:
+        # one fused q/k/v projection: q and k are rotated copies, and v is a view that keeps
+        # the whole output alive
         saved.append(("fused qkv output", c * (n_q + n_kv)))
-    linear_inputs("attn out", n_q, _pick(stack, "attn_out"), False)
+    # sdpa's output is laid out [b, s, heads, d]: merging the heads is a view, so the out
+    # projection reads the tensor sdpa saved; eager attention's merge makes a copy
+    linear_inputs("attn out", n_q, _pick(stack, "attn_out"), False, attention == "sdpa")
     dropout_mask("attn resid dropout", n_h, hidden_dropout)
 
     # --- cross-attention (decoder of encoder-decoder) ------------------------------------
@@ -137,7 +146,7 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
         linear_inputs("encoder out", n_enc, _pick(stack, "cross_kv"), dt.autocast)
         saved.extend(_attention_core(b, s, shape.encoder_seq, a, a, d, c, attention,
                                      attention_dropout, upcast_softmax or dt.autocast, "cross"))
-        linear_inputs("cross out", n_q, _pick(stack, "cross_out"), False)
+        linear_inputs("cross out", n_q, _pick(stack, "cross_out"), False, attention == "sdpa")
         dropout_mask("cross resid dropout", n_h, hidden_dropout)
 
     # --- MLP ------------------------------------------------------------------------------
@@ -179,10 +188,12 @@ def _attention_core(b: int, s_q: int, s_k: int, a: int, k: int, d: int, c: int, 
     # eager: k and v are repeated to every head (repeat_kv) before the matmuls
     out = [(f"{tag} q,k,v (kv repeated)", c * 3 * n_q)]
     out.append((f"{tag} softmax", (4 if fp32_softmax else c) * scores))
-    if fp32_softmax and c != 4:
-        out.append((f"{tag} probs 16-bit", c * scores))
     if dropout > 0:
+        # the dropout keeps its 1-byte mask, and the matmul with v its output; the 16-bit
+        # probabilities it read are not kept
         out.append((f"{tag} attn dropout", (1 + c) * scores))
+    elif fp32_softmax and c != 4:
+        out.append((f"{tag} probs 16-bit", c * scores))
     if softcap:  # Gemma-2: cap * tanh(scores / cap) keeps the tanh output
         out.append((f"{tag} softcap tanh", c * scores))
     return out

@@ -395,7 +395,8 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
             upcast_softmax=arch.model_type in UPCAST_SOFTMAX,
             score_softcap=bool(arch.extra.get("attn_logit_softcapping")),
             norm_scales_input=arch.model_type == "t5",
-            trained_bias=arch.model_type == "t5")
+            trained_bias=arch.model_type == "t5",
+            rotary=arch.model_type not in LEARNED_POSITIONS)
         block = sum(b for _, b in saved)
         largest = max(largest, block)
         if job.checkpointing == "full":

@@ -110,16 +110,17 @@ def _fp32_kernel(op, set_dtype: bool):
 class _EfficientAttention(torch.autograd.Function):
     """The tensors of CUDA's memory-efficient attention with a bias that needs a gradient
     (T5's trained position bias), for fake tensors only: the CPU has no such kernel and its
-    math path would keep the s x s scores. Forward saves q, k, v, the bias, the output and
-    an fp32 logsumexp per query row (rows padded to 32); backward returns a gradient for
-    each input, the bias's at the bias's full shape
+    math path would keep the s x s scores. Forward saves q, k, v, the bias, the output (laid
+    out [b, s, heads, d] and returned as a transposed view, as CUDA does, so merging heads
+    copies nothing) and an fp32 logsumexp per query row (rows padded to 32); backward
+    returns a gradient for each input, the bias's at the bias's full shape
     (aten/src/ATen/native/transformers/cuda/attention.cu, _efficient_attention_forward)."""
 
     @staticmethod
     def forward(ctx, query, key, value, bias):
-        out = query.new_empty((*query.shape[:-1], value.shape[-1]))
-        rows = -(-query.shape[-2] // 32) * 32
-        logsumexp = query.new_empty((*query.shape[:-2], rows), dtype=torch.float32)
+        batch, heads, rows = query.shape[:-1]
+        out = query.new_empty((batch, rows, heads, value.shape[-1])).transpose(1, 2)
+        logsumexp = query.new_empty((batch, heads, -(-rows // 32) * 32), dtype=torch.float32)
         ctx.save_for_backward(query, key, value, bias, out, logsumexp)
         return out
 
