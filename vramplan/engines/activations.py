@@ -66,11 +66,16 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
                         upcast_softmax: bool = True, score_softcap: bool = False,
                         norm_scales_input: bool = False,
                         trained_bias: bool = False,
-                        rotary: bool = True) -> list[tuple[str, int]]:
+                        rotary: bool = True,
+                        sdpa_query_contiguous: bool = False) -> list[tuple[str, int]]:
     """(name, bytes) of every tensor one block keeps for backward, per GPU (no parallelism).
 
     rotary: q and k are rotated (new tensors); without it, a fused q/k/v projection's q,
     k and v are all views of its output.
+    sdpa_query_contiguous: the model hands sdpa a q contiguous in [b, heads, s, d] order
+    (Whisper's .contiguous(), Phi-3's partial-rotary cat). sdpa's output follows q's layout,
+    so merging its heads for the out projection copies it; otherwise q is a transposed view
+    of the projection's output, and the merge is a view.
     trained_bias: self-attention adds a trained position bias (T5); under sdpa each layer
     passes sdpa its own contiguous [1, heads, s, s] copy of it, which the kernel keeps. The
     bias comes from an embedding, so it has the weights' dtype (fp32 under autocast).
@@ -133,9 +138,9 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
         # one fused q/k/v projection: q and k are rotated copies, and v is a view that keeps
         # the whole output alive
         saved.append(("fused qkv output", c * (n_q + n_kv)))
-    # sdpa's output is laid out [b, s, heads, d]: merging the heads is a view, so the out
-    # projection reads the tensor sdpa saved; eager attention's merge makes a copy
-    linear_inputs("attn out", n_q, _pick(stack, "attn_out"), False, attention == "sdpa")
+    # eager attention's head merge makes a copy; sdpa's is a view unless q was contiguous
+    merged_is_view = attention == "sdpa" and not sdpa_query_contiguous
+    linear_inputs("attn out", n_q, _pick(stack, "attn_out"), False, merged_is_view)
     dropout_mask("attn resid dropout", n_h, hidden_dropout)
 
     # --- cross-attention (decoder of encoder-decoder) ------------------------------------
@@ -146,7 +151,7 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
         linear_inputs("encoder out", n_enc, _pick(stack, "cross_kv"), dt.autocast)
         saved.extend(_attention_core(b, s, shape.encoder_seq, a, a, d, c, attention,
                                      attention_dropout, upcast_softmax or dt.autocast, "cross"))
-        linear_inputs("cross out", n_q, _pick(stack, "cross_out"), False, attention == "sdpa")
+        linear_inputs("cross out", n_q, _pick(stack, "cross_out"), False, merged_is_view)
         dropout_mask("cross resid dropout", n_h, hidden_dropout)
 
     # --- MLP ------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ from vramplan.units import format_bytes
 
 # Families whose positions are learned tables: a longer sequence cannot run at all.
 LEARNED_POSITIONS = {"gpt2", "bert", "roberta", "whisper", "opt", "gpt_neo"}
+# models whose attention hands sdpa a contiguous [b, heads, s, d] query (seen in traces)
+SDPA_QUERY_CONTIGUOUS = {"whisper", "phi3"}
 # DeepSpeed's default reduce/allreduce bucket (reduce_bucket_size = 5e8 elements).
 ZERO_BUCKET_ELEMENTS = 500_000_000
 # FSDP keeps the current block gathered and prefetches the next (forward and backward).
@@ -396,7 +398,8 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
             score_softcap=bool(arch.extra.get("attn_logit_softcapping")),
             norm_scales_input=arch.model_type == "t5",
             trained_bias=arch.model_type == "t5",
-            rotary=arch.model_type not in LEARNED_POSITIONS)
+            rotary=arch.model_type not in LEARNED_POSITIONS,
+            sdpa_query_contiguous=arch.model_type in SDPA_QUERY_CONTIGUOUS)
         block = sum(b for _, b in saved)
         largest = max(largest, block)
         if job.checkpointing == "full":
