@@ -72,6 +72,7 @@ class ParamMemory:
     # a tied embedding's second gradient (from the lookup) before AccumulateGrad adds it
     # to the one from the output head
     tied_grad_transient: float = 0.0
+    outside_blocks: float = 0.0  # bytes as stored of weights outside the blocks (FSDP's root)
     notes: tuple[str, ...] = ()
 
 
@@ -269,8 +270,10 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
         step_temp = max(step_temp, largest * dt.weight)  # one param's update at a time
     tied = (arch.vocab_size * _hidden(arch) * dt.grad
             if job.peft is None and arch.tied_embeddings else 0.0)
+    in_blocks = sum(s.num_layers * s.params_per_layer for s in arch.stacks)
+    outside = (total - in_blocks) * (dt.weight if job.peft is None else frozen_base_bytes(job))
     return ParamMemory(total, trainable, weights, grads, optimizer, cast, step_temp,
-                       block_bytes, cast_head, tied, tuple(notes))
+                       block_bytes, cast_head, tied, outside_blocks=outside, notes=tuple(notes))
 
 
 def _hidden(arch: Architecture) -> int:
@@ -331,8 +334,10 @@ def _per_gpu_params(job: Job, params: ParamMemory):
     o = params.optimizer / tp / shard
     cast, gathered, comm = (params.cast_copies + params.cast_head) / tp, 0.0, 0.0
     if sharded_params and shard > 1:
-        # gathered blocks in the compute dtype replace autocast's weight copies
-        gathered = FSDP_GATHERED_BLOCKS * params.largest_block / tp
+        # gathered blocks in the compute dtype replace autocast's weight copies; the root
+        # unit (everything outside the blocks) stays gathered from forward to backward, as
+        # FSDP2 does not reshard the root after forward
+        gathered = (FSDP_GATHERED_BLOCKS * params.largest_block + params.outside_blocks) / tp
         if dtypes_for(job).autocast:
             gathered /= 2
         cast = 0.0
