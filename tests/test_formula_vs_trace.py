@@ -24,11 +24,15 @@ from vramplan.engines.trace import trace  # noqa: E402
     dict(model="gpt2", batch_size=2, seq_len=1024),
     # eager attention with dropout: the mask and the dropped probabilities are kept
     dict(model="gpt2", batch_size=2, seq_len=1024, attention="eager"),
-], ids=["chunked-loss", "masked-lm-autocast", "t5-sdpa", "gpt2-fused-qkv", "gpt2-eager-dropout"])
+    # FSDP2 keeps its root unit (embeddings, head) gathered from forward to backward
+    dict(model="qwen2.5-0.5b", batch_size=2, seq_len=1024,
+         parallel={"strategy": "fsdp", "num_gpus": 2}),
+], ids=["chunked-loss", "masked-lm-autocast", "t5-sdpa", "gpt2-fused-qkv", "gpt2-eager-dropout",
+        "fsdp-root-unit"])
 def test_formula_matches_trace(fields):
     job = Job.model_validate(fields)
     traced, predicted = trace(job).peak_allocated, estimate(job).peak_allocated
-    assert predicted == pytest.approx(traced, rel=0.04)
+    assert predicted == pytest.approx(traced, rel=0.02)
 
 
 def test_both_engines_choose_the_same_default_lengths():
