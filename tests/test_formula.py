@@ -201,3 +201,13 @@ def test_selective_checkpointing_keeps_matmul_outputs_between_full_and_none():
     h, tokens = 2048, 8 * 2048
     per_token = 4 * h + 2 * (h + 512 + 512 + h + 2 * 8192 + h + h) + 4 * 32
     assert selective - full == pytest.approx(16 * tokens * (per_token - 4 * h), rel=0.01)
+
+
+def test_checkpointing_a_model_without_blocks_is_ignored_with_a_note():
+    # ResNet has no transformer blocks (and transformers cannot checkpoint it): the trace
+    # runs it without checkpointing, and so does the formula, instead of dividing by zero
+    plain = estimate(Job(model="resnet-50", batch_size=2))
+    for mode in ("full", "selective"):
+        report = estimate(Job(model="resnet-50", batch_size=2, checkpointing=mode))
+        assert report.peak_allocated == plain.peak_allocated
+        assert any("no transformer blocks to checkpoint" in n for n in report.notes)

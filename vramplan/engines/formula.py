@@ -95,7 +95,7 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
     _check_parallel(job, arch)
     layer_acts, block_acts = _stack_activations(job, arch, shapes, dt)
     activations = (layer_acts + _outside_block_activations(job, arch, shapes, dt, task)) / (tp * cp)
-    if job.activation_offload:
+    if job.activation_offload and arch.stacks:  # (a CNN has no blocks to offload)
         activations = min(activations, 2 * block_acts / (tp * cp))
     logits_fwd, logits_bwd = _loss_buffers(job, arch, shapes, dt, task)
 
@@ -108,10 +108,10 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
         g = min(g, params.largest_block / (tp * job.parallel.shard_degree))
 
     recompute = dict(activations=0.0, cast=0.0)
-    if job.checkpointing in ("full", "selective"):
+    layers = sum(st.num_layers for st in arch.stacks)
+    if job.checkpointing in ("full", "selective") and layers:
         # saved tensors of checkpointed blocks hold no weight copies; during backward one
         # block at a time is recomputed, with its activations and weight copies
-        layers = sum(st.num_layers for st in arch.stacks)
         block_cast = max(0.0, cast - params.cast_head / tp)
         cast -= block_cast
         recompute = dict(activations=block_acts / (tp * cp), cast=block_cast / layers)
@@ -538,4 +538,7 @@ def _technique_notes(job: Job, arch: Architecture) -> list[str]:
     if job.activation_offload:
         notes.append("activation offloading keeps about two blocks of activations on the "
                      "GPU; the rest waits in pinned host memory")
+    if job.checkpointing != "none" and not arch.stacks:
+        notes.append(f"{arch.name} has no transformer blocks to checkpoint (transformers does "
+                     "not support gradient checkpointing for it): estimated without it")
     return notes
