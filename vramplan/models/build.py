@@ -65,8 +65,10 @@ _TASK_ORDER = (  # encoder-decoders first, encoders (which also have LM heads) b
     ("image-classification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
     ("seq-classification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
 )
+# Whisper gets no task type: peft's seq2seq wrapper passes input_ids, which Whisper's
+# decoder then receives twice (Hugging Face's Whisper LoRA recipes leave task_type unset)
 _PEFT_TASK_TYPES = {"causal-lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM",
-                    "seq-classification": "SEQ_CLS", "speech-seq2seq": "SEQ_2_SEQ_LM"}
+                    "seq-classification": "SEQ_CLS"}
 MAX_GRAD_NORM = 1.0       # Hugging Face Trainer default
 SIXTEEN_BIT = {"fp16-mixed": torch.float16, "bf16-mixed": torch.bfloat16,
                "bf16-pure": torch.bfloat16, "fp8": torch.bfloat16}
