@@ -50,3 +50,10 @@ def test_both_engines_choose_the_same_default_lengths():
         notes: list[str] = []
         text_len(None, config, "seq_len", notes)
         assert notes == [formula_note], entry.name
+
+
+def test_lora_targets_name_the_same_modules_in_both_engines():
+    # ViT's linears are q/k/v/o_proj and fc1/fc2 in transformers 5; a new classifier head
+    # trains whole beside the adapters in both engines
+    job = Job(model="vit-base-patch16-224", batch_size=2, peft={"rank": 8})
+    assert trace(job).params_trainable == estimate(job).params_trainable

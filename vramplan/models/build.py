@@ -395,8 +395,13 @@ def _apply_peft(model: nn.Module, task: str, job: Job, skip: set[int],
     from peft.utils import ModulesToSaveWrapper
     spec = job.peft
     targets = "all-linear" if spec.target_modules == ("all-linear",) else list(spec.target_modules)
+    # a new image classifier trains whole beside the adapters, as in Hugging Face's LoRA
+    # image-classification guide (peft's SEQ_CLS task type does the same for text)
+    head = ["classifier"] if task == "image-classification" and hasattr(model, "classifier") \
+        else None
     lora = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
-                      target_modules=targets, task_type=_PEFT_TASK_TYPES.get(task))
+                      target_modules=targets, task_type=_PEFT_TASK_TYPES.get(task),
+                      modules_to_save=head)
     try:
         with warnings.catch_warnings():  # peft still asks for is_gradient_checkpointing
             warnings.simplefilter("ignore", FutureWarning)

@@ -262,9 +262,11 @@ def _vit(c: _Cfg) -> Architecture:
     qkv_bias = bool(c.get("qkv_bias", True))
     # google/vit-huge-patch14-224-in21k has no labels (a ViTModel); 1000 = ImageNet-1k fine-tune
     num_labels = c.num_labels(1000)
-    linears = (_lin("query", h, h, qkv_bias), _lin("key", h, h, qkv_bias),
-               _lin("value", h, h, qkv_bias), _lin("dense", h, h, True),
-               _lin("dense", h, inter, True), _lin("dense", inter, h, True))
+    # transformers 5 names (ViT's query/key/value/dense became q/k/v/o_proj and mlp.fc1/fc2),
+    # so LoRA targets mean the same modules in the formula and in the built model
+    linears = (_lin("q_proj", h, h, qkv_bias), _lin("k_proj", h, h, qkv_bias),
+               _lin("v_proj", h, h, qkv_bias), _lin("o_proj", h, h, True),
+               _lin("fc1", h, inter, True), _lin("fc2", inter, h, True))
     stack = Stack(role="encoder", num_layers=layers, hidden_size=h, num_heads=nh, num_kv_heads=nh,
                   head_dim=h // nh, intermediate_size=inter, mlp="gelu", norm="layernorm",
                   linears=linears, params_per_layer=_lin_params(linears) + 2 * _ln(h),
