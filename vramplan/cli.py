@@ -62,8 +62,9 @@ _JOB_FLAGS: dict[str, tuple[Any, Any, tuple[str, ...]]] = {
     "peft": (Optional[str], typer.Option(help="lora or qlora"), ("peft", "method")),
     "lora_rank": (Optional[int], typer.Option(help="LoRA rank"), ("peft", "rank")),
     "lora_alpha": (Optional[float], typer.Option(help="LoRA alpha"), ("peft", "alpha")),
-    "lora_targets": (Optional[str], typer.Option(help="comma-separated module names, or "
-                                                 "all-linear"), ("peft", "target_modules")),
+    "lora_targets": (Optional[str], typer.Option(
+        help="comma-separated module names, or all-linear (default q_proj,k_proj,v_proj,"
+             "o_proj; GPT-2: c_attn, BERT: query,value, T5: q,v)"), ("peft", "target_modules")),
     "optimizer_in_backward": (Optional[bool], typer.Option(
         "--optimizer-in-backward/--no-optimizer-in-backward", help="step inside backward"),
         ("optimizer_in_backward",)),
