@@ -152,7 +152,7 @@ def seq_len(
 
 
 def _max_positions(job: Job) -> int | None:
-    """The longest text the model accepts (learned positions), when the catalog knows it."""
+    """The model's length (its learned table or training length), when the catalog knows it."""
     try:
         from vramplan.models import load_architecture
         return load_architecture(job.model).max_positions

@@ -26,19 +26,16 @@ from vramplan.hardware import get_gpu, list_gpus
 from vramplan.hardware.gpu import GPU
 from vramplan.job import CHUNKED_LOSS_CHUNKS, Job
 from vramplan.models import Architecture, Stack, load_architecture
+from vramplan.models.families import (EAGER_ONLY, LEARNED_POSITIONS, SDPA_QUERY_CONTIGUOUS,
+                                      TRAINED_ATTENTION_BIAS, text_len)
 from vramplan.units import format_bytes
 
-# Families whose positions are learned tables: a longer sequence cannot run at all.
-LEARNED_POSITIONS = {"gpt2", "bert", "roberta", "whisper", "opt", "gpt_neo"}
-# models whose attention hands sdpa a contiguous [b, heads, s, d] query (seen in traces)
-SDPA_QUERY_CONTIGUOUS = {"whisper", "phi3"}
 # DeepSpeed's default reduce/allreduce bucket (reduce_bucket_size = 5e8 elements).
 ZERO_BUCKET_ELEMENTS = 500_000_000
 # FSDP keeps the current block gathered and prefetches the next (forward and backward).
 FSDP_GATHERED_BLOCKS = 2
 # transformers' config defaults, for configs that leave the activation out
 DEFAULT_ACTIVATION = {"gpt2": "gelu_new", "t5": "relu", "gemma2": "gelu_pytorch_tanh"}
-EAGER_ONLY = ("gemma2",)
 # Families whose eager attention computes the softmax in fp32 (softmax(..., dtype=float32))
 UPCAST_SOFTMAX = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3")
 CLASSIFIER_TASKS = ("seq-classification", "image-classification")
@@ -202,18 +199,7 @@ def _shapes(job: Job, arch: Architecture, task: str) -> Shapes:
 
 
 def _text_len(requested: int | None, arch: Architecture, field: str, notes: list[str]) -> int:
-    limit = arch.max_positions
-    if requested is None:
-        chosen = min(2048, limit) if limit else 2048
-        notes.append(f"{field} not given: using {chosen}")
-        return chosen
-    if limit and requested > limit:
-        if arch.model_type in LEARNED_POSITIONS:
-            raise JobError(f"{field}={requested} is longer than {arch.name}'s {limit} learned "
-                           f"positions: use {field} <= {limit}")
-        notes.append(f"warning: {field}={requested} exceeds the {limit} positions {arch.name} "
-                     "was trained on; it may need position scaling to train well")
-    return requested
+    return text_len(requested, arch.max_positions, arch.model_type, arch.name, field, notes)
 
 
 # --- parameters, gradients, optimizer state ---------------------------------------------
@@ -402,7 +388,7 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
             upcast_softmax=arch.model_type in UPCAST_SOFTMAX,
             score_softcap=bool(arch.extra.get("attn_logit_softcapping")),
             norm_scales_input=arch.model_type == "t5",
-            trained_bias=arch.model_type == "t5",
+            trained_bias=arch.model_type in TRAINED_ATTENTION_BIAS,
             rotary=arch.model_type not in LEARNED_POSITIONS,
             sdpa_query_contiguous=arch.model_type in SDPA_QUERY_CONTIGUOUS)
         block = sum(b for _, b in saved)

@@ -39,9 +39,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from vramplan.errors import EngineError, JobError, ModelConfigError
+from vramplan.errors import EngineError, ModelConfigError
 from vramplan.job import CHUNKED_LOSS_CHUNKS, Job
-from vramplan.models import lowbit
+from vramplan.models import families, lowbit
+from vramplan.models.derive import architecture_from_config
+from vramplan.models.families import TRAINED_ATTENTION_BIAS
 from vramplan.models.autocast import cuda_autocast_policy, cuda_dropout_kernels
 
 AUTO_CLASSES = {
@@ -295,7 +297,6 @@ def _no_dispatch_modes():
 
 
 # models whose sdpa call gets an additive mask that requires grad (a learned bias)
-SDPA_WITH_TRAINED_BIAS = ("t5",)
 
 
 def _build_on(auto, hf_config, job: Job, dtype: torch.dtype, device: torch.device, task: str,
@@ -312,7 +313,7 @@ def _build_on(auto, hf_config, job: Job, dtype: torch.dtype, device: torch.devic
                 model = auto.from_config(hf_config, attn_implementation="eager", dtype=dtype)
                 notes.append(f"{hf_config.model_type}: transformers has no {job.attention} "
                              "attention for this model; traced with eager attention")
-            if job.attention == "sdpa" and hf_config.model_type in SDPA_WITH_TRAINED_BIAS:
+            if job.attention == "sdpa" and hf_config.model_type in TRAINED_ATTENTION_BIAS:
                 notes.append(f"{hf_config.model_type} passes a trained position bias to sdpa: "
                              "CUDA runs it with the memory-efficient kernel, whose tensors the "
                              "trace keeps; a real CPU run takes the math kernel instead, which "
@@ -487,23 +488,15 @@ def hf_batch_factory(config: dict, task: str, job: Job, device: torch.device,
 
 
 # models whose positions are a learned table: longer sequences index past its end
-LEARNED_POSITIONS = {"gpt2", "bert", "roberta", "whisper", "opt", "gpt_neo"}
-
-
 def text_len(requested: int | None, config: dict, field: str, notes: list[str]) -> int:
-    """The job's text length; unset means min(2048, the model's maximum), as the formula
-    engine chooses."""
-    limit = config.get("max_position_embeddings") or config.get("n_positions")
-    if config.get("model_type") in ("bert", "roberta") and limit:
-        limit -= 2 if config["model_type"] == "roberta" else 0  # RoBERTa offsets by pad + 1
-    if requested is None:
-        chosen = min(2048, limit) if limit else 2048
-        notes.append(f"{field} not given: using {chosen}")
-        return chosen
-    if limit and requested > limit and config.get("model_type") in LEARNED_POSITIONS:
-        raise JobError(f"{field}={requested} is longer than the model's {limit} learned "
-                       f"positions: use {field} <= {limit}")
-    return requested
+    """The job's text length, by the formula engine's rule and the model length it derives
+    (families.text_len); a config of a family it does not know gives its own length."""
+    name = config.get("_name_or_path") or config.get("model_type") or "the model"
+    try:
+        limit = architecture_from_config(config, name).max_positions
+    except ModelConfigError:
+        limit = config.get("max_position_embeddings") or config.get("n_positions")
+    return families.text_len(requested, limit, config.get("model_type", ""), name, field, notes)
 
 
 def hf_loss(model: nn.Module, batch: dict) -> torch.Tensor:

@@ -1,0 +1,38 @@
+"""What both engines must know about model families beyond their shapes, in one place.
+
+The formula reads these to model a family's tensors; the trace's model builder reads them to
+pick the same defaults and to say what it emulates. No torch here.
+"""
+
+from __future__ import annotations
+
+from vramplan.errors import JobError
+
+# a learned position table: a longer sequence indexes past its end
+LEARNED_POSITIONS = frozenset({"gpt2", "bert", "roberta", "whisper", "opt", "gpt_neo"})
+# self-attention adds a trained position bias, which sdpa receives as a mask needing a grad
+TRAINED_ATTENTION_BIAS = frozenset({"t5"})
+# the attention hands sdpa a contiguous [b, heads, s, d] query (seen in traces)
+SDPA_QUERY_CONTIGUOUS = frozenset({"whisper", "phi3"})
+# transformers runs attention eagerly whatever is asked (it changes the scores first)
+EAGER_ONLY = frozenset({"gemma2"})
+
+DEFAULT_TEXT_LEN = 2048
+
+
+def text_len(requested: int | None, limit: int | None, model_type: str, name: str,
+             field: str, notes: list[str]) -> int:
+    """The job's text length: unset means min(2048, the model's length). Longer than a
+    learned position table is an error; longer than a rotary model's training length is
+    allowed with a warning."""
+    if requested is None:
+        chosen = min(DEFAULT_TEXT_LEN, limit) if limit else DEFAULT_TEXT_LEN
+        notes.append(f"{field} not given: using {chosen}")
+        return chosen
+    if limit and requested > limit:
+        if model_type in LEARNED_POSITIONS:
+            raise JobError(f"{field}={requested} is longer than {name}'s {limit} learned "
+                           f"positions: use {field} <= {limit}")
+        notes.append(f"warning: {field}={requested} exceeds the {limit} positions {name} "
+                     "was trained on; it may need position scaling to train well")
+    return requested
