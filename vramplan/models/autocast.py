@@ -140,7 +140,9 @@ def cuda_dropout_kernels() -> Iterator[None]:
     the kernel, where CPU sdpa with dropout falls back to the math path that stores the
     s x s probabilities. So dropout goes through native_dropout here, and sdpa runs with
     dropout_p=0, which keeps the same tensors as CUDA's kernels (the flash kernel saves only
-    its RNG state besides them). Values differ from a CPU run's; memory is CUDA's.
+    its RNG state besides them). On fake tensors, sdpa with a mask that needs a gradient
+    (T5's trained bias) keeps the tensors of CUDA's memory-efficient kernel instead of the
+    CPU math path's (_EfficientAttention). Values differ from a CPU run's; memory is CUDA's.
     """
     functional = torch.nn.functional
     original_dropout = functional.dropout
