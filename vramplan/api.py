@@ -6,10 +6,10 @@ from importlib import resources
 from pathlib import Path
 
 from vramplan.engines.report import MemoryReport
-from vramplan.errors import UnknownNameError
+from vramplan.engines.registry import engine_names, run_engine  # noqa: F401 (re-export)
 from vramplan.job import Job
 
-ENGINES = ("formula", "trace", "measure")
+ENGINES = engine_names()
 
 
 def default_job_path() -> Path:
@@ -38,10 +38,3 @@ def measure(job: Job, **options) -> MemoryReport:
     return measure_engine(job, **options)
 
 
-def run_engine(job: Job, engine: str = "formula", **options) -> MemoryReport:
-    """Run `job` through the named engine (formula, trace or measure); options go to that
-    engine (trace: time_limit_s; measure: steps, warmup, device, budget_bytes, ...)."""
-    engines = {"formula": estimate, "trace": trace, "measure": measure}
-    if engine not in engines:
-        raise UnknownNameError("engine", engine, ENGINES)
-    return engines[engine](job, **options)

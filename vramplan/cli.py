@@ -168,7 +168,7 @@ def estimate(
 
     if unit not in ("GiB", "GB"):
         raise VramplanError(f"--unit must be GiB or GB (got {unit!r})")
-    report = run_engine(job, engine, **({"time_limit_s": time_limit} if engine == "trace" else {}))
+    report = run_engine(job, engine, time_limit_s=time_limit)
     if as_json:
         print_json(report.to_json_dict())
         return

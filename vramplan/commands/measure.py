@@ -178,7 +178,7 @@ def run_engine_for_compare(job: Job, engine: str, steps: int, warmup: int,
     """The engine's report, or why it has none (an engine that is missing or failed)."""
     from vramplan.api import run_engine
 
-    options = dict(steps=steps, warmup=warmup, device=device) if engine == "measure" else {}
+    options = dict(steps=steps, warmup=warmup, device=device)
     try:
         return run_engine(job, engine, **options)
     except ImportError as error:

@@ -55,8 +55,7 @@ def oracle_for(engine: str, *, budget_bytes: int | None = None, device: str | No
     budget makes a step over it raise BudgetExceeded, on CUDA it caps the allocator."""
     from vramplan.api import run_engine
 
-    options = (dict(steps=steps, warmup=warmup, budget_bytes=budget_bytes, device=device)
-               if engine == "measure" else {})
+    options = dict(steps=steps, warmup=warmup, budget_bytes=budget_bytes, device=device)
     return lambda job: run_engine(job, engine, **options)
 
 
