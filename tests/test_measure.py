@@ -10,7 +10,7 @@ import torch
 
 from vramplan.engines.measure import measure, measure_setup
 from vramplan.job import Job
-from vramplan.models.build import TrainingSetup
+from vramplan.training.setup import TrainingSetup
 from vramplan.search import BudgetExceeded, max_batch_size
 
 JOB = Job(model="tiny", batch_size=4, seq_len=32, precision="fp32")

@@ -10,7 +10,7 @@ which search treats like a CUDA out-of-memory error.
     >>> report = measure(Job(model="llama-3.2-1b", batch_size=4, seq_len=256), steps=5)
     >>> report.peak_allocated, report.measured["step_time_median_s"]
 
-The model, optimizer, synthetic batch and the step itself come from vramplan.models.build,
+The model, optimizer, synthetic batch and the step itself come from vramplan.training,
 the same builders the trace engine runs, so measure and trace see the same step.
 """
 
@@ -29,8 +29,8 @@ import torch
 from vramplan.engines.report import CATEGORIES, MemoryReport
 from vramplan.errors import EngineError
 from vramplan.job import Job
-from vramplan.models.build import (MAX_GRAD_NORM, TrainingSetup, build_training_setup,
-                                   fully_shard_setup, train_step)
+from vramplan.training.fsdp import fully_shard_setup
+from vramplan.training.setup import MAX_GRAD_NORM, TrainingSetup, build_training_setup, train_step
 from vramplan.search import BudgetExceeded, is_out_of_memory
 from vramplan.tracking import NvmlSampler, p90
 from vramplan.units import format_bytes
@@ -72,7 +72,7 @@ def measure(job: Job, *, steps: int = 5, warmup: int = 2, emulate_gpu: str | Non
 def measure_setup(setup: TrainingSetup, job: Job, *, steps: int = 5, warmup: int = 2,
                   emulate_gpu: str | None = None,
                   budget_bytes: int | None = None) -> MemoryReport:
-    """measure() for a setup already built (by build.py, or by hand)."""
+    """measure() for a setup already built (by vramplan.training, or by hand)."""
     if steps < 1 or warmup < 0:
         raise EngineError(f"need steps >= 1 and warmup >= 0 (got steps={steps}, "
                           f"warmup={warmup})")
@@ -118,7 +118,7 @@ class _Run:
 
 
 def _timed_step(setup: TrainingSetup, grad_accum: int, scaler, run: _Run, probe) -> None:
-    """build.train_step (the step trace runs), with the loss captured; fp16-mixed adds the
+    """training.setup.train_step (the step trace runs), with the loss captured; fp16-mixed adds the
     GradScaler as the Hugging Face Trainer does."""
     losses: list[torch.Tensor] = []
     compute_loss = setup.compute_loss
