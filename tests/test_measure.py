@@ -11,7 +11,8 @@ import torch
 from vramplan.engines.measure import measure, measure_setup
 from vramplan.job import Job
 from vramplan.training.setup import TrainingSetup
-from vramplan.search import BudgetExceeded, max_batch_size
+from vramplan.errors import BudgetExceeded
+from vramplan.search import max_batch_size
 
 JOB = Job(model="tiny", batch_size=4, seq_len=32, precision="fp32")
 
@@ -158,7 +159,7 @@ def test_measure_agrees_with_trace_engine_when_present():
         traced = trace.trace(job, model_config=TINY_LLAMA)
     except TypeError:
         pytest.skip("trace() takes no model_config yet")
-    from vramplan.commands.measure import predicted_workspaces
+    from vramplan.compare import predicted_workspaces
     workspaces = predicted_workspaces(traced)  # cuBLAS workspaces: on a GPU, not the CPU
     assert traced.peak_allocated - workspaces == pytest.approx(measured.peak_allocated,
                                                                rel=0.02)
@@ -171,7 +172,7 @@ def _cli():
     import typer
     from typer.testing import CliRunner
 
-    from vramplan.commands import measure as commands
+    from vramplan.cli.commands import measure as commands
     app = typer.Typer()
     commands.register(app)
     return app, CliRunner()
@@ -308,7 +309,7 @@ def test_cuda_path_with_faked_torch_cuda(monkeypatch):
 
 
 def test_out_of_memory_message_keeps_the_failed_request_only():
-    from vramplan.commands.measure import describe_oom
+    from vramplan.search.oom import describe_oom
     seen_on_h200 = RuntimeError(  # benchmarks/results/gpu_cli_check.txt
         "CUDA out of memory. Tried to allocate 112.00 MiB. GPU 0 has a total capacity of "
         "139.80 GiB of which 117.91 GiB is free. Including non-PyTorch memory, this process "

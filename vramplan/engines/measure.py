@@ -31,7 +31,8 @@ from vramplan.errors import EngineError
 from vramplan.job import Job
 from vramplan.training.fsdp import fully_shard_setup
 from vramplan.training.setup import MAX_GRAD_NORM, TrainingSetup, build_training_setup, train_step
-from vramplan.search import BudgetExceeded, is_out_of_memory
+from vramplan.errors import BudgetExceeded
+from vramplan.search.oom import is_out_of_memory
 from vramplan.tracking import NvmlSampler, p90
 from vramplan.units import format_bytes
 
