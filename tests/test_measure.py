@@ -69,7 +69,7 @@ def test_cpu_measure_reports_peak_categories_and_timing():
     assert set(report.phase_peaks) == {"inputs", "forward", "backward", "optimizer", "end"}
     assert report.peak_phase in report.phase_peaks
     assert report.peak_allocated == max(report.phase_peaks.values())
-    m = report.measured
+    m = report.measured.model_dump()
     assert m["complete"] and m["steps"] == 5 and len(m["losses"]) == 5
     assert m["step_time_median_s"] > 0 and m["step_time_p90_s"] >= m["step_time_median_s"]
     assert m["samples_per_s"] == pytest.approx(4 / m["step_time_median_s"])
@@ -104,7 +104,7 @@ def test_budget_turns_into_budget_exceeded_and_search_uses_it():
 
 def test_user_error_keeps_partial_results():
     report = measure_setup(tiny_setup(fail_at_call=3), JOB, steps=3, warmup=1)
-    m = report.measured
+    m = report.measured.model_dump()
     assert not m["complete"] and len(m["losses"]) == 2
     assert "ValueError: user code broke" in m["stopped"]
     assert any("partial run" in n for n in report.notes)
@@ -113,7 +113,7 @@ def test_user_error_keeps_partial_results():
 
 def test_ctrl_c_gives_partial_report():
     report = measure_setup(tiny_setup(interrupt_at_call=4), JOB, steps=5, warmup=1)
-    assert "interrupted" in report.measured["stopped"] and len(report.measured["losses"]) == 3
+    assert "interrupted" in report.measured.stopped and len(report.measured.losses) == 3
 
 
 def test_non_finite_losses_and_skipped_fp16_steps():
@@ -122,8 +122,8 @@ def test_non_finite_losses_and_skipped_fp16_steps():
         setup.model.head.weight[0, 0] = float("inf")
     job = JOB.with_changes(precision="fp16-mixed")  # fp16-mixed runs a GradScaler
     report = measure_setup(setup, job, steps=2, warmup=1)
-    assert report.measured["non_finite_losses"] == 3
-    assert report.measured["skipped_steps"] == 3
+    assert report.measured.non_finite_losses == 3
+    assert report.measured.skipped_steps == 3
 
 
 def test_grad_accum_counts_tokens_per_optimizer_step():
@@ -145,10 +145,10 @@ def test_measure_job_end_to_end_with_shared_builders(tmp_path):
     job = Job(model=str(config), batch_size=2, seq_len=64, precision="bf16-mixed")
     report = measure(job, steps=2, warmup=1, device="cpu")
     assert report.params_total > 0 and report.peak_allocated > report.categories["weights"]
-    assert report.measured["tokens_per_s"] == pytest.approx(
-        128 / report.measured["step_time_median_s"])
+    assert report.measured.tokens_per_s == pytest.approx(
+        128 / report.measured.step_time_median_s)
     assert report.tokens_per_step == 128 and all(math.isfinite(x)
-                                                 for x in report.measured["losses"])
+                                                 for x in report.measured.losses)
 
 
 def test_measure_agrees_with_trace_engine_when_present():
@@ -301,7 +301,7 @@ def test_cuda_path_with_faked_torch_cuda(monkeypatch):
     assert fractions[-1] == 1.0  # the cap is lifted after the run
     assert report.peak_allocated == 10_000_000 and report.peak_reserved == 12_000_000
     assert report.categories["runtime_context"] == 588_000_000
-    m = report.measured
+    m = report.measured.model_dump()
     assert m["device"] == "Fake H200" and m["gpu_util_mean"] == 50
     assert m["mem_bandwidth_util_mean"] == 30 and m["nvml_used_max"] == 600_000_000
     assert m["context_overhead"] == 588_000_000 and report.runtime_gpu == "L4"

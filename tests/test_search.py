@@ -12,6 +12,7 @@ import pytest
 
 from vramplan.engines.report import CATEGORIES, MemoryReport
 from vramplan.job import Job
+from vramplan.engines.report import Measured
 from vramplan.errors import BudgetExceeded
 from vramplan.search import (max_batch_size, max_seq_len, plot, sweep,
                              write_csv, write_json)
@@ -151,8 +152,10 @@ def test_does_not_fit_with_oom_uses_explain_engine():
 def test_sweep_rows_and_outputs(tmp_path):
     def oracle(job):
         return _report(weights=GiB, activations=job.batch_size * job.seq_len * 1000).model_copy(
-            update={"measured": {"step_time_median_s": 0.5, "samples_per_s": 2 * job.batch_size,
-                                 "tokens_per_s": 2.0, "losses": [3.0, 2.5]}})
+            update={"measured": Measured(
+                source="measure", device="cpu", complete=True, steps=2,
+                step_time_median_s=0.5, samples_per_s=2 * job.batch_size, tokens_per_s=2.0,
+                losses=[3.0, 2.5])})
 
     def failing(job):
         if job.batch_size * job.seq_len > 4096:

@@ -34,7 +34,8 @@ def comparison_rows(reports: dict[str, MemoryReport | str]) -> list[dict]:
         ("peak reserved", lambda r: r.peak_reserved),
         ("device total", lambda r: r.device_total)]
     reference = reports[ref]
-    if isinstance(reference, MemoryReport) and (reference.measured or {}).get("device") == "cpu":
+    if isinstance(reference, MemoryReport) and reference.measured is not None \
+            and reference.measured.device == "cpu":
         # A CPU run has no cuBLAS workspaces: compare the predictions without them.
         figures.append(("peak allocated w/o cuBLAS workspaces",
                         lambda r: r.peak_allocated - predicted_workspaces(r)))
@@ -52,13 +53,11 @@ def comparison_rows(reports: dict[str, MemoryReport | str]) -> list[dict]:
 
 def predicted_workspaces(report: MemoryReport) -> int:
     """cuBLAS workspace bytes a predicted report counts in `temporary` (0 for measure)."""
-    if report.engine == "measure":
+    if report.measured is not None:
         return 0
     from vramplan.engines.runtime import workspaces_bytes
     from vramplan.hardware import get_gpu
-    from vramplan.job import Runtime
-
     gpu = get_gpu(report.runtime_gpu) if report.runtime_gpu else None
-    return workspaces_bytes(Runtime(**report.job["runtime"]), gpu)
+    return workspaces_bytes(report.job.runtime, gpu)
 
 

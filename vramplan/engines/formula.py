@@ -138,7 +138,7 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
                    "optimizer": totals["optimizer"]}
 
     report = MemoryReport(
-        engine="formula", job=job.model_dump(), model_name=arch.name,
+        engine="formula", job=job, model_name=arch.name,
         params_total=params.total, params_trainable=params.trainable,
         per_gpu_of=job.parallel.num_gpus,
         categories={c: at_peak[c] for c in CATEGORIES},

@@ -345,7 +345,7 @@ class TraceResult:
                      "GPU's capacity it frees cached blocks and retries, so the real "
                      "allocator_overhead can be smaller there")
         report = MemoryReport(
-            engine="trace", job=job.model_dump(), model_name=self.model_name,
+            engine="trace", job=job, model_name=self.model_name,
             params_total=self.params_total, params_trainable=self.params_trainable,
             per_gpu_of=job.parallel.num_gpus, categories=categories,
             phase_peaks={k: v + workspaces for k, v in phase_peaks.items()},

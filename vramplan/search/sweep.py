@@ -43,11 +43,11 @@ def sweep(job: Job, oracle_report: Callable[[Job], MemoryReport], batch_sizes: I
                            peak_reserved=report.peak_reserved, device_total=report.device_total)
                 if budget_bytes is not None:
                     row["fits"] = report.device_total <= budget_bytes * (1 - margin)
-                m = report.measured or {}
-                row.update(step_time_s=m.get("step_time_median_s"),
-                           samples_per_s=m.get("samples_per_s"),
-                           tokens_per_s=m.get("tokens_per_s"),
-                           final_loss=(m.get("losses") or [None])[-1])
+                m = report.measured
+                if m is not None:
+                    row.update(step_time_s=m.step_time_median_s, samples_per_s=m.samples_per_s,
+                               tokens_per_s=m.tokens_per_s,
+                               final_loss=m.losses[-1] if m.losses else None)
             rows.append(row)
             if on_row:
                 on_row(row)

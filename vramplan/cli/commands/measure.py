@@ -77,7 +77,7 @@ def measure(
 
 
 def print_measured(report: MemoryReport) -> None:
-    m = report.measured or {}
+    m = report.measured.model_dump() if report.measured else {}
     table = Table(title=f"measured on {m.get('device', '?')}: {m.get('steps', 0)} steps "
                         f"({m.get('warmup', 0)} warm-up)")
     table.add_column("figure")
