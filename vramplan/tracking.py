@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 class Tracker:
     def __init__(self, path: str | Path | None = None, *, device: Any = None,
                  samples_per_step: int | None = None, tokens_per_step: int | None = None,

@@ -16,8 +16,15 @@ from dataclasses import dataclass
 
 from vramplan.engines import activations as act
 from vramplan.engines.precision import (
-    NF4_BYTES_PER_PARAM, NF4_DOUBLE_QUANT_BYTES_PER_PARAM, STATE_COPIES, Dtypes, adapter_bytes,
-    dtypes_for, eight_bit_state_bytes, frozen_base_bytes, optimizer_step_temp_copies,
+    NF4_BYTES_PER_PARAM,
+    NF4_DOUBLE_QUANT_BYTES_PER_PARAM,
+    STATE_COPIES,
+    Dtypes,
+    adapter_bytes,
+    dtypes_for,
+    eight_bit_state_bytes,
+    frozen_base_bytes,
+    optimizer_step_temp_copies,
 )
 from vramplan.engines.report import CATEGORIES, MemoryReport
 from vramplan.engines.runtime import fit_table, workspaces_bytes
@@ -26,8 +33,13 @@ from vramplan.hardware import get_gpu, list_gpus
 from vramplan.hardware.gpu import GPU
 from vramplan.job import CHUNKED_LOSS_CHUNKS, Job
 from vramplan.models import Architecture, Stack, load_architecture
-from vramplan.models.families import (EAGER_ONLY, LEARNED_POSITIONS, SDPA_QUERY_CONTIGUOUS,
-                                      TRAINED_ATTENTION_BIAS, text_len)
+from vramplan.models.families import (
+    EAGER_ONLY,
+    LEARNED_POSITIONS,
+    SDPA_QUERY_CONTIGUOUS,
+    TRAINED_ATTENTION_BIAS,
+    text_len,
+)
 from vramplan.units import format_bytes
 
 # DeepSpeed's default reduce/allreduce bucket (reduce_bucket_size = 5e8 elements).

@@ -27,13 +27,12 @@ from typing import Any
 import torch
 
 from vramplan.engines.report import CATEGORIES, Measured, MemoryReport, RankFigures
-from vramplan.errors import EngineError
+from vramplan.errors import BudgetExceeded, EngineError
 from vramplan.job import Job
-from vramplan.training.fsdp import fully_shard_setup
-from vramplan.training.setup import MAX_GRAD_NORM, TrainingSetup, build_training_setup, train_step
-from vramplan.errors import BudgetExceeded
 from vramplan.search.oom import is_out_of_memory
 from vramplan.tracking import NvmlSampler, p90
+from vramplan.training.fsdp import fully_shard_setup
+from vramplan.training.setup import MAX_GRAD_NORM, TrainingSetup, build_training_setup, train_step
 from vramplan.units import format_bytes
 
 CUDA_BLOCK = 512  # the caching allocator rounds every request up to 512 bytes

@@ -52,9 +52,9 @@ from torch.utils._pytree import tree_leaves
 from vramplan.engines import runtime
 from vramplan.engines.allocator import CachingAllocator, round_size
 from vramplan.engines.report import CATEGORIES, MemoryReport, ModuleUsage
+from vramplan.engines.trace_shard import sharding
 from vramplan.errors import EngineError, VramplanError
 from vramplan.job import Job
-from vramplan.engines.trace_shard import sharding
 from vramplan.training.setup import TrainingSetup, build_training_setup, train_step
 
 STEPS = 2          # step 1 creates optimizer state; step 2 is the steady state, reported
