@@ -96,7 +96,7 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
         activations = min(activations, 2 * block_acts / (tp * cp))
     logits_fwd, logits_bwd = _loss_buffers(job, arch, shapes, dt, task)
 
-    w, g, o, cast, gathered, comm, notes = _per_gpu_params(job, params)
+    w, g, o, cast, gathered, root_gathered, comm, notes = _per_gpu_params(job, params)
     ws = workspaces_bytes(job.runtime, runtime_gpu)
     inputs = shapes.input_bytes / cp
     g_kept = g if job.grad_accum > 1 else 0.0
@@ -119,6 +119,10 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
                         temporary=cast + logits_fwd + gathered + comm + ws),
         "backward": dict(base, gradients=g_kept, activations=activations,
                          temporary=cast + logits_bwd + gathered + comm + ws),
+        # FSDP2 gathers the root again as backward starts (the blocks are resharded): its
+        # all-gather output and the unsharded parameters it is copied into are live together
+        "backward_gather": dict(base, gradients=g_kept, activations=activations,
+                                temporary=cast + logits_fwd + 2 * root_gathered + comm + ws),
         "backward_recompute": dict(base, gradients=g_kept, activations=activations
                                    + recompute["activations"],
                                    temporary=cast + recompute["cast"] + gathered + comm + ws),
@@ -134,7 +138,7 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
     at_peak["runtime_context"] = job.runtime.cuda_context_bytes
     phase_peaks = {"forward": totals["forward"],
                    "backward": max(totals["backward"], totals["backward_recompute"],
-                                   totals["backward_end"]),
+                                   totals["backward_end"], totals["backward_gather"]),
                    "optimizer": totals["optimizer"]}
 
     report = MemoryReport(
@@ -244,7 +248,7 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
         else:
             weights = frozen * base
         weights += adapters * adapter_bytes(job) + head * dt.weight
-        block_bytes = max((s.params_per_layer for s in arch.stacks), default=0) * base
+        block_bytes = max((_block_base_bytes(job, s, base) for s in arch.stacks), default=0)
         largest = max((ln.in_features * ln.out_features for s in arch.stacks
                        for ln in s.linears), default=1)
         dt = Dtypes(adapter_bytes(job), adapter_bytes(job), dt.compute, dt.residual,
@@ -260,6 +264,15 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
     outside = (total - in_blocks) * (dt.weight if job.peft is None else frozen_base_bytes(job))
     return ParamMemory(total, trainable, weights, grads, optimizer, cast, step_temp,
                        block_bytes, cast_head, tied, outside_blocks=outside, notes=tuple(notes))
+
+
+def _block_base_bytes(job: Job, stack: Stack, base: int) -> float:
+    """One block of a PEFT base as stored: QLoRA keeps its linears' weights in NF4."""
+    if job.peft is None or job.peft.method != "qlora":
+        return stack.params_per_layer * base
+    per = NF4_DOUBLE_QUANT_BYTES_PER_PARAM if job.peft.double_quant else NF4_BYTES_PER_PARAM
+    weights = sum(ln.in_features * ln.out_features * ln.count for ln in stack.linears)
+    return weights * per + (stack.params_per_layer - weights) * base
 
 
 def _hidden(arch: Architecture) -> int:
@@ -318,14 +331,17 @@ def _per_gpu_params(job: Job, params: ParamMemory):
     w = params.weights / tp / (shard if sharded_params else 1)
     g = params.gradients / tp / (shard if strategy != "zero1" else 1)
     o = params.optimizer / tp / shard
-    cast, gathered, comm = (params.cast_copies + params.cast_head) / tp, 0.0, 0.0
+    cast, gathered, root, comm = (params.cast_copies + params.cast_head) / tp, 0.0, 0.0, 0.0
     if sharded_params and shard > 1:
         # gathered blocks in the compute dtype replace autocast's weight copies; the root
-        # unit (everything outside the blocks) stays gathered from forward to backward, as
-        # FSDP2 does not reshard the root after forward
-        gathered = (FSDP_GATHERED_BLOCKS * params.largest_block + params.outside_blocks) / tp
-        if dtypes_for(job).autocast:
-            gathered /= 2
+        # unit (everything outside the blocks) is gathered through forward and again at the
+        # start of backward. FSDP2 gathers in its param_dtype: fp32 weights under autocast
+        # at half their size; a PEFT base is stored in 16-bit (or 4-bit) and gathers as
+        # stored, so it is not halved again.
+        halve = 2 if dtypes_for(job).autocast and job.peft is None else 1
+        gathered = (FSDP_GATHERED_BLOCKS * params.largest_block
+                    + params.outside_blocks) / tp / halve
+        root = params.outside_blocks / tp / halve
         cast = 0.0
     elif strategy == "ddp" and par.data_parallel > 1:
         comm = params.gradients / tp  # the Reducer's flat buckets (gradient_as_bucket_view=False)
@@ -345,7 +361,7 @@ def _per_gpu_params(job: Job, params: ParamMemory):
     if job.optimizer == "paged-adamw-8bit":
         notes.append("paged optimizer states live in unified memory: under memory pressure "
                      "they page to the CPU instead of failing")
-    return w, g, o, cast, gathered, comm, notes
+    return w, g, o, cast, gathered, root, comm, notes
 
 
 # --- activations and loss ---------------------------------------------------------------
