@@ -66,8 +66,8 @@ class ParamMemory:
     largest_block: float      # bytes of the largest block's weights as stored
     cast_head: float = 0.0    # the same for weights outside blocks (LM head), or QLoRA's
     #                           one dequantised weight
-    # a tied embedding's second gradient (from the lookup) before AccumulateGrad adds it
-    # to the one from the output head
+    # a tied embedding's two gradients (head and lookup) and their sum, before the sum
+    # reaches AccumulateGrad, beyond the gradients already counted
     tied_grad_transient: float = 0.0
     outside_blocks: float = 0.0  # bytes as stored of weights outside the blocks (FSDP's root)
     notes: tuple[str, ...] = ()
@@ -258,7 +258,11 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
     step_temp = optimizer_step_temp_copies(job) * trainable * dt.weight
     if job.optimizer_impl == "loop" or job.optimizer in ("sgd-momentum", "lion"):
         step_temp = max(step_temp, largest * dt.weight)  # one param's update at a time
-    tied = (arch.vocab_size * _hidden(arch) * dt.grad
+    # autograd sums the head's and the lookup's gradients out of place (add): both and
+    # their sum are live at once, before the sum becomes .grad; when micro-steps
+    # accumulate, the .grad (counted in gradients) is already there, so one more
+    tied_copies = 3 if job.grad_accum > 1 else 2
+    tied = (tied_copies * arch.vocab_size * _hidden(arch) * dt.grad
             if job.peft is None and arch.tied_embeddings else 0.0)
     in_blocks = sum(s.num_layers * s.params_per_layer for s in arch.stacks)
     outside = (total - in_blocks) * (dt.weight if job.peft is None else frozen_base_bytes(job))
