@@ -598,6 +598,26 @@ def _generic_loss(model: nn.Module, batch: Any, loss_fn: Callable | None) -> tor
 
 # --- optimizers -------------------------------------------------------------------------------
 
+class _ValueFreeAdafactor(torch.optim.Adafactor):
+    """torch's Adafactor, whose step reads its step count and norms with .item() to scale the
+    update. Fake tensors have no values, so in the trace those reads give 1.0: the step
+    allocates the same tensors, only the scale differs. Real tensors are untouched."""
+
+    def step(self, closure=None):
+        from torch._subclasses.fake_tensor import is_fake
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class ItemsOfFakeTensorsAreOne(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is torch.ops.aten._local_scalar_dense.default and is_fake(args[0]):
+                    return 1.0
+                return func(*args, **(kwargs or {}))
+
+        fake = any(is_fake(p) for g in self.param_groups for p in g["params"])
+        with ItemsOfFakeTensorsAreOne() if fake else contextlib.nullcontext():
+            return super().step(closure)
+
+
 class Lion(torch.optim.Optimizer):
     """Lion (Chen et al. 2023): one momentum buffer in the parameter's dtype."""
 
@@ -669,7 +689,7 @@ def build_optimizer(job: Job, params: list[nn.Parameter], notes: list[str]):
                          "caching allocator; counted here as resident on the GPU")
         return lowbit.AdamW8bit(params, lr=1e-4)
     if name == "adafactor":
-        return torch.optim.Adafactor(params, lr=1e-2, foreach=job.optimizer_impl == "foreach")
+        return _ValueFreeAdafactor(params, lr=1e-2, foreach=job.optimizer_impl == "foreach")
     if name == "lion":
         notes.append("lion: per-parameter loop implementation (torch has none)")
         return Lion(params)
