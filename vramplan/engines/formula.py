@@ -134,7 +134,10 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
     peak_name = max(totals, key=totals.get)
     at_peak = {k: int(round(v)) for k, v in phases[peak_name].items()}
     allocated = sum(at_peak.values())
-    at_peak["allocator_overhead"] = _allocator_overhead(job, allocated, at_peak)
+    # reserved memory is the most the allocator held at any phase, not only at the peak
+    reserved = max(totals[name] + _allocator_overhead(job, arch, name, totals[name], parts)
+                   for name, parts in phases.items())
+    at_peak["allocator_overhead"] = max(0, int(round(reserved)) - allocated)
     at_peak["runtime_context"] = job.runtime.cuda_context_bytes
     phase_peaks = {"forward": totals["forward"],
                    "backward": max(totals["backward"], totals["backward_recompute"],
@@ -481,11 +484,20 @@ def _outside_block_activations(job: Job, arch: Architecture, shapes: Shapes, dt:
 ALLOCATOR_OVERHEAD = {"none": 0.06, "selective": 0.12, "full": 0.30}
 
 
-def _allocator_overhead(job: Job, allocated: int, at_peak: dict[str, int]) -> int:
+# Phases in which checkpointing recomputes blocks (and so fragments the cache); the others
+# see the allocator as without checkpointing.
+RECOMPUTE_PHASES = ("backward", "backward_recompute", "backward_gather")
+
+
+def _allocator_overhead(job: Job, arch: Architecture, phase: str, allocated: float,
+                        parts: dict[str, float]) -> float:
     if job.runtime.allocator_overhead is not None:
-        return int(allocated * job.runtime.allocator_overhead)
-    transient = at_peak["activations"] + at_peak["temporary"]
-    return int(transient * ALLOCATOR_OVERHEAD[job.checkpointing])
+        return allocated * job.runtime.allocator_overhead
+    # checkpointing is ignored on a model without blocks (ResNet), and outside backward
+    # nothing is recomputed: the optimizer step's temporaries fragment no more than usual
+    recomputes = bool(arch.stacks) and phase in RECOMPUTE_PHASES
+    mode = job.checkpointing if recomputes else "none"
+    return (parts["activations"] + parts["temporary"]) * ALLOCATOR_OVERHEAD[mode]
 
 
 def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task: str):
