@@ -395,8 +395,9 @@ def _adapters(job: Job) -> act.Adapters:
 
 def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
     """Saved activations of all blocks (after checkpointing), and of the largest block
-    (what full checkpointing recomputes at a time)."""
-    total, largest = 0.0, 0.0
+    (what checkpointing recomputes at a time: the whole block, or under selective
+    checkpointing what it does not keep)."""
+    total, largest, recomputed = 0.0, 0.0, 0.0
     adapters = _adapters(job)
     if job.peft and "all-linear" in job.peft.target_modules:
         adapters = act.Adapters(frozenset(ln.name for s in arch.stacks for ln in s.linears),
@@ -423,9 +424,15 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
             kept = act.block_matmul_outputs(
                 stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
                 attention=_attention_impl(job, arch), adapters=adapters)
-            total += stack.num_layers * sum(b for _, b in kept)
+            # what selective keeps is a subset of what the block saves, and backward
+            # recomputes only the rest of one block
+            kept_bytes = min(sum(b for _, b in kept), block)
+            total += stack.num_layers * kept_bytes
+            recomputed = max(recomputed, block - kept_bytes)
         else:
             total += stack.num_layers * block
+    if job.checkpointing == "selective" and not job.activation_offload:
+        return total, recomputed
     return total, largest
 
 
