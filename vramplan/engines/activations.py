@@ -240,3 +240,45 @@ def block_matmul_outputs(stack: Stack, shape: BlockShape, dt: Dtypes, *, attenti
         else:  # the two batched matmuls: q @ k^T and probs @ v
             kept.append((f"{tag} scores+out", c * b * a * s * s_k + c * b * s * a * d))
     return kept
+
+
+def block_op_sac_outputs(stack: Stack, shape: BlockShape, dt: Dtypes, *, attention: str,
+                         adapters: Adapters) -> list[tuple[str, int]]:
+    """What torchtitan's op-level selective checkpointing keeps of one block
+    (torchtitan b5bcd76c distributed/activation_checkpoint.py, SelectiveAC): its input, the
+    attention kernels' outputs, and the outputs of the block's matmuls except every second
+    one. Its counter advances on each aten.mm (a linear without bias), in the order the
+    block runs them (a LoRA adapter's A and B right after their base linear), and an mm
+    whose count is even is recomputed; a linear with a bias runs as aten.addmm, which is
+    always saved and not counted. In a Llama block that keeps q, v, gate and down."""
+    b, s, c = shape.batch, shape.seq, dt.compute
+    a, d = stack.num_heads, stack.head_dim
+    routed = stack.experts_per_token if stack.num_experts > 1 else 1
+    kept = [("block input", dt.residual * b * s * stack.hidden_size)]
+    mm_count = 0
+
+    def matmul(name: str, bias: bool, elements: int):
+        nonlocal mm_count
+        if not bias:
+            mm_count += 1
+            if mm_count % 2 == 0:
+                return  # recomputed in backward
+        kept.append((f"{name} out", c * elements))
+
+    for ln in stack.linears:
+        tokens = b * (shape.encoder_seq if ln.role == "cross_kv" else s)
+        if ln.count > 1:
+            tokens *= routed
+        if ln.role == "router":
+            continue  # force_recompute_mm_shapes_by_fqns = ["moe.router.gate"]: not counted
+        matmul(ln.name, ln.bias, tokens * ln.out_features)
+        if ln.name in adapters.targets:
+            matmul(f"{ln.name} lora_A", False, tokens * adapters.rank)
+            matmul(f"{ln.name} lora_B", False, tokens * ln.out_features)
+    attentions = [(s, "self")] + ([(shape.encoder_seq, "cross")] if stack.cross_attention else [])
+    for s_k, tag in attentions:
+        if attention == "sdpa":
+            kept.append((f"{tag} sdpa out+lse", c * b * s * a * d + 4 * b * a * s))
+        else:  # q @ k^T and probs @ v run as aten.bmm: saved, not counted
+            kept.append((f"{tag} scores+out", c * b * a * s * s_k + c * b * s * a * d))
+    return kept

@@ -6,6 +6,13 @@ versioned document: `schema_version` changes whenever a field changes meaning or
     peak_allocated = weights + gradients + optimizer_states + activations + inputs + temporary
     peak_reserved  = peak_allocated + allocator_overhead        (torch max_memory_reserved)
     device_total   = peak_reserved + runtime_context            (what nvidia-smi shows)
+
+unified_memory_bytes is apart from all three: optimizer states a paged optimizer
+(bitsandbytes PagedAdamW, PagedAdamW8bit) keeps in CUDA unified memory (cudaMallocManaged),
+outside torch's caching allocator. The driver moves their pages to the GPU while the
+optimizer step uses them, into memory the step leaves free, and back to the host under
+pressure: they never make a step run out of memory, but when device_total +
+unified_memory_bytes exceeds the GPU, each step pages them over PCIe (slower, not failed).
 """
 
 from __future__ import annotations
@@ -46,6 +53,10 @@ class GpuFit(_Frozen):
     required_bytes: int   # device_total for this GPU (its runtime context differs by arch)
     headroom_bytes: int   # usable - required; negative when it does not fit
     fits: bool
+    # False when the GPU cannot run the job's precision (bf16 on a V100, fp8 before Ada);
+    # `problem` says why, and `fits` is then False whatever the memory
+    supported: bool = True
+    problem: str = ""
 
     @property
     def headroom_fraction(self) -> float:
@@ -78,6 +89,8 @@ class MemoryReport(_Frozen):
     tokens_per_step: int = 0  # tokens (or samples for vision) per optimizer step, all GPUs
     notes: list[str] = Field(default_factory=list)
     measured: dict | None = None  # step time, throughput, utilization (measure engine)
+    # paged optimizer states in CUDA unified memory, per GPU: not in any category (see top)
+    unified_memory_bytes: int = 0
 
     @property
     def peak_allocated(self) -> int:
