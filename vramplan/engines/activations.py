@@ -49,6 +49,9 @@ class Adapters:
     rank: int = 0
     dropout: float = 0.0
     base_trainable: bool = True
+    # fp32 adapters in a 16-bit model without autocast: peft casts each adapter's input to
+    # fp32 (lora_A saves that copy) and lora_A's output is fp32; 0 when it does not happen
+    upcast_bytes: int = 0
 
 
 def _activation_saved_bytes(name: str, dt: Dtypes) -> int:
@@ -102,12 +105,16 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
                 # (the one encoder output that serves every layer is counted once, elsewhere)
                 saved.append((tensor, c * elements))
         if lora:
+            a = adapters.upcast_bytes or c  # bytes of what lora_A reads and writes
             if adapters.dropout > 0:  # each adapter drops out its own copy
-                saved.append((f"{tensor} lora dropout x{len(lora)}", len(lora) * (c + 1) * elements))
-            elif not trained and not already_saved:
-                saved.append((tensor, c * elements))
+                saved.append((f"{tensor} lora dropout x{len(lora)}", len(lora) * (a + 1) * elements))
+            else:
+                if not trained and not already_saved:
+                    saved.append((tensor, c * elements))
+                if adapters.upcast_bytes:
+                    saved.append((f"{tensor} lora fp32 copy x{len(lora)}", len(lora) * a * elements))
             rank_elems = elements // max(1, _width(tensor, stack)) * adapters.rank
-            saved.append((f"{tensor} lora A out x{len(lora)}", len(lora) * c * rank_elems))
+            saved.append((f"{tensor} lora A out x{len(lora)}", len(lora) * a * rank_elems))
 
     def norm(name: str):
         if stack.norm == "rmsnorm":

@@ -391,8 +391,10 @@ def _activation_dtypes(job: Job) -> Dtypes:
 def _adapters(job: Job) -> act.Adapters:
     if job.peft is None:
         return act.Adapters()
+    dt = dtypes_for(job)
+    upcast = adapter_bytes(job) if not dt.autocast and adapter_bytes(job) > dt.compute else 0
     return act.Adapters(frozenset(job.peft.target_modules), job.peft.rank, job.peft.dropout,
-                        base_trainable=False)
+                        base_trainable=False, upcast_bytes=upcast)
 
 
 def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
@@ -402,7 +404,7 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
     adapters = _adapters(job)
     if job.peft and "all-linear" in job.peft.target_modules:
         adapters = act.Adapters(frozenset(ln.name for s in arch.stacks for ln in s.linears),
-                                adapters.rank, adapters.dropout, False)
+                                adapters.rank, adapters.dropout, False, adapters.upcast_bytes)
     for stack, seq in zip(arch.stacks, shapes.stack_seq):
         encoder_seq = shapes.stack_seq[0] if stack.cross_attention else 0
         saved = act.block_saved_tensors(
