@@ -56,3 +56,16 @@ def test_trace_keeps_fewer_tensors_under_the_torchtitan_op_policy():
 def test_trace_refuses_what_it_does_not_run(fields, message):
     with pytest.raises(EngineError, match=message):
         trace(Job(**BASE, **fields))
+
+
+@pytest.mark.parametrize("optimizer", ["adamw-4bit", "adamw-fp8"])
+def test_torchao_state_layouts_match(optimizer):
+    full = Job(**BASE, optimizer=optimizer)
+    traced, predicted = trace(full), estimate(full)
+    assert predicted.categories["optimizer_states"] == pytest.approx(
+        traced.categories["optimizer_states"], rel=0.001)
+    # LoRA's many small tensors: the trace counts each code map and scale vector rounded up
+    # to the allocator's 512-byte blocks, the formula their exact bytes
+    lora = Job(**BASE, optimizer=optimizer, peft=Peft())
+    assert estimate(lora).categories["optimizer_states"] == pytest.approx(
+        trace(lora).categories["optimizer_states"], rel=0.06)
