@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from vramplan.engines.trace import cpu_profiler_peak, run_trace
+from vramplan.engines.trace import run_trace
+from vramplan.validation import cpu_profiler_peak
 from vramplan.job import Job, Peft
 
 OUT = Path(__file__).parent / "results"

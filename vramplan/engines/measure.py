@@ -26,14 +26,14 @@ from typing import Any
 
 import torch
 
-from vramplan.engines.report import CATEGORIES, MemoryReport
-from vramplan.errors import EngineError
+from vramplan.engines.report import CATEGORIES, Measured, MemoryReport, RankFigures
+from vramplan.errors import BudgetExceeded, EngineError
+from vramplan.hardware.nvml import NvmlSampler, nvml_used
 from vramplan.job import Job
+from vramplan.search.oom import is_out_of_memory
 from vramplan.training.fsdp import fully_shard_setup
 from vramplan.training.setup import MAX_GRAD_NORM, TrainingSetup, build_training_setup, train_step
-from vramplan.search import BudgetExceeded, is_out_of_memory
-from vramplan.tracking import NvmlSampler, p90
-from vramplan.units import format_bytes
+from vramplan.units import format_bytes, p90
 
 CUDA_BLOCK = 512  # the caching allocator rounds every request up to 512 bytes
 
@@ -193,19 +193,17 @@ def _report(job: Job, setup: TrainingSetup, run: _Run, probe) -> MemoryReport:
     median = statistics.median(timed) if timed else None
     samples = job.batch_size * job.grad_accum
     tokens = sizes["tokens"] * job.grad_accum
-    measured = {
-        "device": probe.device_name,
-        "steps": len(run.losses), "warmup": run.warmup, "steps_planned": run.steps,
-        "complete": not run.stopped, "stopped": run.stopped,
-        "step_time_median_s": median, "step_time_p90_s": p90(timed),
-        "step_times_s": run.step_times,
-        "samples_per_s": samples / median if median else None,
-        "tokens_per_s": tokens / median if median and tokens else None,
-        "losses": run.losses, "non_finite_losses": run.non_finite, "skipped_steps": run.skipped,
-        "peak_allocated": peak, **probe.measured(),
-    }
+    measured = Measured(
+        source="measure", device=probe.device_name,
+        steps=len(run.losses), warmup=run.warmup, steps_planned=run.steps,
+        complete=not run.stopped, stopped=run.stopped,
+        step_time_median_s=median, step_time_p90_s=p90(timed), step_times_s=run.step_times,
+        samples_per_s=samples / median if median else None,
+        tokens_per_s=tokens / median if median and tokens else None,
+        losses=run.losses, non_finite_losses=run.non_finite, skipped_steps=run.skipped,
+        peak_allocated=peak, **probe.measured())
     return MemoryReport(
-        engine="measure", job=job.model_dump(mode="json"), model_name=setup.model_name,
+        engine="measure", job=job, model_name=setup.model_name,
         params_total=setup.params_total, params_trainable=setup.params_trainable,
         categories=categories, phase_peaks=dict(probe.phase_peaks), peak_phase=probe.peak_phase,
         runtime_gpu=probe.runtime_gpu, tokens_per_step=tokens * job.parallel.data_parallel,
@@ -446,7 +444,7 @@ class _CudaProbe(_Probe):
             # The cap applies to the caching allocator; the context lives outside it. It
             # grows as kernels load during the step, so the job's planned context is the
             # floor (1382 MiB at the first step on an H200 against 1234 MiB at this point).
-            context = max(context_bytes, (_nvml_used(self.device) or 0)
+            context = max(context_bytes, (nvml_used(self.device) or 0)
                           - torch.cuda.memory_reserved(self.device))
             cap = min(cap or usable, usable - context)
             self.notes.append(
@@ -514,13 +512,6 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _nvml_used(device: torch.device) -> int | None:
-    try:
-        return int(torch.cuda.device_memory_used(device))
-    except Exception:  # noqa: BLE001 - pynvml missing or no NVML
-        return None
-
-
 # --- several processes (torchrun): shard the job, measure each rank, aggregate on rank 0 --------
 
 
@@ -564,9 +555,9 @@ def _aggregate(report: MemoryReport) -> MemoryReport:
 
     mine = {"rank": dist.get_rank(), "peak_allocated": report.peak_allocated,
             "peak_reserved": report.peak_reserved, "device_total": report.device_total,
-            "step_time_median_s": report.measured.get("step_time_median_s"),
-            "samples_per_s": report.measured.get("samples_per_s"),
-            "tokens_per_s": report.measured.get("tokens_per_s"),
+            "step_time_median_s": report.measured.step_time_median_s,
+            "samples_per_s": report.measured.samples_per_s,
+            "tokens_per_s": report.measured.tokens_per_s,
             "report": report.model_dump(mode="json")}
     ranks: list = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)
@@ -575,13 +566,12 @@ def _aggregate(report: MemoryReport) -> MemoryReport:
     worst = max(ranks, key=lambda r: r["device_total"])
     base = MemoryReport.model_validate(worst["report"])
     peaks = [r["peak_allocated"] for r in ranks]
-    measured = dict(base.measured or {})
-    measured.update(
-        ranks=[{k: v for k, v in r.items() if k != "report"} for r in ranks],
+    measured = base.measured.model_copy(update=dict(
+        ranks=[RankFigures(**{k: v for k, v in r.items() if k != "report"}) for r in ranks],
         world_size=len(ranks), worst_rank=worst["rank"],
         peak_allocated_max=max(peaks), peak_allocated_min=min(peaks),
         samples_per_s=sum(r["samples_per_s"] or 0 for r in ranks) or None,
-        tokens_per_s=sum(r["tokens_per_s"] or 0 for r in ranks) or None)
+        tokens_per_s=sum(r["tokens_per_s"] or 0 for r in ranks) or None))
     notes = [*base.notes, f"{len(ranks)} ranks; categories are rank {worst['rank']}'s (the "
              "largest peak); throughput is the sum over ranks"]
     return base.model_copy(update={"measured": measured, "notes": notes,

@@ -81,7 +81,7 @@ def fit_table(report: MemoryReport, runtime: Runtime, gpus: Iterable[GPU],
     """Fit of the report on each GPU, moving the cuBLAS workspaces and the runtime context
     to that GPU's size; a GPU that cannot run the job's precision does not fit."""
     fits = []
-    precision = report.job.get("precision", "")
+    precision = report.job.precision
     for gpu in gpus:
         delta = (workspaces_bytes(runtime, gpu) - workspaces_bytes(runtime, runtime_gpu)
                  + runtime_context_bytes(runtime, gpu) - report.categories["runtime_context"])
