@@ -5,6 +5,7 @@ comment; the model is Llama-3.2-1B (16 layers, hidden 2048, 32 heads of 64, 8 KV
 MLP 8192, vocab 128256, tied embeddings) unless a test says otherwise.
 """
 
+import json
 from typing import get_args
 
 import pytest
@@ -309,3 +310,28 @@ def test_precision_the_gpu_cannot_run_is_refused_and_marked():
     assert not fits["T4"].supported and not fits["T4"].fits and "bf16" in fits["T4"].problem
     assert fits["H100-SXM"].supported and fits["H100-SXM"].fits
     assert estimate(Job(model=MODEL, seq_len=64, precision="fp16-mixed", gpu="T4"))
+
+
+# --- the CLI ---------------------------------------------------------------------------------
+
+
+def test_cli_framework_flags(run_cli):
+    code, out, _ = run_cli("estimate", MODEL, "-s", "256", "--framework", "torchtune",
+                           "--lora-rank", "8", "--lora-dtype", "fp32", "--keep-grads", "--json")
+    data = json.loads(out)
+    job = data["job"]
+    assert code == 0 and job["framework"] == "torchtune" and job["precision"] == "bf16-pure"
+    assert job["peft"]["adapter_dtype"] == "fp32" and job["keep_grads_between_steps"]
+    assert job["loss"] == "chunked:torchtune-linear" and job["checkpointing"] == "full"
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--framework", "torchtitan", "--peft", "qlora"], "torchtitan does not support peft"),
+    (["--compile"], "does not model torch.compile"),
+    (["--framework", "megatron"], "'megatron' is not one of"),
+    (["--gpu", "T4"], "T4 (compute capability 7.5) has no bf16 tensor cores"),
+])
+def test_cli_bad_framework_input_is_one_line(run_cli, args, fragment):
+    code, _, err = run_cli("estimate", MODEL, *args)
+    assert code == 2 and fragment in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

@@ -25,18 +25,23 @@ def job_summary(report: MemoryReport) -> str:
     line = (f"{job.batch_size} batch x {what} x {job.grad_accum} accum x {dp} data-parallel"
             f" = {report.tokens_per_step:,} {'tokens' if per_sample > 1 else 'samples'} per step")
     techniques = [job.precision, job.optimizer, f"attention {job.attention}"]
+    if job.framework != "plain":
+        techniques.insert(0, f"{job.framework} defaults")
     if job.checkpointing != "none":
         techniques.append(f"{job.checkpointing} checkpointing")
     if job.peft:
-        techniques.append(f"{job.peft.method} r={job.peft.rank}")
+        dtype = f" {job.peft.adapter_dtype} adapters" if job.peft.adapter_dtype else ""
+        techniques.append(f"{job.peft.method} r={job.peft.rank}{dtype}")
+    if job.keep_grads_between_steps:
+        techniques.append("gradients kept between steps")
     if par.strategy != "none":
         techniques.append(f"{par.strategy} over {par.num_gpus} GPUs")
     if par.tensor_parallel > 1:
         techniques.append(f"TP={par.tensor_parallel}")
     if par.context_parallel > 1:
         techniques.append(f"CP={par.context_parallel}")
-    if job.loss == "chunked":
-        techniques.append("chunked loss")
+    if job.loss.startswith("chunked"):
+        techniques.append(f"{job.loss} loss")
     return line + "\n" + ", ".join(techniques)
 
 
