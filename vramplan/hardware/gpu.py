@@ -23,4 +23,8 @@ class GPU:
     sources: dict[str, str] = field(default_factory=dict)  # fact -> URL / document
     usable_estimated: bool = False  # usable_bytes derived by a rule (see notes), not a reported figure
     price_provider: str = ""     # where price_per_hour was read (cloud, instance type, region)
-    notes: str = ""              # caveats: ECC, per-GCD devices, how an estimate was made
+    notes: str = ""
+    # a server of the usual kind (sources["node"]): collectives inside it use the
+    # interconnect, between servers the network (bytes/s per GPU, one direction)
+    gpus_per_node: int = 8
+    network_bytes_s: float = 12.5e9              # caveats: ECC, per-GCD devices, how an estimate was made
