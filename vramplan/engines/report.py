@@ -78,6 +78,7 @@ class MemoryReport(_Frozen):
     tokens_per_step: int = 0  # tokens (or samples for vision) per optimizer step, all GPUs
     notes: list[str] = Field(default_factory=list)
     measured: dict | None = None  # step time, throughput, utilization (measure engine)
+    performance: Performance | None = None  # predicted time and cost (estimate with a GPU)
 
     @property
     def peak_allocated(self) -> int:
@@ -98,3 +99,50 @@ class MemoryReport(_Frozen):
         data["peak_reserved"] = self.peak_reserved
         data["device_total"] = self.device_total
         return data
+
+
+# --- time and cost (vramplan/plan/performance.py fills it) -----------------------------------
+
+Bound = Literal["compute", "memory", "communication", "host"]
+
+
+class PhaseTime(_Frozen):
+    """One phase of a step on one GPU: its time and what bounds it."""
+
+    phase: str              # forward, backward, recompute, optimizer, communication
+    time_s: float           # per occurrence (forward/backward/recompute: per micro-batch)
+    per_step: int           # occurrences per optimizer step (grad_accum for micro-batch phases)
+    bound: Bound
+    flops: float = 0.0      # matmul FLOPs executed on this GPU
+    bytes: float = 0.0      # bytes moved by memory-bound work on this GPU
+    kernels: float = 0.0    # kernel launches (host time)
+
+
+class Performance(_Frozen):
+    """Predicted speed of the job on one GPU type (per GPU figures say so), and when the
+    amount of training is known, its time and cost. None where it cannot be computed."""
+
+    gpu: str
+    num_gpus: int
+    compute_dtype: str            # the tensor-core rate used: bf16, fp16, fp8, fp32
+    step_time_s: float            # one optimizer step (all micro-batches, communication)
+    tokens_per_step: int          # all GPUs (samples for vision models)
+    samples_per_step: int
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    samples_per_s: float
+    mfu: float                    # model FLOPs (no recomputation) / (time x peak), per GPU
+    flops_per_step: float         # executed FLOPs, all GPUs, recomputation included
+    bound: Bound                  # what bounds most of the step
+    phases: list[PhaseTime] = Field(default_factory=list)
+    communication_s: float = 0.0  # exposed (not overlapped) communication per step
+    steps: float | None = None    # optimizer steps to train the given amount
+    training_time_s: float | None = None
+    gpu_hours: float | None = None
+    price_per_hour: float | None = None  # USD per GPU-hour used for cost_usd
+    cost_usd: float | None = None
+    factors: str = ""             # where the efficiency factors come from
+    notes: list[str] = Field(default_factory=list)
+
+
+MemoryReport.model_rebuild()  # resolves its `performance: Performance | None` field
