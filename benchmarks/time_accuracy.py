@@ -44,7 +44,7 @@ ATTENTION_OVER_MATMUL = 0.75
 def stand_in(job: dict) -> str:
     """Why a run's measured time is not the real kernels' (empty when it is)."""
     if job.get("optimizer") in ("adamw-8bit", "paged-adamw-8bit"):
-        return "8-bit AdamW stand-in (vramplan/models/lowbit.py), not bitsandbytes"
+        return "8-bit AdamW stand-in (vramplan/training/emulate/), not bitsandbytes"
     if job.get("precision") == "fp8":
         return "fp8 stand-in: casts to float8 and back, bf16 matmuls (not fp8 kernels)"
     return ""

@@ -40,7 +40,7 @@ def _counted(job: Job, config: dict) -> int:
     from torch.utils.flop_counter import (FlopCounterMode, sdpa_backward_flop_count,
                                           sdpa_flop_count)
 
-    from vramplan.models.build import build_training_setup, train_step
+    from vramplan.training.setup import build_training_setup, train_step
 
     aten = torch.ops.aten
     torch.manual_seed(0)

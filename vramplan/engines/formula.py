@@ -138,7 +138,7 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
                    "optimizer": totals["optimizer"]}
 
     report = MemoryReport(
-        engine="formula", job=job.model_dump(), model_name=arch.name,
+        engine="formula", job=job, model_name=arch.name,
         params_total=params.total, params_trainable=params.trainable,
         per_gpu_of=job.parallel.num_gpus,
         categories={c: at_peak[c] for c in CATEGORIES},
@@ -476,7 +476,7 @@ def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task
         return 0.0, 0.0
     c, h = dt.compute, _hidden(arch)
     if job.loss == "chunked":
-        # build.chunked_causal_lm_loss: each sequence chunk checkpointed, so forward keeps
+        # training.losses.chunked_causal_lm_loss: each sequence chunk checkpointed, so forward keeps
         # no logits; backward recomputes one chunk's bf16 logits, their fp32 copy and
         # log_softmax, then the nll and log_softmax gradients, beside the hidden states' grad
         tc = t / CHUNKED_LOSS_CHUNKS
