@@ -32,13 +32,16 @@ def estimate(job: Job, *, gpu: str | None = None, tokens: int | None = None,
     """
     from vramplan.engines.formula import estimate as formula_estimate
 
-    report = formula_estimate(job, **options)
     gpu = gpu or job.gpu
     if gpu is None:
-        return report
+        return formula_estimate(job, **options)
+    from vramplan.hardware import get_gpu
     from vramplan.plan.performance import performance_for
 
-    perf = performance_for(job, gpu, tokens=tokens, samples=samples, epochs=epochs,
+    chosen = get_gpu(gpu)
+    options.setdefault("gpus", [chosen])  # the fit on the GPU asked about
+    report = formula_estimate(job, **options)
+    perf = performance_for(job, chosen, tokens=tokens, samples=samples, epochs=epochs,
                            dataset_samples=dataset_samples, price_per_hour=price_per_hour)
     return report.model_copy(update={"performance": perf})
 

@@ -98,13 +98,37 @@ class StepTerms:
     notes: tuple[str, ...] = ()
 
 
+_WORK: dict[Job, tuple] = {}  # job -> (flops, traffic): the same for every GPU type
+_WORK_LIMIT = 4096
+
+
+def _work(job: Job, arch: Architecture):
+    """FLOPs and bytes of the job's step, memoised: the planner asks for one job on many
+    GPU types (an Architecture is the job's model's, so the job is the key)."""
+    work = _WORK.get(job)
+    if work is None:
+        if len(_WORK) >= _WORK_LIMIT:
+            _WORK.clear()
+        work = _WORK[job] = (step_flops(job, arch), step_traffic(job, arch), {})
+    return work
+
+
+def _collectives(job: Job, arch: Architecture, gpu: GPU):
+    """collectives(), memoised with the job's work: they depend on the GPU only through
+    how many GPUs share a node."""
+    memo = _work(job, arch)[2]
+    key = gpu.gpus_per_node
+    if key not in memo:
+        memo[key] = collectives(job, arch, gpu)
+    return memo[key]
+
+
 def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerms:
     """The step's work per GPU and phase, before efficiency factors (fitting reuses it)."""
     arch = arch or load_architecture(job.model)
     dtype, notes = compute_dtype(job, gpu)
     peak = gpu.tflops[dtype] * 1e12
-    flops = step_flops(job, arch)
-    traffic = step_traffic(job, arch)
+    flops, traffic, _ = _work(job, arch)
     par = job.parallel
     split = par.tensor_parallel * par.context_parallel  # model-parallel ranks share the work
     bandwidth = gpu.bandwidth_bytes_s
@@ -131,7 +155,7 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         phases.append(PhaseTerms("optimizer", 1, 0.0, 0.0, moved / bandwidth,
                                  traffic.kernels["optimizer"], bytes=moved))
     comms = []
-    for c in collectives(job, arch, gpu):
+    for c in _collectives(job, arch, gpu):
         rate = gpu.interconnect_bytes_s if c.link == "interconnect" else gpu.network_bytes_s
         comms.append(CollectiveTerms(c.name, c.bytes_per_gpu / rate,
                                      job.grad_accum if c.per == "micro-batch" else 1,
