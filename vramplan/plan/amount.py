@@ -45,3 +45,42 @@ class TrainingAmount(BaseModel):
                 return self.epochs * self.dataset_samples / samples_per_step
             return self.epochs * self.dataset_tokens / tokens_per_step
         return None
+
+
+_COUNT_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+_DURATION_SUFFIX = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def _split(text: str) -> tuple[float, str]:
+    text = text.strip().lower().replace("_", "").replace(",", "")
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz ")
+    try:
+        return float(number), text[len(number):].strip()
+    except ValueError:
+        return float("nan"), text
+
+
+def parse_count(text: str | int, what: str = "tokens") -> int:
+    """'2B' -> 2_000_000_000, '500k' -> 500_000, '1.5M' -> 1_500_000 (decimal suffixes)."""
+    from vramplan.errors import JobError
+
+    if isinstance(text, int):
+        return text
+    value, suffix = _split(str(text))
+    if suffix not in _COUNT_SUFFIX or value != value or value <= 0:
+        raise JobError(f"{what}: {text!r} is not a positive count; write e.g. 2B, 500M, 10k "
+                       "or a plain number")
+    return int(round(value * _COUNT_SUFFIX[suffix]))
+
+
+def parse_duration(text: str | float) -> float:
+    """'24h' -> 86400.0, '3d', '90m', '45min', '600' (seconds)."""
+    from vramplan.errors import JobError
+
+    if isinstance(text, (int, float)):
+        return float(text)
+    value, suffix = _split(str(text))
+    if suffix not in _DURATION_SUFFIX or value != value or value <= 0:
+        raise JobError(f"deadline: {text!r} is not a positive duration; write e.g. 24h, 3d, "
+                       "90m or a number of seconds")
+    return value * _DURATION_SUFFIX[suffix]

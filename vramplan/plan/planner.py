@@ -362,8 +362,9 @@ class _Search:
     def what_would_fit(self, job: Job, gpu: GPU) -> list[str]:
         """Techniques outside `allow` that make the closest miss fit, with their numbers."""
         from vramplan.plan.make_fit import make_it_fit
-        return [f"{fix.flags}: {fix.summary}" for fix in make_it_fit(
-            job, gpu, margin=self.margin, allow=ALLOW_NAMES, limit=3)]
+        return [f"{describe_changes(self.job, fix.job)[1]}: {fix.summary}"
+                for fix in make_it_fit(job, gpu, margin=self.margin, allow=ALLOW_NAMES,
+                                       limit=3)]
 
 
 def _layout(job: Job) -> str:
