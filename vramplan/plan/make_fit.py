@@ -89,6 +89,20 @@ def _steps(job: Job, allow) -> list[tuple[str, dict, str, bool]]:
     return steps
 
 
+def _apply(job: Job, chosen: list) -> Job:
+    for _, change, _, _ in chosen:  # later changes of the same field win
+        job = job.with_changes(**change)
+    return job
+
+
+def _fix(check, job: Job, chosen: list) -> Fix | None:
+    from vramplan.plan.planner import describe_changes
+
+    final = _apply(job, chosen)
+    return check(final, [name for name, *_ in chosen], [describe_changes(job, final)[1]],
+                 any(maths for *_, maths in chosen))
+
+
 def make_it_fit(job: Job, gpu: GPU, *, margin: float = 0.05, allow=(),
                 limit: int = 3) -> list[Fix]:
     """Up to `limit` ways to make `job` fit `gpu` with `margin`, fastest first."""
@@ -118,20 +132,22 @@ def make_it_fit(job: Job, gpu: GPU, *, margin: float = 0.05, allow=(),
             continue
         if fix:
             fixes.append(fix)
-    if not fixes:  # stack changes, cheapest first, until it fits
-        current, names, flags, maths = job, [], [], False
-        for name, change, flag, changes_maths in steps:
+    if not fixes:  # stack changes, cheapest first, until it fits; then drop the needless
+        chosen: list[tuple[str, dict, str, bool]] = []
+        for step in steps:
             try:
-                trial = current.with_changes(**change)
+                _apply(job, chosen + [step])
             except (JobError, ValueError):
                 continue
-            current, names, flags = trial, names + [name], flags + [flag]
-            maths = maths or changes_maths
-            try:
-                fix = check(current, names, flags, maths)
-            except (JobError, ValueError):
-                continue
-            if fix:
-                fixes.append(fix)
+            chosen.append(step)
+            if _fix(check, job, chosen):
+                for extra in list(chosen[:-1]):
+                    fewer = [s for s in chosen if s is not extra]
+                    try:
+                        if _fix(check, job, fewer):
+                            chosen = fewer
+                    except (JobError, ValueError):
+                        pass
+                fixes.append(_fix(check, job, chosen))
                 break
     return sorted(fixes, key=lambda f: (f.changes_maths, -(f.tokens_per_s or 0)))[:limit]

@@ -74,6 +74,17 @@ def show(report: MemoryReport, job: Job, *, as_json: bool, unit: str = "GiB") ->
         from vramplan.report.plan_view import print_performance
 
         print_performance(report.performance, console)
+    if job.gpu and report.fits and not any(f.fits for f in report.fits):
+        from vramplan.hardware import get_gpu
+        from vramplan.plan.make_fit import make_it_fit
+        from vramplan.plan.techniques import ALLOW_NAMES
+
+        fixes = make_it_fit(job, get_gpu(job.gpu), allow=ALLOW_NAMES, margin=0.0)
+        if fixes:
+            console.print(f"\nTo make it fit on {job.gpu}:")
+        for fix in fixes:
+            maths = " (changes the maths of training)" if fix.changes_maths else ""
+            console.print(f"  {fix.flags}: {fix.summary}{maths}", soft_wrap=True)
 
 
 def exit_for_fit(report: MemoryReport, job: Job) -> None:
