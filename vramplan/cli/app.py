@@ -14,7 +14,8 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException, UsageError
 
 from vramplan import __version__
-from vramplan.cli.commands import catalog, estimate, measure, plan, schema, search
+from vramplan.cli.commands import (catalog, estimate, headroom, measure, plan, schema,
+                                   search)
 from vramplan.cli.options import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, _JOB_FLAGS, console)
 from vramplan.errors import VramplanError
 
@@ -26,7 +27,7 @@ app = typer.Typer(
     rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"],
                                              "max_content_width": 80},
 )
-for module in (estimate, catalog, search, measure, schema, plan):
+for module in (estimate, catalog, search, measure, schema, plan, headroom):
     module.register(app)
 
 
