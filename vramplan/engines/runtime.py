@@ -35,7 +35,8 @@ def workspaces_bytes(runtime: Runtime, gpu: GPU | None) -> int:
 # 13.0, torch 2.11; benchmarks/results/gpu_runtime_probe.json): before CUDA starts NVML
 # already counts 644,939,776 bytes (615 MiB) as used, the driver's reservation, out of a
 # 150,754,820,096-byte total; a training step's CUDA context and loaded kernels bring it to
-# 1390 MiB (Runtime's default), so they are the other 775 MiB. The rule for every other GPU, until each is
+# 1390 MiB (Runtime's default), so they are the other 775 MiB. The rule for every other GPU,
+# until each is
 # measured: the driver's reservation is the same share of the device's memory (it holds
 # per-page bookkeeping), and the context is the same 775 MiB (the same torch kernels, loaded
 # lazily). A job's own runtime.cuda_context_bytes (calibrate, measure, --cuda-context)

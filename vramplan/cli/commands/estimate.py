@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Optional
 
 import typer
 
@@ -36,6 +36,16 @@ def estimate(
     = "GiB",
     time_limit: Annotated[float, typer.Option(
         min=0.1, help="trace: stop after this many seconds")] = 300.0,
+    tokens: Annotated[Optional[str], typer.Option(
+        help="with --gpu: tokens to train on (e.g. 2B) for time and cost")] = None,
+    samples: Annotated[Optional[str], typer.Option(
+        help="with --gpu: samples to train on")] = None,
+    epochs: Annotated[Optional[float], typer.Option(
+        help="with --gpu: passes over --dataset-samples")] = None,
+    dataset_samples: Annotated[Optional[str], typer.Option(
+        help="samples in one epoch")] = None,
+    price_per_hour: Annotated[Optional[float], typer.Option(
+        help="USD per GPU-hour (default: the catalog's)")] = None,
 ) -> None:
     """Peak GPU memory of one training step, by category, and where it fits.
 
@@ -47,6 +57,15 @@ def estimate(
 
     check_writable(out)
     report = run_engine(job, engine, time_limit_s=time_limit)
+    if job.gpu:  # time and cost on the GPU asked about (vramplan/plan/performance.py)
+        from vramplan.plan.amount import parse_count
+        from vramplan.plan.performance import performance_for
+
+        report = report.model_copy(update={"performance": performance_for(
+            job, job.gpu, tokens=parse_count(tokens) if tokens else None,
+            samples=parse_count(samples, "samples") if samples else None, epochs=epochs,
+            dataset_samples=parse_count(dataset_samples, "dataset samples")
+            if dataset_samples else None, price_per_hour=price_per_hour)})
     show(report, job, as_json=as_json, unit=unit)
     if out:
         write_or_print(out, json.dumps(report.to_json_dict(), indent=2) + "\n")
@@ -60,6 +79,21 @@ def show(report: MemoryReport, job: Job, *, as_json: bool, unit: str = "GiB") ->
     from vramplan.report.terminal import print_report
 
     print_report(report, console, unit=unit, highlight_gpu=job.gpu)
+    if report.performance is not None:
+        from vramplan.report.plan_view import print_performance
+
+        print_performance(report.performance, console)
+    if job.gpu and report.fits and not any(f.fits for f in report.fits):
+        from vramplan.hardware import get_gpu
+        from vramplan.plan.make_fit import make_it_fit
+        from vramplan.plan.techniques import ALLOW_NAMES
+
+        fixes = make_it_fit(job, get_gpu(job.gpu), allow=ALLOW_NAMES, margin=0.0)
+        if fixes:
+            console.print(f"\nTo make it fit on {job.gpu}:")
+        for fix in fixes:
+            maths = " (changes the maths of training)" if fix.changes_maths else ""
+            console.print(f"  {fix.flags}: {fix.summary}{maths}", soft_wrap=True)
 
 
 def exit_for_fit(report: MemoryReport, job: Job) -> None:
