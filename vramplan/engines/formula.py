@@ -172,7 +172,7 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
     # reserved memory is the most the allocator held at any phase, not only at the peak
     reserved = max(totals[name] + _allocator_overhead(job, arch, name, totals[name], parts)
                    for name, parts in phases.items())
-    at_peak["allocator_overhead"] = max(0, int(round(reserved)) - allocated)
+    at_peak["allocator_overhead"] = max(0, int(reserved) - allocated)  # whole bytes, down
     at_peak["runtime_context"] = runtime_context_bytes(job.runtime, runtime_gpu)
     phase_peaks = {"forward": totals["forward"],
                    "backward": max(totals["backward"], totals["backward_recompute"],
