@@ -45,6 +45,9 @@ class JobRequest(_Request):
             raise ValueError(f"config.json is larger than {MAX_CONFIG_BYTES // 1024} KiB")
         _check_values(config, 0)
         model_type = config.get("model_type")
+        if model_type is None:
+            raise ValueError("config.json has no model_type (the key transformers reads to "
+                             "choose the architecture)")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"config.json model_type {str(model_type)[:40]!r} is not "
                              f"supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
