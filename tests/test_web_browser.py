@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import threading
-import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -31,45 +29,12 @@ TINY_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 51
               "vocab_size": 1000, "max_position_embeddings": 512}
 
 
-class LiveServer:
-    """The app on uvicorn in a thread, on a free localhost port."""
-
-    def __init__(self):
-        import uvicorn
-
-        from vramplan.web import create_app
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.app = create_app()
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
-                                                   log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.app.state.traces.close()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
-
-
 @pytest.fixture(scope="module")
 def server():
-    with LiveServer() as live:
-        yield live
+    from vramplan.web.server import running_server
+
+    with running_server() as url:
+        yield SimpleNamespace(url=url)
 
 
 @pytest.fixture(scope="module")
