@@ -2,7 +2,7 @@
 
 The real peak comes from torch.profiler's allocator memory events (not from the hooks the
 tracer uses), with oneDNN off (its CPU-only scratch buffers have no CUDA counterpart).
-Both sides use the same builders (vramplan.models.build), optimizer implementation and
+Both sides use the same builders (vramplan.training), optimizer implementation and
 attention backend; sizes are compared unrounded, since the CPU allocator does not round.
 
     nice .venv/bin/python benchmarks/trace_accuracy.py   # writes results/trace_accuracy.*
@@ -117,7 +117,7 @@ NOTES = [
     "state (torch.get_rng_state(), the Mersenne Twister state) that torch.utils.checkpoint "
     "keeps per live checkpointed region. It is host memory, outside the GPU, so the trace "
     "is right to leave it out. Remaining gaps of 8-100 bytes are scalar host tensors.",
-    "The real run uses the same builders (vramplan.models.build), so both sides emulate CUDA "
+    "The real run uses the same builders (vramplan.training), so both sides emulate CUDA "
     "autocast op lists and the bitsandbytes 8-bit state layout; a run on a real GPU checks "
     "those emulations: gpu_validation.md (one H200).",
     "Sharded jobs (FSDP over a fake process group, DDP buckets) are not in this table: their "

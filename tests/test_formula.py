@@ -169,10 +169,26 @@ def test_fit_table_uses_each_gpus_usable_memory_and_workspace():
 
 def test_json_document_is_consistent():
     data = estimate(Job(model=MODEL)).to_json_dict()
-    assert data["schema_version"] == "1.0" and data["engine"] == "formula"
+    assert data["schema_version"] == "2.0" and data["engine"] == "formula"
     tensors = sum(data["categories"][c] for c in CATEGORIES[:6])
     assert data["peak_allocated"] == tensors
     assert data["device_total"] == data["peak_reserved"] + data["categories"]["runtime_context"]
+
+
+def test_report_round_trips_through_its_json():
+    from vramplan.engines.report import MemoryReport
+    report = estimate(Job(model=MODEL, batch_size=2, gpu="L4"))
+    again = MemoryReport.model_validate_json(report.model_dump_json())
+    assert again == report and again.job == report.job and again.fits == report.fits
+
+
+def test_report_schema_doc_is_generated_from_the_models():
+    from pathlib import Path
+
+    from vramplan.schema import report_markdown
+    doc = Path(__file__).parent.parent / "docs" / "report-schema.md"
+    assert doc.read_text() == report_markdown(), "run: python -m vramplan.schema > docs/report-schema.md"
+    assert "| peak_allocated | int |" in report_markdown()
 
 
 def test_estimate_is_the_formula_engine():

@@ -116,7 +116,7 @@ def test_config_file_and_folder_are_read_without_the_catalog(tmp_path):
     by_folder = trace(_job(model=str(tmp_path), precision="fp32"))
     assert by_file.categories == by_folder.categories
     assert by_file.tokens_per_step == 2  # vision: samples per step
-    assert by_file.job["task"] is None and by_file.params_total > 0
+    assert by_file.job.task is None and by_file.params_total > 0
 
 
 def test_lora_and_qlora_shrink_trainable_state():

@@ -21,8 +21,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPORT_KIND = "vramplan.track/1"
-
 
 class Tracker:
     def __init__(self, path: str | Path | None = None, *, device: Any = None,
@@ -85,13 +83,18 @@ class Tracker:
     # --- the report -----------------------------------------------------------------------------
 
     def report(self) -> dict[str, Any]:
+        """The run so far as a Measured document (vramplan.engines.report.Measured, source
+        "track"), as a JSON-ready dict."""
+        from vramplan.engines.report import Measured
+
         torch = self._torch
         elapsed = time.perf_counter() - self._started
         timed = self.step_times[1:] or self.step_times  # the first step warms up
         median = statistics.median(timed) if timed else None
         data: dict[str, Any] = {
-            "kind": REPORT_KIND, "device": str(self.device), "complete": not self.error,
-            "error": self.error, "elapsed_s": elapsed, "steps": len(self.step_times),
+            "source": "track", "device": str(self.device), "complete": not self.error,
+            "stopped": self.error, "elapsed_s": elapsed, "steps": len(self.step_times),
+            "step_times_s": self.step_times,
             "step_time_median_s": median, "step_time_p90_s": p90(timed),
             "losses": self.losses,
             "non_finite_losses": sum(not math.isfinite(x) for x in self.losses),
@@ -113,7 +116,7 @@ class Tracker:
             peak = _peak_rss()
             data.update(process_peak_rss=peak, process_rss_at_start=self._rss_at_start,
                         peak_rss_increase=max(0, peak - self._rss_at_start) if peak else None)
-        return data
+        return Measured(**data).model_dump(mode="json")
 
     def write(self, path: str | Path) -> None:
         """Write the final report, or the figures so far while the loop still runs."""

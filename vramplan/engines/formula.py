@@ -16,8 +16,15 @@ from dataclasses import dataclass
 
 from vramplan.engines import activations as act
 from vramplan.engines.precision import (
-    NF4_BYTES_PER_PARAM, NF4_DOUBLE_QUANT_BYTES_PER_PARAM, STATE_COPIES, Dtypes, adapter_bytes,
-    dtypes_for, eight_bit_state_bytes, frozen_base_bytes, optimizer_step_temp_copies,
+    NF4_BYTES_PER_PARAM,
+    NF4_DOUBLE_QUANT_BYTES_PER_PARAM,
+    STATE_COPIES,
+    Dtypes,
+    adapter_bytes,
+    dtypes_for,
+    eight_bit_state_bytes,
+    frozen_base_bytes,
+    optimizer_step_temp_copies,
 )
 from vramplan.engines.report import CATEGORIES, MemoryReport
 from vramplan.engines.runtime import fit_table, workspaces_bytes
@@ -26,8 +33,13 @@ from vramplan.hardware import get_gpu, list_gpus
 from vramplan.hardware.gpu import GPU
 from vramplan.job import CHUNKED_LOSS_CHUNKS, Job
 from vramplan.models import Architecture, Stack, architecture_from_config, load_architecture
-from vramplan.models.families import (EAGER_ONLY, LEARNED_POSITIONS, SDPA_QUERY_CONTIGUOUS,
-                                      TRAINED_ATTENTION_BIAS, text_len)
+from vramplan.models.families import (
+    EAGER_ONLY,
+    LEARNED_POSITIONS,
+    SDPA_QUERY_CONTIGUOUS,
+    TRAINED_ATTENTION_BIAS,
+    text_len,
+)
 from vramplan.units import format_bytes
 
 # DeepSpeed's default reduce/allreduce bucket (reduce_bucket_size = 5e8 elements).
@@ -142,7 +154,7 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None,
                    "optimizer": totals["optimizer"]}
 
     report = MemoryReport(
-        engine="formula", job=job.model_dump(), model_name=arch.name,
+        engine="formula", job=job, model_name=arch.name,
         params_total=params.total, params_trainable=params.trainable,
         per_gpu_of=job.parallel.num_gpus,
         categories={c: at_peak[c] for c in CATEGORIES},
@@ -480,7 +492,7 @@ def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task
         return 0.0, 0.0
     c, h = dt.compute, _hidden(arch)
     if job.loss == "chunked":
-        # build.chunked_causal_lm_loss: each sequence chunk checkpointed, so forward keeps
+        # training.losses.chunked_causal_lm_loss: each sequence chunk checkpointed, so forward keeps
         # no logits; backward recomputes one chunk's bf16 logits, their fp32 copy and
         # log_softmax, then the nll and log_softmax gradients, beside the hidden states' grad
         tc = t / CHUNKED_LOSS_CHUNKS

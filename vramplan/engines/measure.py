@@ -10,7 +10,7 @@ which search treats like a CUDA out-of-memory error.
     >>> report = measure(Job(model="llama-3.2-1b", batch_size=4, seq_len=256), steps=5)
     >>> report.peak_allocated, report.measured["step_time_median_s"]
 
-The model, optimizer, synthetic batch and the step itself come from vramplan.models.build,
+The model, optimizer, synthetic batch and the step itself come from vramplan.training,
 the same builders the trace engine runs, so measure and trace see the same step.
 """
 
@@ -26,13 +26,13 @@ from typing import Any
 
 import torch
 
-from vramplan.engines.report import CATEGORIES, MemoryReport
-from vramplan.errors import EngineError
+from vramplan.engines.report import CATEGORIES, Measured, MemoryReport, RankFigures
+from vramplan.errors import BudgetExceeded, EngineError
 from vramplan.job import Job
-from vramplan.models.build import (MAX_GRAD_NORM, TrainingSetup, build_training_setup,
-                                   fully_shard_setup, train_step)
-from vramplan.search import BudgetExceeded, is_out_of_memory
+from vramplan.search.oom import is_out_of_memory
 from vramplan.tracking import NvmlSampler, p90
+from vramplan.training.fsdp import fully_shard_setup
+from vramplan.training.setup import MAX_GRAD_NORM, TrainingSetup, build_training_setup, train_step
 from vramplan.units import format_bytes
 
 CUDA_BLOCK = 512  # the caching allocator rounds every request up to 512 bytes
@@ -72,7 +72,7 @@ def measure(job: Job, *, steps: int = 5, warmup: int = 2, emulate_gpu: str | Non
 def measure_setup(setup: TrainingSetup, job: Job, *, steps: int = 5, warmup: int = 2,
                   emulate_gpu: str | None = None,
                   budget_bytes: int | None = None) -> MemoryReport:
-    """measure() for a setup already built (by build.py, or by hand)."""
+    """measure() for a setup already built (by vramplan.training, or by hand)."""
     if steps < 1 or warmup < 0:
         raise EngineError(f"need steps >= 1 and warmup >= 0 (got steps={steps}, "
                           f"warmup={warmup})")
@@ -118,7 +118,7 @@ class _Run:
 
 
 def _timed_step(setup: TrainingSetup, grad_accum: int, scaler, run: _Run, probe) -> None:
-    """build.train_step (the step trace runs), with the loss captured; fp16-mixed adds the
+    """training.setup.train_step (the step trace runs), with the loss captured; fp16-mixed adds the
     GradScaler as the Hugging Face Trainer does."""
     losses: list[torch.Tensor] = []
     compute_loss = setup.compute_loss
@@ -193,19 +193,17 @@ def _report(job: Job, setup: TrainingSetup, run: _Run, probe) -> MemoryReport:
     median = statistics.median(timed) if timed else None
     samples = job.batch_size * job.grad_accum
     tokens = sizes["tokens"] * job.grad_accum
-    measured = {
-        "device": probe.device_name,
-        "steps": len(run.losses), "warmup": run.warmup, "steps_planned": run.steps,
-        "complete": not run.stopped, "stopped": run.stopped,
-        "step_time_median_s": median, "step_time_p90_s": p90(timed),
-        "step_times_s": run.step_times,
-        "samples_per_s": samples / median if median else None,
-        "tokens_per_s": tokens / median if median and tokens else None,
-        "losses": run.losses, "non_finite_losses": run.non_finite, "skipped_steps": run.skipped,
-        "peak_allocated": peak, **probe.measured(),
-    }
+    measured = Measured(
+        source="measure", device=probe.device_name,
+        steps=len(run.losses), warmup=run.warmup, steps_planned=run.steps,
+        complete=not run.stopped, stopped=run.stopped,
+        step_time_median_s=median, step_time_p90_s=p90(timed), step_times_s=run.step_times,
+        samples_per_s=samples / median if median else None,
+        tokens_per_s=tokens / median if median and tokens else None,
+        losses=run.losses, non_finite_losses=run.non_finite, skipped_steps=run.skipped,
+        peak_allocated=peak, **probe.measured())
     return MemoryReport(
-        engine="measure", job=job.model_dump(mode="json"), model_name=setup.model_name,
+        engine="measure", job=job, model_name=setup.model_name,
         params_total=setup.params_total, params_trainable=setup.params_trainable,
         categories=categories, phase_peaks=dict(probe.phase_peaks), peak_phase=probe.peak_phase,
         runtime_gpu=probe.runtime_gpu, tokens_per_step=tokens * job.parallel.data_parallel,
@@ -564,9 +562,9 @@ def _aggregate(report: MemoryReport) -> MemoryReport:
 
     mine = {"rank": dist.get_rank(), "peak_allocated": report.peak_allocated,
             "peak_reserved": report.peak_reserved, "device_total": report.device_total,
-            "step_time_median_s": report.measured.get("step_time_median_s"),
-            "samples_per_s": report.measured.get("samples_per_s"),
-            "tokens_per_s": report.measured.get("tokens_per_s"),
+            "step_time_median_s": report.measured.step_time_median_s,
+            "samples_per_s": report.measured.samples_per_s,
+            "tokens_per_s": report.measured.tokens_per_s,
             "report": report.model_dump(mode="json")}
     ranks: list = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)
@@ -575,13 +573,12 @@ def _aggregate(report: MemoryReport) -> MemoryReport:
     worst = max(ranks, key=lambda r: r["device_total"])
     base = MemoryReport.model_validate(worst["report"])
     peaks = [r["peak_allocated"] for r in ranks]
-    measured = dict(base.measured or {})
-    measured.update(
-        ranks=[{k: v for k, v in r.items() if k != "report"} for r in ranks],
+    measured = base.measured.model_copy(update=dict(
+        ranks=[RankFigures(**{k: v for k, v in r.items() if k != "report"}) for r in ranks],
         world_size=len(ranks), worst_rank=worst["rank"],
         peak_allocated_max=max(peaks), peak_allocated_min=min(peaks),
         samples_per_s=sum(r["samples_per_s"] or 0 for r in ranks) or None,
-        tokens_per_s=sum(r["tokens_per_s"] or 0 for r in ranks) or None)
+        tokens_per_s=sum(r["tokens_per_s"] or 0 for r in ranks) or None))
     notes = [*base.notes, f"{len(ranks)} ranks; categories are rank {worst['rank']}'s (the "
              "largest peak); throughput is the sum over ranks"]
     return base.model_copy(update={"measured": measured, "notes": notes,

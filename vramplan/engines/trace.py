@@ -2,7 +2,7 @@
 
     report = trace(job)                       # MemoryReport, engine="trace"
 
-How: the model, optimizer and batches come from vramplan.models.build (the same builders
+How: the model, optimizer and batches come from vramplan.training (the same builders
 the measure engine uses) and run two optimizer steps under FakeTensorMode on a fake "cpu"
 device (fake "cuda" cannot run on a CPU-only torch). A TorchDispatchMode sees every new
 untyped storage, notes the phase and module that created it, and a weakref.finalize on the
@@ -52,10 +52,10 @@ from torch.utils._pytree import tree_leaves
 from vramplan.engines import runtime
 from vramplan.engines.allocator import CachingAllocator, round_size
 from vramplan.engines.report import CATEGORIES, MemoryReport, ModuleUsage
+from vramplan.engines.trace_shard import sharding
 from vramplan.errors import EngineError, VramplanError
 from vramplan.job import Job
-from vramplan.engines.trace_shard import sharding
-from vramplan.models.build import TrainingSetup, build_training_setup, train_step
+from vramplan.training.setup import TrainingSetup, build_training_setup, train_step
 
 STEPS = 2          # step 1 creates optimizer state; step 2 is the steady state, reported
 TIMELINE_POINTS = 2000
@@ -345,7 +345,7 @@ class TraceResult:
                      "GPU's capacity it frees cached blocks and retries, so the real "
                      "allocator_overhead can be smaller there")
         report = MemoryReport(
-            engine="trace", job=job.model_dump(), model_name=self.model_name,
+            engine="trace", job=job, model_name=self.model_name,
             params_total=self.params_total, params_trainable=self.params_trainable,
             per_gpu_of=job.parallel.num_gpus, categories=categories,
             phase_peaks={k: v + workspaces for k, v in phase_peaks.items()},

@@ -20,7 +20,8 @@ import torch
 
 from vramplan.errors import EngineError
 from vramplan.job import Job
-from vramplan.models.build import TrainingSetup, fully_shard_setup
+from vramplan.training.fsdp import fully_shard_setup
+from vramplan.training.setup import TrainingSetup
 
 if TYPE_CHECKING:
     from vramplan.engines.trace import _Tracker
@@ -97,7 +98,7 @@ def _zero1(setup: TrainingSetup, job: Job, tracker: _Tracker) -> None:
     of the optimizer state (it broadcasts updated parameters after each step)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    from vramplan.models.build import build_optimizer
+    from vramplan.training.optimizers import build_optimizer
     _ddp_buckets(setup, tracker)
     setup.optimizer = ZeroRedundancyOptimizer(
         setup.trainable, optimizer_class=lambda params, **_: build_optimizer(job, params, []))

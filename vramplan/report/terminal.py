@@ -18,24 +18,24 @@ def _size(n: float, unit: str) -> str:
 def job_summary(report: MemoryReport) -> str:
     """One line with the job's arithmetic, e.g. '4 batch x 2048 tokens x 2 accum x 8 GPUs'."""
     job = report.job
-    par = job["parallel"]
-    dp = par["num_gpus"] // (par["tensor_parallel"] * par["context_parallel"])
-    per_sample = report.tokens_per_step // max(1, job["batch_size"] * job["grad_accum"] * dp)
+    par = job.parallel
+    dp = par.data_parallel
+    per_sample = report.tokens_per_step // max(1, job.batch_size * job.grad_accum * dp)
     what = f"{per_sample} tokens" if per_sample > 1 else "1 sample"
-    line = (f"{job['batch_size']} batch x {what} x {job['grad_accum']} accum x {dp} data-parallel"
+    line = (f"{job.batch_size} batch x {what} x {job.grad_accum} accum x {dp} data-parallel"
             f" = {report.tokens_per_step:,} {'tokens' if per_sample > 1 else 'samples'} per step")
-    techniques = [job["precision"], job["optimizer"], f"attention {job['attention']}"]
-    if job["checkpointing"] != "none":
-        techniques.append(f"{job['checkpointing']} checkpointing")
-    if job["peft"]:
-        techniques.append(f"{job['peft']['method']} r={job['peft']['rank']}")
-    if par["strategy"] != "none":
-        techniques.append(f"{par['strategy']} over {par['num_gpus']} GPUs")
-    if par["tensor_parallel"] > 1:
-        techniques.append(f"TP={par['tensor_parallel']}")
-    if par["context_parallel"] > 1:
-        techniques.append(f"CP={par['context_parallel']}")
-    if job["loss"] == "chunked":
+    techniques = [job.precision, job.optimizer, f"attention {job.attention}"]
+    if job.checkpointing != "none":
+        techniques.append(f"{job.checkpointing} checkpointing")
+    if job.peft:
+        techniques.append(f"{job.peft.method} r={job.peft.rank}")
+    if par.strategy != "none":
+        techniques.append(f"{par.strategy} over {par.num_gpus} GPUs")
+    if par.tensor_parallel > 1:
+        techniques.append(f"TP={par.tensor_parallel}")
+    if par.context_parallel > 1:
+        techniques.append(f"CP={par.context_parallel}")
+    if job.loss == "chunked":
         techniques.append("chunked loss")
     return line + "\n" + ", ".join(techniques)
 

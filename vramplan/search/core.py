@@ -19,22 +19,19 @@ or the prediction did not shrink the bracket enough.
 
 from __future__ import annotations
 
-import csv
-import gc
-import json
 import math
-import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from vramplan.engines.report import TENSOR_CATEGORIES, MemoryReport
-from vramplan.errors import BudgetExceeded, JobError
+from vramplan.errors import JobError
 from vramplan.job import Job
+from vramplan.search.oom import is_out_of_memory, release_memory
+from vramplan.search.suggestions import suggestions_for
 
 Oracle = Callable[[Job], "int | MemoryReport"]
 
@@ -75,27 +72,6 @@ class SearchResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"fits": self.fits}
-
-
-# --- out-of-memory handling ----------------------------------------------------------------
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """True for the errors that mean 'did not fit' (CUDA, CPU, our own budget)."""
-    if isinstance(error, (BudgetExceeded, MemoryError)):
-        return True
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(error, getattr(torch, "OutOfMemoryError", ())):
-        return True
-    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
-
-
-def release_memory() -> None:
-    """Drop what a failed trial left behind so the next one starts clean."""
-    gc.collect()
-    torch = sys.modules.get("torch")  # only if already loaded: never import it here
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def peak_of(answer: int | MemoryReport) -> int:
@@ -263,55 +239,6 @@ def _solve_quadratic(ks: list[int], points: dict[int, int | None], limit: int) -
     return k
 
 
-# --- what to try when nothing fits ------------------------------------------------------------
-
-# category -> (technique, "the job does not use it yet"); suggestions skip what is in use
-_SUGGESTIONS: dict[str, list[tuple[str, Callable[[Job], bool]]]] = {
-    "optimizer_states": [
-        ("an 8-bit optimizer (optimizer: adamw-8bit)",
-         lambda j: j.optimizer in ("adam", "adamw")),
-        ("shard optimizer states over GPUs (strategy: zero1 / zero2 / fsdp)",
-         lambda j: j.parallel.shard_degree == 1),
-        ("offload optimizer states to the CPU (offload.optimizer)",
-         lambda j: not j.offload.optimizer),
-        ("LoRA, so only adapters have optimizer states (peft.method: lora)",
-         lambda j: j.peft is None)],
-    "weights": [
-        ("QLoRA: a 4-bit base with LoRA adapters (peft.method: qlora)",
-         lambda j: not (j.peft and j.peft.method == "qlora")),
-        ("shard parameters over GPUs (strategy: fsdp / zero3)",
-         lambda j: j.parallel.strategy not in ("zero3", "fsdp", "hybrid-shard")),
-        ("a GPU with more memory", lambda j: True)],
-    "gradients": [
-        ("LoRA, so only adapters have gradients (peft.method: lora)", lambda j: j.peft is None),
-        ("shard gradients over GPUs (strategy: zero2 / fsdp)",
-         lambda j: j.parallel.strategy in ("none", "ddp", "zero1")),
-        ("apply the optimizer in backward (optimizer_in_backward)",
-         lambda j: not j.optimizer_in_backward and j.grad_accum == 1)],
-    "activations": [
-        ("activation checkpointing (checkpointing: full)", lambda j: j.checkpointing != "full"),
-        ("a shorter sequence (seq_len) or a smaller micro-batch with grad_accum",
-         lambda j: True),
-        ("flash / memory-efficient attention (attention: sdpa)",
-         lambda j: j.attention != "sdpa"),
-        ("offload saved activations to the CPU (activation_offload)",
-         lambda j: not j.activation_offload)],
-    "temporary": [
-        ("a chunked cross-entropy loss that never holds all logits (loss: chunked)",
-         lambda j: j.loss != "chunked"),
-        ("a shorter sequence (seq_len)", lambda j: True)],
-    "inputs": [("a shorter sequence or smaller images", lambda j: True)],
-    "allocator_overhead": [
-        ("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (fragmentation)", lambda j: True)],
-    "runtime_context": [("a GPU with more memory: the CUDA context alone does not fit",
-                         lambda j: True)],
-}
-
-
-def suggestions_for(job: Job, category: str) -> list[str]:
-    return [text for text, unused in _SUGGESTIONS.get(category, []) if unused(job)]
-
-
 def _explain(result: SearchResult, job: Job, report: MemoryReport | None, explain) -> None:
     if report is None and explain is not None:
         try:
@@ -331,99 +258,3 @@ def _explain(result: SearchResult, job: Job, report: MemoryReport | None, explai
     if cats[ranked[1]] > 0.25 * cats[ranked[0]]:
         result.suggestions += [s for s in suggestions_for(job, ranked[1])[:2]
                                if s not in result.suggestions]
-
-
-# --- sweeps --------------------------------------------------------------------------------------
-
-
-SWEEP_FIELDS = ("batch_size", "seq_len", "peak_allocated", "peak_reserved", "device_total",
-                "fits", "step_time_s", "samples_per_s", "tokens_per_s", "final_loss", "error")
-
-
-def sweep(job: Job, oracle_report: Callable[[Job], MemoryReport], batch_sizes: Iterable[int],
-          seq_lens: Iterable[int] | None = None, *, budget_bytes: int | None = None,
-          margin: float = DEFAULT_MARGIN,
-          on_row: Callable[[dict], None] | None = None) -> list[dict[str, Any]]:
-    """One row per (batch size, sequence length): peak memory, and time/throughput/loss when
-    the report was measured. A point that runs out of memory is a row with `error`.
-
-    on_row: called after each point (a progress bar).
-    """
-    seq_lens = list(seq_lens) if seq_lens else [job.seq_len]
-    rows = []
-    for seq_len in seq_lens:
-        for batch in batch_sizes:
-            row = dict.fromkeys(SWEEP_FIELDS)
-            row.update(batch_size=batch, seq_len=seq_len, error="")
-            try:
-                report = oracle_report(job.with_changes(batch_size=batch, seq_len=seq_len))
-            except Exception as error:  # noqa: BLE001 - only out-of-memory is swallowed
-                if not is_out_of_memory(error):
-                    raise
-                row.update(fits=False, error=f"{type(error).__name__}: {error}".splitlines()[0])
-                del error
-                release_memory()
-            else:
-                row.update(peak_allocated=report.peak_allocated,
-                           peak_reserved=report.peak_reserved, device_total=report.device_total)
-                if budget_bytes is not None:
-                    row["fits"] = report.device_total <= budget_bytes * (1 - margin)
-                m = report.measured or {}
-                row.update(step_time_s=m.get("step_time_median_s"),
-                           samples_per_s=m.get("samples_per_s"),
-                           tokens_per_s=m.get("tokens_per_s"),
-                           final_loss=(m.get("losses") or [None])[-1])
-            rows.append(row)
-            if on_row:
-                on_row(row)
-    return rows
-
-
-def write_csv(rows: Sequence[dict], path: str | Path) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else list(SWEEP_FIELDS))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def write_json(data: Any, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n")
-
-
-def plot(rows: Sequence[dict], path: str | Path, *, x: str | None = None,
-         limit_bytes: int | None = None, limit_label: str = "GPU usable memory",
-         title: str = "") -> None:
-    """PNG of peak memory (GiB) against batch size or sequence length, one line per value
-    of the other, with the GPU's usable memory drawn as a horizontal line."""
-    import matplotlib  # lazily: plotting is optional and slow to import
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if x is None:  # the axis with more distinct values
-        x = "batch_size" if len({r["batch_size"] for r in rows}) >= len(
-            {r["seq_len"] for r in rows}) else "seq_len"
-    other = "seq_len" if x == "batch_size" else "batch_size"
-    gib = 1024**3
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for value in sorted({r[other] for r in rows}):
-        pts = sorted((r[x], r["device_total"]) for r in rows
-                     if r[other] == value and r["device_total"] is not None)
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] / gib for p in pts], marker="o",
-                    label=f"{other} = {value}")
-        ooms = [r[x] for r in rows if r[other] == value and r["device_total"] is None]
-        if ooms and limit_bytes:
-            ax.scatter(ooms, [limit_bytes / gib] * len(ooms), marker="x", color="red")
-    if limit_bytes:
-        ax.axhline(limit_bytes / gib, color="red", linestyle="--", label=limit_label)
-    ax.set_xscale("log", base=2)
-    ticks = sorted({r[x] for r in rows})
-    ax.set_xticks(ticks, [str(t) for t in ticks])
-    ax.set_xlabel(x.replace("_", " "))
-    ax.set_ylabel("peak memory (GiB)")
-    ax.set_title(title or "Peak memory")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -27,7 +27,6 @@ from vramplan.engines.precision import BNB_BLOCK as ADAM8_BLOCK
 from vramplan.engines.precision import BNB_MIN_8BIT_SIZE as ADAM8_MIN_SIZE
 from vramplan.engines.precision import NF4_BLOCK, NF4_DOUBLE_QUANT_BLOCK
 
-
 # --- QLoRA: the 4-bit base --------------------------------------------------------------------
 
 class _Dequant4bitMatmul(torch.autograd.Function):

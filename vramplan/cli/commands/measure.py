@@ -11,17 +11,26 @@ from __future__ import annotations
 
 import json
 import os
-import re
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
-from vramplan.cli import console, job_command, print_json
-from vramplan.engines.report import CATEGORIES, MemoryReport
-from vramplan.errors import EngineError, JobError, VramplanError
+from vramplan.cli.options import (
+    EXIT_DOES_NOT_FIT,
+    AsJson,
+    Out,
+    check_writable,
+    console,
+    job_command,
+    print_json,
+    write_or_print,
+)
+from vramplan.compare import comparison_rows, run_for_compare
+from vramplan.engines.report import MemoryReport
+from vramplan.errors import JobError
 from vramplan.job import Job
+from vramplan.search.oom import describe_oom, is_out_of_memory
 from vramplan.units import GiB, MiB, parse_bytes
 
 Steps = Annotated[int, typer.Option(help="timed optimizer steps")]
@@ -39,16 +48,16 @@ def measure(
         help="memory limit, e.g. 4GiB: on the CPU a step over it counts as out of memory")]
     = None,
     device: Device = None,
-    out: Annotated[Optional[Path], typer.Option(help="write the report as JSON")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+    out: Out = None,
+    as_json: AsJson = False,
 ) -> None:
     """Run real training steps with synthetic data and report memory, time and loss.
 
     Example: vramplan measure qwen2.5-0.5b -b 2 -s 1024 --steps 5 --emulate-gpu L4
     """
     from vramplan.engines.measure import measure as run
-    from vramplan.search import is_out_of_memory
 
+    check_writable(out)
     try:
         report = run(job, steps=steps, warmup=warmup, emulate_gpu=emulate_gpu,
                      budget_bytes=parse_bytes(budget) if budget else None, device=device)
@@ -59,11 +68,11 @@ def measure(
             if emulate_gpu else ""
         console.print(f"[bold red]out of memory[/]: {describe_oom(error)}{limit}\n"
                       "  try: vramplan search batch-size ... to find what fits")
-        raise typer.Exit(1) from None
+        raise typer.Exit(EXIT_DOES_NOT_FIT) from None
     if os.environ.get("RANK", "0") != "0":
         return  # under torchrun, rank 0 holds every rank's figures and prints them
     if out:
-        out.write_text(json.dumps(report.to_json_dict(), indent=2) + "\n")
+        write_or_print(out, json.dumps(report.to_json_dict(), indent=2) + "\n")
     if as_json:
         print_json(report.to_json_dict())
         return
@@ -76,7 +85,7 @@ def measure(
 
 
 def print_measured(report: MemoryReport) -> None:
-    m = report.measured or {}
+    m = report.measured.model_dump() if report.measured else {}
     table = Table(title=f"measured on {m.get('device', '?')}: {m.get('steps', 0)} steps "
                         f"({m.get('warmup', 0)} warm-up)")
     table.add_column("figure")
@@ -127,7 +136,7 @@ def compare(
                                          "reference the others' error is measured against")]
     = "formula,trace,measure",
     steps: Steps = 3, warmup: Warmup = 1, device: Device = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Predicted (formula, trace) and measured memory side by side, with the error.
 
@@ -136,7 +145,8 @@ def compare(
     names = [e.strip() for e in engines.split(",") if e.strip()]
     if not names:
         raise JobError("--engines needs at least one of formula, trace, measure")
-    reports = {name: run_engine_for_compare(job, name, steps, warmup, device) for name in names}
+    reports = {name: run_for_compare(job, name, steps=steps, warmup=warmup, device=device)
+               for name in names}
     rows = comparison_rows(reports)
     if as_json:
         print_json({"rows": rows, "reports": {n: r.to_json_dict() if isinstance(
@@ -162,78 +172,6 @@ def compare(
             console.print(f"[yellow]{name}[/]: {report}")
 
 
-def describe_oom(error: BaseException) -> str:
-    """torch's first sentence and the request that failed; torch's paragraph about
-    allocator settings is left out."""
-    text = str(error).splitlines()[0] if str(error) else type(error).__name__
-    request = re.search(r"Tried to allocate ([\d.]+ \w+)", text)
-    first = text.split(". ")[0].rstrip(".")
-    if request is None or request.group(0) in first:
-        return first
-    return f"{first}: tried to allocate {request.group(1)}"
-
-
-def run_engine_for_compare(job: Job, engine: str, steps: int, warmup: int,
-                           device: str | None) -> MemoryReport | str:
-    """The engine's report, or why it has none (an engine that is missing or failed)."""
-    from vramplan.api import run_engine
-
-    options = dict(steps=steps, warmup=warmup, device=device)
-    try:
-        return run_engine(job, engine, **options)
-    except ImportError as error:
-        return f"not available ({error})"
-    except Exception as error:  # noqa: BLE001 - one engine failing keeps the others' answers
-        from vramplan.search import is_out_of_memory
-        if isinstance(error, VramplanError) and not isinstance(error, EngineError):
-            raise  # the job itself is wrong: every engine would say so
-        if is_out_of_memory(error):
-            return f"out of memory: {describe_oom(error)}"
-        return f"failed: {type(error).__name__}: {error}"
-
-
-def comparison_rows(reports: dict[str, MemoryReport | str]) -> list[dict]:
-    """One row per category and total; `<engine>_error` = (engine - reference) / reference,
-    the reference being the last engine."""
-    names = list(reports)
-    ref = names[-1]
-    figures = [(c, lambda r, c=c: r.categories[c]) for c in CATEGORIES] + [
-        ("peak allocated", lambda r: r.peak_allocated),
-        ("peak reserved", lambda r: r.peak_reserved),
-        ("device total", lambda r: r.device_total)]
-    reference = reports[ref]
-    if isinstance(reference, MemoryReport) and (reference.measured or {}).get("device") == "cpu":
-        # A CPU run has no cuBLAS workspaces: compare the predictions without them.
-        figures.append(("peak allocated w/o cuBLAS workspaces",
-                        lambda r: r.peak_allocated - predicted_workspaces(r)))
-    rows = []
-    for figure, get in figures:
-        row = {"figure": figure}
-        for name, report in reports.items():
-            row[name] = get(report) if isinstance(report, MemoryReport) else None
-        for name in names[:-1]:
-            a, b = row[name], row[ref]
-            row[f"{name}_error"] = (a - b) / b if a is not None and b else None
-        rows.append(row)
-    return rows
-
-
-def predicted_workspaces(report: MemoryReport) -> int:
-    """cuBLAS workspace bytes a predicted report counts in `temporary` (0 for measure)."""
-    if report.engine == "measure":
-        return 0
-    from vramplan.engines.runtime import workspaces_bytes
-    from vramplan.hardware import get_gpu
-    from vramplan.job import Runtime
-
-    gpu = get_gpu(report.runtime_gpu) if report.runtime_gpu else None
-    return workspaces_bytes(Runtime(**report.job["runtime"]), gpu)
-
-
 def register(app: typer.Typer) -> None:
-    """Add `measure` and `compare` to the vramplan app (once)."""
-    names = {c.name for c in app.registered_commands}
-    if "measure" not in names:
-        app.command("measure")(measure)
-    if "compare" not in names:
-        app.command("compare")(compare)
+    app.command("measure")(measure)
+    app.command("compare")(compare)

@@ -7,61 +7,41 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
-from vramplan.cli import console, job_command, print_json
-from vramplan.engines.report import MemoryReport
-from vramplan.errors import JobError
 from vramplan import search as _search
+from vramplan.cli.options import (
+    EXIT_DOES_NOT_FIT,
+    AsJson,
+    EngineName,
+    Out,
+    check_writable,
+    console,
+    job_command,
+    print_json,
+    write_or_print,
+)
+from vramplan.errors import JobError
 from vramplan.job import Job
-from vramplan.units import GiB, MiB, parse_bytes
+from vramplan.search.oracle import budget_of, explaining_engine, oracle_for
+from vramplan.units import GiB, MiB
 
 search_app = typer.Typer(help="Largest batch size or sequence length that fits.",
                          no_args_is_help=True)
 
-Engine = Annotated[str, typer.Option(help="formula (instant), trace (exact, no GPU) or "
-                                     "measure (real steps on this machine)")]
 Budget = Annotated[Optional[str], typer.Option(
     help="memory to fit in, e.g. 24GiB (default: the usable memory of --gpu)")]
 Margin = Annotated[float, typer.Option(help="safety margin: fit in budget x (1 - margin)")]
 Device = Annotated[Optional[str], typer.Option(help="measure only: cuda or cpu (default: "
                                                "cuda when available)")]
-AsJson = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
 
 
-# --- shared by the commands ------------------------------------------------------------------
-
-
-def budget_of(job: Job, budget: str | None) -> tuple[int, str]:
-    """Bytes to fit in, and what they are: --budget, else the usable memory of --gpu."""
-    if budget:
-        return parse_bytes(budget), "budget"
-    if job.gpu:
-        from vramplan.hardware import get_gpu
-        gpu = get_gpu(job.gpu)
-        return gpu.usable_bytes, f"{gpu.name} usable memory"
-    raise JobError("say what to fit in: --gpu NAME (its usable memory) or --budget SIZE "
-                   "(e.g. 24GiB)")
-
-
-def oracle_for(engine: str, *, budget_bytes: int | None = None, device: str | None = None,
-               steps: int = 1, warmup: int = 1) -> Callable[[Job], MemoryReport]:
-    """Job -> MemoryReport by engine name. measure runs short real steps; on the CPU the
-    budget makes a step over it raise BudgetExceeded, on CUDA it caps the allocator."""
-    from vramplan.api import run_engine
-
-    options = dict(steps=steps, warmup=warmup, budget_bytes=budget_bytes, device=device)
-    return lambda job: run_engine(job, engine, **options)
-
-
-def _explain_engine(engine: str):
-    """When nothing fits, the formula engine says what fills memory (it never runs out)."""
-    return None if engine == "formula" else oracle_for("formula")
+# --- views ---------------------------------------------------------------------------------
 
 
 def _unit(*sizes: int | None) -> tuple[str, int]:
@@ -107,47 +87,55 @@ def print_search(result: _search.SearchResult, what: str,
 @search_app.command("batch-size")
 @job_command
 def batch_size(
-    job: Job, engine: Engine = "formula", budget: Budget = None, margin: Margin = 0.05,
+    job: Job, engine: EngineName = "formula", budget: Budget = None, margin: Margin = 0.05,
     maximum: Annotated[Optional[int], typer.Option(help="largest batch size to try")] = None,
-    device: Device = None, as_json: AsJson = False,
+    device: Device = None, as_json: AsJson = False, out: Out = None,
 ) -> None:
     """Largest micro-batch size that fits (exact), by doubling then bisection.
 
     Example: vramplan search batch-size llama-3.2-1b -s 2048 --gpu L4
     """
+    check_writable(out)
     limit, what = budget_of(job, budget)
     result = _search.max_batch_size(
         job, oracle_for(engine, budget_bytes=limit, device=device), limit, margin=margin,
-        maximum=maximum, explain=_explain_engine(engine))
-    if as_json:
-        print_json(result.to_dict())
-    else:
-        print_search(result, what)
+        maximum=maximum, explain=explaining_engine(engine))
+    _finish(result, what, as_json, out)
 
 
 @search_app.command("seq-len")
 @job_command
 def seq_len(
-    job: Job, engine: Engine = "formula", budget: Budget = None, margin: Margin = 0.05,
+    job: Job, engine: EngineName = "formula", budget: Budget = None, margin: Margin = 0.05,
     granularity: Annotated[int, typer.Option(help="answer is a multiple of this")] = 64,
     maximum: Annotated[Optional[int], typer.Option(help="longest sequence to try")] = None,
-    device: Device = None, as_json: AsJson = False,
+    device: Device = None, as_json: AsJson = False, out: Out = None,
 ) -> None:
     """Longest sequence (a multiple of --granularity) that fits at the job's batch size.
 
     Example: vramplan search seq-len llama-3.2-1b -b 4 --gpu A100-40GB --engine trace
     """
+    check_writable(out)
     limit, what = budget_of(job, budget)
     positions = None if maximum else _max_positions(job)
     result = _search.max_seq_len(
         job, oracle_for(engine, budget_bytes=limit, device=device), limit, margin=margin,
-        granularity=granularity, maximum=maximum or positions, explain=_explain_engine(engine))
+        granularity=granularity, maximum=maximum or positions, explain=explaining_engine(engine))
+    _finish(result, what, as_json, out,
+            f"the longest the model accepts: {positions} positions" if positions else None)
+
+
+def _finish(result: _search.SearchResult, what: str, as_json: bool, out: Path | None,
+            cap_reason: str | None = None) -> None:
+    """Print (and write) a search result; exit code 1 when even the smallest value fails."""
     if as_json:
         print_json(result.to_dict())
-    elif positions:
-        print_search(result, what, f"the longest the model accepts: {positions} positions")
     else:
-        print_search(result, what)
+        print_search(result, what, *([cap_reason] if cap_reason else []))
+    if out:
+        write_or_print(out, json.dumps(result.to_dict(), indent=2) + "\n")
+    if not result.fits:
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
 
 
 def _max_positions(job: Job) -> int | None:
@@ -177,13 +165,12 @@ def sweep(
     job: Job,
     batch_sizes: Annotated[Optional[str], typer.Option(help="e.g. 1,2,4,8")] = None,
     seq_lens: Annotated[Optional[str], typer.Option(help="e.g. 512,1024,2048")] = None,
-    engine: Engine = "formula", budget: Budget = None, margin: Margin = 0.05,
+    engine: EngineName = "formula", budget: Budget = None, margin: Margin = 0.05,
     steps: Annotated[int, typer.Option(help="measure only: timed steps per point")] = 3,
     device: Device = None,
-    csv_out: Annotated[Optional[Path], typer.Option("--csv", help="write rows as CSV")] = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json-out", help="write rows as JSON")]
-    = None,
-    plot_out: Annotated[Optional[Path], typer.Option("--plot", help="write a PNG plot")] = None,
+    out: Out = None,
+    plot_out: Annotated[Optional[Path], typer.Option("--plot", help="write a plot (.png or "
+                                                     ".svg)")] = None,
     as_json: AsJson = False,
 ) -> None:
     """Peak memory (and step time, throughput, loss when measuring) over a grid.
@@ -191,6 +178,7 @@ def sweep(
     Example: vramplan sweep llama-3.2-1b --batch-sizes 1,2,4,8 --seq-lens 512,1024 --gpu L4
     --plot memory.png
     """
+    check_writable(out, plot_out)
     batches = _ints(batch_sizes, "--batch-sizes") or [job.batch_size]
     seqs = _ints(seq_lens, "--seq-lens") or [job.seq_len]
     limit, what = budget_of(job, budget) if (budget or job.gpu) else (None, "")
@@ -204,10 +192,9 @@ def sweep(
             task = progress.add_task(f"{engine}: {total} points", total=total)
             rows = _search.sweep(job, oracle, batches, seqs, budget_bytes=limit, margin=margin,
                                  on_row=lambda row: progress.advance(task))
-    if csv_out:
-        _search.write_csv(rows, csv_out)
-    if json_out:
-        _search.write_json(rows, json_out)
+    if out:
+        write_or_print(out, _search.rows_csv(rows) if out.suffix == ".csv"
+                       else json.dumps(rows, indent=2) + "\n")
     if plot_out:
         _search.plot(rows, plot_out, limit_bytes=limit, limit_label=what or "limit",
                      title=f"{job.model}: peak memory ({engine})")
@@ -215,7 +202,7 @@ def sweep(
         print_json(rows)
         return
     _print_rows(rows, limit, what)
-    for path in (csv_out, json_out, plot_out):
+    for path in (out, plot_out):
         if path:
             console.print(f"wrote {path}")
 
@@ -245,9 +232,6 @@ def _num(value: float | None, spec: str) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    """Add `search batch-size|seq-len` and `sweep` to the vramplan app (once)."""
-    if not any(g.name == "search" for g in app.registered_groups):
-        app.add_typer(search_app, name="search")
-    if not any(c.name == "sweep" for c in app.registered_commands):
-        app.command("sweep")(sweep)
+    app.add_typer(search_app, name="search")
+    app.command("sweep")(sweep)
 

@@ -1,0 +1,72 @@
+"""`vramplan estimate`: peak memory of one training step, by category, and where it fits.
+
+    vramplan estimate llama-3.1-8b -b 4 -s 2048 --peft qlora --gpu L4
+    vramplan estimate --job job.yaml --json
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal
+
+import typer
+
+from vramplan.cli.options import (
+    EXIT_DOES_NOT_FIT,
+    AsJson,
+    EngineName,
+    Out,
+    check_writable,
+    console,
+    job_command,
+    print_json,
+    write_or_print,
+)
+from vramplan.engines.report import MemoryReport
+from vramplan.job import Job
+
+
+@job_command
+def estimate(
+    job: Job,
+    engine: EngineName = "formula",
+    as_json: AsJson = False,
+    out: Out = None,
+    unit: Annotated[Literal["GiB", "GB"], typer.Option(help="GiB (binary) or GB (decimal)")]
+    = "GiB",
+    time_limit: Annotated[float, typer.Option(
+        min=0.1, help="trace: stop after this many seconds")] = 300.0,
+) -> None:
+    """Peak GPU memory of one training step, by category, and where it fits.
+
+    Exit code 1 when the job does not fit the --gpu asked for.
+
+    Example: vramplan estimate llama-3.1-8b -b 4 -s 2048 --peft qlora --gpu L4
+    """
+    from vramplan.engines.registry import run_engine
+
+    check_writable(out)
+    report = run_engine(job, engine, time_limit_s=time_limit)
+    show(report, job, as_json=as_json, unit=unit)
+    if out:
+        write_or_print(out, json.dumps(report.to_json_dict(), indent=2) + "\n")
+    exit_for_fit(report, job)
+
+
+def show(report: MemoryReport, job: Job, *, as_json: bool, unit: str = "GiB") -> None:
+    if as_json:
+        print_json(report.to_json_dict())
+        return
+    from vramplan.report.terminal import print_report
+
+    print_report(report, console, unit=unit, highlight_gpu=job.gpu)
+
+
+def exit_for_fit(report: MemoryReport, job: Job) -> None:
+    """Exit code 1 when a GPU was named and the job does not fit it."""
+    if job.gpu and report.fits and not any(f.fits for f in report.fits):
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("estimate")(estimate)
