@@ -32,6 +32,30 @@ OUT = Path(__file__).parent / "results" / "web_fuzz.json"
 MODELS = [e.name for e in list_models()]
 
 
+def fuzz_test(operation, mode, catalog: bool, examples: int, counts: collections.Counter,
+              server_errors: list[dict]):
+    """A hypothesis test that sends generated requests for one operation and mode."""
+    name = f"{operation.method.upper()} {operation.path}"
+
+    @settings(max_examples=examples, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(case=operation.as_strategy(generation_mode=mode), model=st.sampled_from(MODELS))
+    def send(case, model):
+        if catalog and isinstance(case.body, dict) and isinstance(case.body.get("job"), dict):
+            # a real model takes the rest of the generated job deep into the engines
+            # (random model strings are refused at the door)
+            case.body["job"]["model"] = model
+            case.body.pop("config", None)
+        response = case.call()
+        counts[str(response.status_code)] += 1
+        if response.status_code >= 500:
+            server_errors.append({"operation": name, "status": response.status_code,
+                                  "body": response.text[:500],
+                                  "request": case.as_curl_command()[:1000]})
+
+    return send
+
+
 def fuzz(examples: int) -> dict:
     app = create_app(max_queued_traces=1, trace_grace_s=5)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
@@ -47,27 +71,8 @@ def fuzz(examples: int) -> dict:
             for mode, catalog in ((GenerationMode.POSITIVE, False),
                                   (GenerationMode.POSITIVE, True),
                                   (GenerationMode.NEGATIVE, False)):
-
-                @settings(max_examples=examples, deadline=None, database=None,
-                          suppress_health_check=list(HealthCheck), derandomize=True)
-                @given(case=operation.as_strategy(generation_mode=mode),
-                       model=st.sampled_from(MODELS))
-                def send(case, model):
-                    if catalog and isinstance(case.body, dict) and isinstance(
-                            case.body.get("job"), dict):
-                        # a real model gets the rest of the generated job deep into the
-                        # engines (random strings are refused at the door)
-                        case.body["job"]["model"] = model
-                        case.body.pop("config", None)
-                    response = case.call()
-                    counts[str(response.status_code)] += 1
-                    if response.status_code >= 500:
-                        server_errors.append({"operation": name, "status": response.status_code,
-                                              "body": response.text[:500],
-                                              "request": case.as_curl_command()[:1000]})
-
                 try:
-                    send()
+                    fuzz_test(operation, mode, catalog, examples, counts, server_errors)()
                 except Unsatisfiable:  # nothing to break (an operation without inputs)
                     skipped.append(f"{name} {mode.value}{' catalog' if catalog else ''}")
     finally:

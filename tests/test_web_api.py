@@ -32,8 +32,8 @@ def client():
 
 
 def test_estimate_equals_the_library(client):
-    job = {"model": "gpt2", "batch_size": 4, "seq_len": 256, "peft": {"method": "lora",
-                                                                       "target_modules": ["c_attn"]}}
+    job = {"model": "gpt2", "batch_size": 4, "seq_len": 256,
+           "peft": {"method": "lora", "target_modules": ["c_attn"]}}
     r = client.post("/api/v1/estimate", json={"job": job})
     assert r.status_code == 200
     expected = vramplan.estimate(Job.model_validate(job)).to_json_dict()

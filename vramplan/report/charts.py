@@ -271,8 +271,8 @@ def compare_figure(reports: Mapping[str, MemoryReport]) -> tuple[Figure, Tips]:
 
 def figure_svg(fig: Figure, tips: Tips | None = None) -> str:
     """The figure as an inline <svg> element with hover text; text stays text."""
-    from matplotlib.backends.backend_svg import FigureCanvasSVG
     from matplotlib import rc_context
+    from matplotlib.backends.backend_svg import FigureCanvasSVG
 
     FigureCanvasSVG(fig)
     buffer = io.StringIO()
@@ -282,7 +282,8 @@ def figure_svg(fig: Figure, tips: Tips | None = None) -> str:
     svg = svg[svg.index("<svg"):]  # drop the XML declaration and doctype: inline in HTML
     for gid, text in (tips or {}).items():
         svg = re.sub(rf'(<g id="{re.escape(gid)}"[^>]*>)',
-                     lambda m: f"{m.group(1)}<title>{html.escape(text)}</title>", svg, count=1)
+                     lambda m, text=text: f"{m.group(1)}<title>{html.escape(text)}</title>",
+                     svg, count=1)
     return svg
 
 

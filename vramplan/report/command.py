@@ -3,8 +3,9 @@
     >>> cli_command(Job(model="gpt2", batch_size=4))
     'vramplan estimate gpt2 --batch-size 4'
 
-Only settings that differ from the defaults are written. A few settings have no flag
-(LoRA dropout, ...); `settings_without_flag` names them, and the YAML holds them all.
+Only settings that differ from the defaults are written. Settings without a flag of their
+own (LoRA dropout, gpus_per_node, ...) are written as `--set KEY=VALUE`;
+`settings_without_flag` names them. The YAML holds them all.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import yaml
 
 from vramplan.job import Job
 
-# Job field path -> the CLI flag that sets it (vramplan/cli.py's job flags)
+# Job field path -> the CLI flag that sets it (vramplan/cli/options.py's job flags; a test
+# checks the two agree)
 FLAGS: dict[tuple[str, ...], str] = {
     ("task",): "--task",
     ("batch_size",): "--batch-size",
@@ -81,25 +83,33 @@ def changed_settings(job: Job) -> dict[tuple[str, ...], Any]:
 
 
 def settings_without_flag(job: Job) -> list[str]:
-    """Changed settings the command line cannot carry (write a job file for those)."""
+    """Changed settings that have no flag of their own (the command uses --set for them)."""
     return [".".join(path) for path in changed_settings(job)
             if path != ("model",) and path not in FLAGS]
 
 
 def cli_command(job: Job, command: str = "estimate", extra: tuple[str, ...] = ()) -> str:
-    """The `vramplan` command line that builds this job (settings without a flag aside)."""
+    """The `vramplan` command line that builds this job."""
     words = ["vramplan", *command.split(), job.model]
     for path, value in changed_settings(job).items():
         flag = FLAGS.get(path)
-        if flag is None:
+        if path == ("model",):
             continue
-        if isinstance(value, bool):
+        if flag is None:
+            words += ["--set", f"{'.'.join(path)}={_yaml_scalar(value)}"]
+        elif isinstance(value, bool):
             words.append(flag if value else _NEGATIVE[flag])
         elif isinstance(value, list):
             words += [flag, ",".join(str(v) for v in value)]
         elif value is not None:
             words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
     return " ".join(shlex.quote(w) for w in [*words, *extra])
+
+
+def _yaml_scalar(value: Any) -> str:
+    """A value as --set reads it back (a YAML scalar or flow list)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return text.removesuffix("\n...").removesuffix("...").strip()
 
 
 def job_yaml(job: Job) -> str:

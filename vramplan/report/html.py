@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vramplan.engines.report import CATEGORIES, CATEGORY_HELP, MemoryReport
+from vramplan.job import Job
 from vramplan.report import charts
 from vramplan.units import format_count
 
@@ -126,9 +127,9 @@ def _flat(data: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
-def job_section(job: Mapping[str, Any], command: str | None = None) -> Section:
+def job_section(job: Job | Mapping[str, Any], command: str | None = None) -> Section:
     """Every setting of the job, and the command that reproduces it."""
-    rows = _flat(job)
+    rows = _flat(job.model_dump(mode="json") if isinstance(job, Job) else job)
     body = table_html(("setting", "value"), rows)
     if command:
         body = f"<p>Reproduce it with:</p><pre>{esc(command)}</pre>" + body
@@ -199,7 +200,9 @@ def notes_section(report: MemoryReport) -> Section:
 
 
 def measured_section(report: MemoryReport) -> Section:
-    rows = [(k, v) for k, v in (report.measured or {}).items() if not isinstance(v, (list, dict))]
+    measured = report.measured.model_dump(mode="json") if report.measured else {}
+    rows = [(k, v) for k, v in measured.items()
+            if not isinstance(v, (list, dict)) and v is not None]
     return Section("Measured", table_html(("figure", "value"), rows), "measured")
 
 
@@ -254,11 +257,12 @@ def _opt(value: int | None, size: int) -> str:
     return "-" if value is None else f"{value / size:,.3f}"
 
 
-def sweep_html(rows: Sequence[Mapping[str, Any]], *, job: Mapping[str, Any],
+def sweep_html(rows: Sequence[Mapping[str, Any]], *, job: Job | Mapping[str, Any],
                limits: Mapping[str, int] | None = None, engine: str = "formula",
                command: str | None = None) -> str:
     """A sweep's page: heatmap, rows and the job."""
-    return page_html(f"{job.get('model', '')}: sweep ({engine} engine)",
+    model = job.model if isinstance(job, Job) else job.get("model", "")
+    return page_html(f"{model}: sweep ({engine} engine)",
                      [sweep_section(rows, limits), job_section(job, command)])
 
 
@@ -286,9 +290,10 @@ def search_section(result: Mapping[str, Any]) -> Section:
     return Section(f"Search: {name}", body, "search")
 
 
-def search_html(result: Mapping[str, Any], *, job: Mapping[str, Any],
+def search_html(result: Mapping[str, Any], *, job: Job | Mapping[str, Any],
                 command: str | None = None) -> str:
-    return page_html(f"{job.get('model', '')}: {str(result['parameter']).replace('_', ' ')} "
+    model = job.model if isinstance(job, Job) else job.get("model", "")
+    return page_html(f"{model}: {str(result['parameter']).replace('_', ' ')} "
                      "search", [search_section(result), job_section(job, command)])
 
 
