@@ -298,27 +298,20 @@ def search_html(result: Mapping[str, Any], *, job: Job | Mapping[str, Any],
 
 
 def compare_section(reports: Mapping[str, MemoryReport | str]) -> Section:
-    """Engines side by side; the last engine is the reference each error is measured to."""
+    """Engines side by side (vramplan.compare's rows); the last engine is the reference each
+    error is measured against."""
+    from vramplan.compare import comparison_rows
+
     ok = {n: r for n, r in reports.items() if isinstance(r, MemoryReport)}
     names = list(reports)
     reference = names[-1]
     unit, size = charts.unit_for(*(r.device_total for r in ok.values()))
-    figures = [(charts.label(c), lambda r, c=c: r.categories[c]) for c in CATEGORIES] + [
-        ("peak allocated", lambda r: r.peak_allocated),
-        ("peak reserved", lambda r: r.peak_reserved),
-        ("device total", lambda r: r.device_total)]
-    rows = []
-    for figure, get in figures:
-        values = {n: get(r) for n, r in ok.items()}
-        ref = values.get(reference)
-        cells = [figure] + [_opt(values.get(n), size) for n in names]
-        cells += [f"{100 * (values[n] - ref) / ref:+.1f}%" if ref and n in values else "-"
-                  for n in names[:-1]]
-        rows.append(cells)
+    rows = [[charts.label(row["figure"])] + [_opt(row[n], size) for n in names]
+            + [f"{100 * row[f'{n}_error']:+.1f}%" if row.get(f"{n}_error") is not None else "-"
+               for n in names[:-1]]
+            for row in comparison_rows(dict(reports))]
     headers = [unit, *names, *(f"{n} error" for n in names[:-1])]
-    body = ""
-    if len(ok) >= 1 and reference in ok:
-        body += figure_html(charts.compare_figure(ok))
+    body = figure_html(charts.compare_figure(ok)) if reference in ok else ""
     body += table_html(headers, rows, numeric=range(1, len(headers)))
     body += f"<p>error = (engine - {esc(reference)}) / {esc(reference)}.</p>"
     failed = [(n, r) for n, r in reports.items() if not isinstance(r, MemoryReport)]
