@@ -249,3 +249,30 @@ def test_trace_time_limit_is_reported(client):
     status = _wait(client, r.json()["id"])
     assert status["status"] == "error" and "time" in status["error"].lower()
     assert "Traceback" not in json.dumps(status)
+
+
+def test_a_dead_worker_is_reported_and_replaced():
+    pytest.importorskip("torch")
+    import os
+    import signal
+
+    from vramplan.web.traces import TraceQueue
+
+    queue = TraceQueue(max_pending=2)
+    try:
+        job = Job(model="gpt2", batch_size=1, seq_len=16).model_dump(mode="json")
+        first = queue.submit(job, None, 60)
+        deadline = time.monotonic() + 60
+        while not queue._executor._processes and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pid in list(queue._executor._processes):
+            os.kill(pid, signal.SIGKILL)  # as the kernel's OOM killer would
+        while queue.get(first.id)[0].finished is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "worker stopped" in queue.get(first.id)[0].error
+        second = queue.submit(job, None, 60)  # a fresh worker takes the next trace
+        while queue.get(second.id)[0].finished is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert queue.get(second.id)[0].result["engine"] == "trace"
+    finally:
+        queue.close()

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections import OrderedDict
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 KEEP_FINISHED = 64  # finished traces kept for their results
@@ -81,7 +82,11 @@ class TraceQueue:
                 raise QueueFull(f"{self.max_pending} traces are already queued or running; "
                                 "try again when one has finished")
             task = TraceTask(uuid.uuid4().hex, job, time_limit_s)
-            task.future = self._pool().submit(run_trace, job, config, time_limit_s)
+            try:
+                task.future = self._pool().submit(run_trace, job, config, time_limit_s)
+            except BrokenProcessPool:  # the worker died (killed for memory, say): a new one
+                self._discard_pool()
+                task.future = self._pool().submit(run_trace, job, config, time_limit_s)
             self._tasks[task.id] = task
             self._forget_old()
             return task
@@ -121,15 +126,21 @@ class TraceQueue:
         try:
             outcome = task.future.result()
         except Exception as error:  # noqa: BLE001 - a dead worker, reported as a message
-            outcome = {"error": f"the trace worker stopped ({type(error).__name__}); "
-                                "run the trace again"}
+            if isinstance(error, BrokenProcessPool):
+                self._discard_pool()
+            outcome = {"error": f"the trace worker stopped ({type(error).__name__}: it may "
+                                "have run out of memory); run the trace again"}
         task.result, task.error = outcome.get("report"), outcome.get("error")
 
-    def _restart_worker(self, stuck: TraceTask) -> None:
+    def _discard_pool(self) -> None:
         executor, self._executor = self._executor, None
-        for process in list(getattr(executor, "_processes", {}).values()):
-            process.kill()
-        executor.shutdown(wait=False, cancel_futures=True)
+        if executor is not None:
+            for process in list((getattr(executor, "_processes", None) or {}).values()):
+                process.kill()
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    def _restart_worker(self, stuck: TraceTask) -> None:
+        self._discard_pool()
         now = time.monotonic()
         for task in self.pending():
             task.finished = now
@@ -143,8 +154,4 @@ class TraceQueue:
             del self._tasks[task.id]
 
     def close(self) -> None:
-        if self._executor is not None:
-            for process in list(getattr(self._executor, "_processes", {}).values()):
-                process.kill()
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        self._discard_pool()
