@@ -200,6 +200,12 @@ def test_search_and_sweep_views(page, server):
     page.wait_for_selector("#chart-sweep svg")
     assert len(page.query_selector_all("#sweep-table tbody tr")) == 4
     assert page.problems == []
+    # the link of the sweep view carries its grid and shows the same sweep when opened
+    assert "sweep_batches=1%2C4" in page.url and "view=sweep" in page.url
+    other = page.context.new_page()
+    other.goto(page.url)
+    other.wait_for_selector("#chart-sweep svg")
+    assert len(other.query_selector_all("#sweep-table tbody tr")) == 4
 
 
 def test_trace_completes_and_shows_its_timeline(page, server):
