@@ -199,6 +199,10 @@ def test_openapi_documents_the_api(client):
                  "/api/v1/models", "/api/v1/gpus", "/api/v1/export"):
         assert path in spec["paths"]
     assert "Job" in spec["components"]["schemas"]
+    page = client.get("/docs")  # offline: FastAPI's default page would load a CDN
+    assert page.status_code == 200 and "/api/v1/sweep" in page.text
+    assert "<script" not in page.text and "cdn" not in page.text.lower()
+    assert client.get("/redoc").status_code == 404
 
 
 def test_server_binds_localhost_by_default():

@@ -32,7 +32,8 @@ Format = Literal["json", "html"]
 
 def create_app(*, max_queued_traces: int = 3, trace_grace_s: float = 30.0) -> FastAPI:
     """The app. `max_queued_traces`: traces running or waiting before 429."""
-    app = FastAPI(title="vramplan", version="1",
+    # FastAPI's own /docs pages load Swagger UI from a CDN: ours is one offline page
+    app = FastAPI(title="vramplan", version="1", docs_url=None, redoc_url=None,
                   description="How much GPU memory a training job needs, and where it fits. "
                               "Every request holds a Job, as in a vramplan job file.")
     traces = TraceQueue(max_pending=max_queued_traces, grace_s=trace_grace_s)
@@ -40,13 +41,18 @@ def create_app(*, max_queued_traces: int = 3, trace_grace_s: float = 30.0) -> Fa
     app.add_middleware(RequestGuard, max_bytes=schemas.MAX_REQUEST_BYTES)
     app.router.add_event_handler("shutdown", traces.close)
     _add_error_handlers(app)
-    errors = {422: {"model": schemas.ErrorResponse}}
+    errors = {code: {"model": schemas.ErrorResponse} for code in (413, 415, 422)}
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page() -> HTMLResponse:
         text = (resources.files("vramplan.web") / "page.html").read_text(encoding="utf-8")
         return HTMLResponse(text, headers={"Content-Security-Policy": _CSP,
                                            "X-Content-Type-Options": "nosniff"})
+
+    @app.get("/docs", response_class=HTMLResponse, include_in_schema=False)
+    def docs() -> HTMLResponse:
+        from vramplan.web.docs import api_docs_html
+        return _html(api_docs_html(app.openapi()))
 
     @app.get(f"{API}/models")
     def models(q: str = Query("", max_length=100, description="part of the name or HF id"),
