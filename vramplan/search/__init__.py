@@ -17,6 +17,6 @@ from vramplan.search.views import plot, rows_csv, write_csv, write_json
 
 __all__ = [
     "DEFAULT_MARGIN", "Oracle", "SWEEP_FIELDS", "SearchResult", "Trial", "describe_oom",
-    "is_out_of_memory", "max_batch_size", "max_seq_len", "peak_of", "plot", "release_memory", "rows_csv",
-    "suggestions_for", "sweep", "write_csv", "write_json",
+    "is_out_of_memory", "max_batch_size", "max_seq_len", "peak_of", "plot", "release_memory",
+    "rows_csv", "suggestions_for", "sweep", "write_csv", "write_json",
 ]

@@ -43,6 +43,16 @@ def estimate(
     plot: Annotated[Optional[Path], typer.Option(
         "--plot", help="write the figures: PATH (.png, .svg or .pdf) gets the memory by "
         "phase; PATH-fit and PATH-timeline (trace) go beside it")] = None,
+    tokens: Annotated[Optional[str], typer.Option(
+        help="with --gpu: tokens to train on (e.g. 2B) for time and cost")] = None,
+    samples: Annotated[Optional[str], typer.Option(
+        help="with --gpu: samples to train on")] = None,
+    epochs: Annotated[Optional[float], typer.Option(
+        help="with --gpu: passes over --dataset-samples")] = None,
+    dataset_samples: Annotated[Optional[str], typer.Option(
+        help="samples in one epoch")] = None,
+    price_per_hour: Annotated[Optional[float], typer.Option(
+        help="USD per GPU-hour (default: the catalog's)")] = None,
 ) -> None:
     """Peak GPU memory of one training step, by category, and where it fits.
 
@@ -54,6 +64,15 @@ def estimate(
 
     check_writable(out, html, plot)
     report = run_engine(job, engine, time_limit_s=time_limit)
+    if job.gpu:  # time and cost on the GPU asked about (vramplan/plan/performance.py)
+        from vramplan.plan.amount import parse_count
+        from vramplan.plan.performance import performance_for
+
+        report = report.model_copy(update={"performance": performance_for(
+            job, job.gpu, tokens=parse_count(tokens) if tokens else None,
+            samples=parse_count(samples, "samples") if samples else None, epochs=epochs,
+            dataset_samples=parse_count(dataset_samples, "dataset samples")
+            if dataset_samples else None, price_per_hour=price_per_hour)})
     show(report, job, as_json=as_json, unit=unit)
     if out:
         write_or_print(out, json.dumps(report.to_json_dict(), indent=2) + "\n")
@@ -83,6 +102,21 @@ def show(report: MemoryReport, job: Job, *, as_json: bool, unit: str = "GiB") ->
     from vramplan.report.terminal import print_report
 
     print_report(report, console, unit=unit, highlight_gpu=job.gpu)
+    if report.performance is not None:
+        from vramplan.report.plan_view import print_performance
+
+        print_performance(report.performance, console)
+    if job.gpu and report.fits and not any(f.fits for f in report.fits):
+        from vramplan.hardware import get_gpu
+        from vramplan.plan.make_fit import make_it_fit
+        from vramplan.plan.techniques import ALLOW_NAMES
+
+        fixes = make_it_fit(job, get_gpu(job.gpu), allow=ALLOW_NAMES, margin=0.0)
+        if fixes:
+            console.print(f"\nTo make it fit on {job.gpu}:")
+        for fix in fixes:
+            maths = " (changes the maths of training)" if fix.changes_maths else ""
+            console.print(f"  {fix.flags}: {fix.summary}{maths}", soft_wrap=True)
 
 
 def exit_for_fit(report: MemoryReport, job: Job) -> None:
