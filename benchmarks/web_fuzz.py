@@ -7,7 +7,7 @@ schemathesis and sent in-process (ASGI). Traces
 that pass validation really queue (the queue holds one); the worker is killed at the end.
 Writes benchmarks/results/web_fuzz.json.
 
-    python benchmarks/web_fuzz.py [--examples 90]
+    python benchmarks/web_fuzz.py [--examples 90]     # exit code 1 on any 5xx
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import argparse
 import collections
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -28,7 +29,9 @@ from schemathesis import GenerationMode
 from vramplan.models import list_models
 from vramplan.web import create_app
 
-OUT = Path(__file__).parent / "results" / "web_fuzz.json"
+sys.path.insert(0, str(Path(__file__).parent))
+from common import QUICK, results_dir  # noqa: E402 (benchmarks/common.py)
+
 MODELS = [e.name for e in list_models()]
 
 
@@ -87,7 +90,7 @@ def fuzz(examples: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=90,
+    parser.add_argument("--examples", type=int, default=5 if QUICK else 90,
                         help="examples per operation and generation mode")
     args = parser.parse_args()
     result = {
@@ -98,10 +101,12 @@ def main() -> None:
         "examples_per_operation_and_mode": args.examples,
         **fuzz(args.examples),
     }
-    result["passed"] = result["server_errors"] == 0 and result["requests"] >= 1000
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    result["passed"] = result["server_errors"] == 0 and (QUICK or result["requests"] >= 1000)
+    results_dir().joinpath("web_fuzz.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "server_error_examples"},
                      indent=2))
+    if not result["passed"]:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import httpx
 
-OUT = Path(__file__).parent / "results" / "web_load.json"
+sys.path.insert(0, str(Path(__file__).parent))
+from common import QUICK, results_dir  # noqa: E402 (benchmarks/common.py)
+
 MODELS = ["gpt2", "llama-3.2-1b", "llama-3.1-8b", "qwen2.5-7b", "mistral-7b", "gemma-2-9b",
           "llama-3.1-70b", "bert-base-uncased", "t5-base", "vit-base-patch16-224"]
 
@@ -109,10 +111,12 @@ def run_clients(url: str, clients: int, requests: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=20)
-    parser.add_argument("--requests", type=int, default=5000)
-    parser.add_argument("--single", type=int, default=300, help="requests from one client")
+    parser.add_argument("--clients", type=int, default=4 if QUICK else 20)
+    parser.add_argument("--requests", type=int, default=200 if QUICK else 5000)
+    parser.add_argument("--single", type=int, default=50 if QUICK else 300,
+                        help="requests from one client")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     process, url = start_server()
     try:
         run_clients(url, 1, 50)  # warm up: catalogs loaded, connections open
@@ -124,6 +128,7 @@ def main() -> None:
     result = {
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpus": os.cpu_count(),
+                    "load_average_1min_before": round(load_before, 2),
                     "note": "server and clients share the machine's CPUs with other work"},
         "date": time.strftime("%Y-%m-%d"),
         "endpoint": "POST /api/v1/estimate (formula engine, JSON report with the fit table)",
@@ -131,8 +136,10 @@ def main() -> None:
         "one_client": single,
         "concurrent": loaded,
     }
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    results_dir().joinpath("web_load.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+    if loaded["errors"] or single["errors"]:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

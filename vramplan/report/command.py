@@ -30,6 +30,7 @@ FLAGS: dict[tuple[str, ...], str] = {
     ("precision",): "--precision",
     ("optimizer",): "--optimizer",
     ("optimizer_impl",): "--optimizer-impl",
+    ("framework",): "--framework",
     ("checkpointing",): "--checkpointing",
     ("attention",): "--attention",
     ("loss",): "--loss",
@@ -37,7 +38,10 @@ FLAGS: dict[tuple[str, ...], str] = {
     ("peft", "rank"): "--lora-rank",
     ("peft", "alpha"): "--lora-alpha",
     ("peft", "target_modules"): "--lora-targets",
+    ("peft", "adapter_dtype"): "--lora-dtype",
     ("optimizer_in_backward",): "--optimizer-in-backward",
+    ("keep_grads_between_steps",): "--keep-grads",
+    ("compile",): "--compile",
     ("activation_offload",): "--activation-offload",
     ("parallel", "num_gpus"): "--num-gpus",
     ("parallel", "strategy"): "--strategy",
@@ -51,6 +55,7 @@ FLAGS: dict[tuple[str, ...], str] = {
 }
 # the flag of a boolean when it is False (the default is False for all of them today)
 _NEGATIVE = {"--optimizer-in-backward": "--no-optimizer-in-backward",
+             "--keep-grads": "--no-keep-grads", "--compile": "--no-compile",
              "--activation-offload": "--no-activation-offload",
              "--offload-optimizer": "--no-offload-optimizer",
              "--offload-params": "--no-offload-params"}
