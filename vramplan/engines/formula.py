@@ -38,7 +38,7 @@ from vramplan.errors import JobError
 from vramplan.hardware import get_gpu, list_gpus
 from vramplan.hardware.gpu import GPU
 from vramplan.job import CHUNKED_LOSS_CHUNKS, Job
-from vramplan.models import Architecture, Stack, load_architecture
+from vramplan.models import Architecture, Stack, architecture_from_config, load_architecture
 from vramplan.models.families import (
     EAGER_ONLY,
     LEARNED_POSITIONS,
@@ -91,7 +91,8 @@ class ParamMemory:
     notes: tuple[str, ...] = ()
 
 
-def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
+def estimate(job: Job, *, gpus: list[GPU] | None = None,
+             model_config: dict | None = None) -> MemoryReport:
     """Peak memory per GPU of one training step of `job`, by closed-form formulas.
 
     >>> from vramplan import Job, estimate
@@ -102,7 +103,10 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
     if job.compile:
         raise JobError("the formula does not model torch.compile yet: drop compile (its "
                        "eager numbers are an upper bound for the compiled step)")
-    arch = load_architecture(job.model)
+    # model_config: a Hugging Face config dict used instead of looking up job.model (an
+    # uploaded config.json in the web app; the trace and measure engines take it too)
+    arch = (architecture_from_config(model_config, job.model) if model_config is not None
+            else load_architecture(job.model))
     task = _task(job, arch)
     shapes = _shapes(job, arch, task)
     runtime_gpu = get_gpu(job.gpu) if job.gpu else None
