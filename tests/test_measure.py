@@ -331,3 +331,15 @@ def test_categories_mean_what_they_mean_in_the_trace():
     assert measured.categories["inputs"] == traced.categories["inputs"] == 4 * 256 * 8
     assert measured.categories["activations"] == traced.categories["activations"]
     assert measured.categories["temporary"] > 0
+
+
+def test_a_cpu_measurement_fills_the_fit_table_with_each_gpus_runtime():
+    from vramplan.engines.runtime import runtime_context_bytes, workspaces_bytes
+    from vramplan.hardware import get_gpu
+    job = Job(model="tiny", batch_size=2, seq_len=32, precision="fp32", gpu="L4")
+    report = measure(job, steps=1, warmup=1, device="cpu", model_config=TINY_LLAMA)
+    (fit,) = report.fits
+    l4 = get_gpu("L4")
+    # the CPU run has neither cuBLAS workspaces nor a CUDA context: the L4's are added
+    assert fit.gpu == "L4" and fit.required_bytes == report.device_total + workspaces_bytes(
+        job.runtime, l4) + runtime_context_bytes(job.runtime, l4)

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from vramplan.engines import runtime
 from vramplan.engines.report import CATEGORIES, Measured, MemoryReport, RankFigures
 from vramplan.errors import BudgetExceeded, EngineError
 from vramplan.hardware.nvml import NvmlSampler, nvml_used
@@ -231,12 +232,18 @@ def _report(job: Job, setup: TrainingSetup, run: _Run, probe) -> MemoryReport:
         tokens_per_s=tokens / median if median and tokens else None,
         losses=run.losses, non_finite_losses=run.non_finite, skipped_steps=run.skipped,
         peak_allocated=peak, **probe.measured())
-    return MemoryReport(
+    report = MemoryReport(
         engine="measure", job=job, model_name=setup.model_name,
         params_total=setup.params_total, params_trainable=setup.params_trainable,
         categories=categories, phase_peaks=dict(probe.phase_peaks), peak_phase=probe.peak_phase,
         runtime_gpu=probe.runtime_gpu, tokens_per_step=tokens * job.parallel.data_parallel,
         notes=notes, measured=measured)
+    from vramplan.hardware import get_gpu
+    runtime_gpu = get_gpu(probe.runtime_gpu) if probe.runtime_gpu else None
+    # a CPU run has no cuBLAS workspaces: each GPU's are added to its fit
+    fits = runtime.fits_for_job(report, job, runtime_gpu,
+                                workspaces_included=probe.device.type == "cuda")
+    return report.model_copy(update={"fits": fits})
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
