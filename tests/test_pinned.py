@@ -70,6 +70,9 @@ def test_fit_is_judged_against_usable_not_nominal_memory():
     (fit,) = report.fits
     assert fit.required_bytes == l4.usable_bytes + 1 < l4.memory_bytes
     assert fit.headroom_bytes == -1 and not fit.fits
+    exact = formula.estimate(JOB.with_changes(
+        gpu="L4", runtime={"cuda_context_bytes": context - 1}), model_config=TINY)
+    assert exact.fits[0].headroom_bytes == 0 and exact.fits[0].fits  # exactly full still fits
 
 
 @pytest.mark.parametrize("checkpointing", ["full"])
