@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from vramplan.plan.amount import parse_count, parse_duration
 from vramplan.errors import JobError
+from vramplan.plan.amount import parse_count, parse_duration
 
 
 def test_plan_prints_the_picks_and_exits_0(run_cli):

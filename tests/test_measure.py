@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from vramplan.engines.measure import measure, measure_setup
-from vramplan.job import Job
-from vramplan.training.setup import TrainingSetup
 from vramplan.errors import BudgetExceeded
+from vramplan.job import Job
 from vramplan.search import max_batch_size
+from vramplan.training.setup import TrainingSetup
 
 JOB = Job(model="tiny", batch_size=4, seq_len=32, precision="fp32")
 

@@ -10,12 +10,10 @@ import sys
 
 import pytest
 
-from vramplan.engines.report import CATEGORIES, MemoryReport
-from vramplan.job import Job
-from vramplan.engines.report import Measured
+from vramplan.engines.report import CATEGORIES, Measured, MemoryReport
 from vramplan.errors import BudgetExceeded
-from vramplan.search import (max_batch_size, max_seq_len, plot, sweep,
-                             write_csv, write_json)
+from vramplan.job import Job
+from vramplan.search import max_batch_size, max_seq_len, plot, sweep, write_csv, write_json
 
 GiB = 1024**3
 JOB = Job(model="tiny", batch_size=1, seq_len=512)

@@ -12,7 +12,12 @@ from vramplan._version import __version__
 from vramplan.api import estimate, measure, run_engine, trace
 from vramplan.engines.report import CATEGORIES, GpuFit, MemoryReport
 from vramplan.errors import (
-    EngineError, JobError, JobFileError, ModelConfigError, UnknownNameError, VramplanError,
+    EngineError,
+    JobError,
+    JobFileError,
+    ModelConfigError,
+    UnknownNameError,
+    VramplanError,
 )
 from vramplan.job import Job, Offload, Parallel, Peft, Runtime
 from vramplan.search import max_batch_size, max_seq_len, sweep

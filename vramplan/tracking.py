@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from vramplan.hardware.nvml import NvmlSampler
+from vramplan.units import p90
 
 
 class Tracker:
@@ -154,51 +155,3 @@ def _reset_peak_rss() -> int | None:
     except OSError:
         pass
     return _status_bytes("VmRSS")
-
-
-# --- shared with the measure engine -------------------------------------------------------
-
-
-def p90(values: list[float]) -> float | None:
-    """90th percentile (nearest rank)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
-
-
-class NvmlSampler:
-    """Samples NVML used memory and utilization every `interval` s in a daemon thread.
-    NVML's utilization is the share of time a kernel ran (or memory was read or written)
-    over its own sample window, not SM occupancy."""
-
-    def __init__(self, device: Any, interval: float = 0.05):
-        import torch
-
-        self._cuda = torch.cuda
-        self.device, self.interval = device, interval
-        self.max_used = 0
-        self.gpu_util: list[float] = []
-        self.mem_util: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self._sample()  # at least one sample, even for a very short run
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
-
-    def _sample(self) -> None:
-        try:
-            self.max_used = max(self.max_used, int(self._cuda.device_memory_used(self.device)))
-            self.gpu_util.append(float(self._cuda.utilization(self.device)))
-            self.mem_util.append(float(self._cuda.memory_usage(self.device)))
-        except Exception:  # noqa: BLE001 - NVML missing: memory stats still come from torch
-            self._stop.set()

@@ -14,9 +14,8 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException, UsageError
 
 from vramplan import __version__
-from vramplan.cli.commands import (catalog, estimate, headroom, measure, plan, schema,
-                                   search)
-from vramplan.cli.options import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, _JOB_FLAGS, console)
+from vramplan.cli.commands import catalog, estimate, headroom, measure, plan, schema, search
+from vramplan.cli.options import _JOB_FLAGS, EXIT_BAD_INPUT, EXIT_INTERRUPTED, console
 from vramplan.errors import VramplanError
 
 app = typer.Typer(

@@ -22,8 +22,16 @@ import yaml
 from rich.console import Console
 
 from vramplan.errors import JobError
-from vramplan.job import Job, Offload, Parallel, Peft, Runtime, job_from_dict, load_job_file, \
-    merge_overrides
+from vramplan.job import (
+    Job,
+    Offload,
+    Parallel,
+    Peft,
+    Runtime,
+    job_from_dict,
+    load_job_file,
+    merge_overrides,
+)
 
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 

@@ -16,8 +16,15 @@ from dataclasses import dataclass
 
 from vramplan.engines import activations as act
 from vramplan.engines.precision import (
-    NF4_BYTES_PER_PARAM, NF4_DOUBLE_QUANT_BYTES_PER_PARAM, STATE_COPIES, Dtypes, adapter_bytes,
-    dtypes_for, eight_bit_state_bytes, frozen_base_bytes, optimizer_step_temp_copies,
+    NF4_BYTES_PER_PARAM,
+    NF4_DOUBLE_QUANT_BYTES_PER_PARAM,
+    STATE_COPIES,
+    Dtypes,
+    adapter_bytes,
+    dtypes_for,
+    eight_bit_state_bytes,
+    frozen_base_bytes,
+    optimizer_step_temp_copies,
 )
 from vramplan.engines.report import CATEGORIES, MemoryReport
 from vramplan.engines.runtime import fit_table, workspaces_bytes
@@ -26,8 +33,13 @@ from vramplan.hardware import get_gpu, list_gpus
 from vramplan.hardware.gpu import GPU
 from vramplan.job import CHUNKED_LOSS_CHUNKS, Job
 from vramplan.models import Architecture, Stack, load_architecture
-from vramplan.models.families import (EAGER_ONLY, LEARNED_POSITIONS, SDPA_QUERY_CONTIGUOUS,
-                                      TRAINED_ATTENTION_BIAS, text_len)
+from vramplan.models.families import (
+    EAGER_ONLY,
+    LEARNED_POSITIONS,
+    SDPA_QUERY_CONTIGUOUS,
+    TRAINED_ATTENTION_BIAS,
+    text_len,
+)
 from vramplan.units import format_bytes
 
 # DeepSpeed's default reduce/allreduce bucket (reduce_bucket_size = 5e8 elements).
@@ -66,8 +78,8 @@ class ParamMemory:
     largest_block: float      # bytes of the largest block's weights as stored
     cast_head: float = 0.0    # the same for weights outside blocks (LM head), or QLoRA's
     #                           one dequantised weight
-    # a tied embedding's second gradient (from the lookup) before AccumulateGrad adds it
-    # to the one from the output head
+    # a tied embedding's two gradients (head and lookup) and their sum, before the sum
+    # reaches AccumulateGrad, beyond the gradients already counted
     tied_grad_transient: float = 0.0
     outside_blocks: float = 0.0  # bytes as stored of weights outside the blocks (FSDP's root)
     notes: tuple[str, ...] = ()
@@ -96,7 +108,7 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
         activations = min(activations, 2 * block_acts / (tp * cp))
     logits_fwd, logits_bwd = _loss_buffers(job, arch, shapes, dt, task)
 
-    w, g, o, cast, gathered, comm, notes = _per_gpu_params(job, params)
+    w, g, o, cast, gathered, root_gathered, comm, notes = _per_gpu_params(job, params)
     ws = workspaces_bytes(job.runtime, runtime_gpu)
     inputs = shapes.input_bytes / cp
     g_kept = g if job.grad_accum > 1 else 0.0
@@ -119,6 +131,10 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
                         temporary=cast + logits_fwd + gathered + comm + ws),
         "backward": dict(base, gradients=g_kept, activations=activations,
                          temporary=cast + logits_bwd + gathered + comm + ws),
+        # FSDP2 gathers the root again as backward starts (the blocks are resharded): its
+        # all-gather output and the unsharded parameters it is copied into are live together
+        "backward_gather": dict(base, gradients=g_kept, activations=activations,
+                                temporary=cast + logits_fwd + 2 * root_gathered + comm + ws),
         "backward_recompute": dict(base, gradients=g_kept, activations=activations
                                    + recompute["activations"],
                                    temporary=cast + recompute["cast"] + gathered + comm + ws),
@@ -130,11 +146,14 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
     peak_name = max(totals, key=totals.get)
     at_peak = {k: int(round(v)) for k, v in phases[peak_name].items()}
     allocated = sum(at_peak.values())
-    at_peak["allocator_overhead"] = _allocator_overhead(job, allocated, at_peak)
+    # reserved memory is the most the allocator held at any phase, not only at the peak
+    reserved = max(totals[name] + _allocator_overhead(job, arch, name, totals[name], parts)
+                   for name, parts in phases.items())
+    at_peak["allocator_overhead"] = max(0, int(round(reserved)) - allocated)
     at_peak["runtime_context"] = job.runtime.cuda_context_bytes
     phase_peaks = {"forward": totals["forward"],
                    "backward": max(totals["backward"], totals["backward_recompute"],
-                                   totals["backward_end"]),
+                                   totals["backward_end"], totals["backward_gather"]),
                    "optimizer": totals["optimizer"]}
 
     report = MemoryReport(
@@ -244,7 +263,7 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
         else:
             weights = frozen * base
         weights += adapters * adapter_bytes(job) + head * dt.weight
-        block_bytes = max((s.params_per_layer for s in arch.stacks), default=0) * base
+        block_bytes = max((_block_base_bytes(job, s, base) for s in arch.stacks), default=0)
         largest = max((ln.in_features * ln.out_features for s in arch.stacks
                        for ln in s.linears), default=1)
         dt = Dtypes(adapter_bytes(job), adapter_bytes(job), dt.compute, dt.residual,
@@ -254,12 +273,25 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
     step_temp = optimizer_step_temp_copies(job) * trainable * dt.weight
     if job.optimizer_impl == "loop" or job.optimizer in ("sgd-momentum", "lion"):
         step_temp = max(step_temp, largest * dt.weight)  # one param's update at a time
-    tied = (arch.vocab_size * _hidden(arch) * dt.grad
+    # autograd sums the head's and the lookup's gradients out of place (add): both and
+    # their sum are live at once, before the sum becomes .grad; when micro-steps
+    # accumulate, the .grad (counted in gradients) is already there, so one more
+    tied_copies = 3 if job.grad_accum > 1 else 2
+    tied = (tied_copies * arch.vocab_size * _hidden(arch) * dt.grad
             if job.peft is None and arch.tied_embeddings else 0.0)
     in_blocks = sum(s.num_layers * s.params_per_layer for s in arch.stacks)
     outside = (total - in_blocks) * (dt.weight if job.peft is None else frozen_base_bytes(job))
     return ParamMemory(total, trainable, weights, grads, optimizer, cast, step_temp,
                        block_bytes, cast_head, tied, outside_blocks=outside, notes=tuple(notes))
+
+
+def _block_base_bytes(job: Job, stack: Stack, base: int) -> float:
+    """One block of a PEFT base as stored: QLoRA keeps its linears' weights in NF4."""
+    if job.peft is None or job.peft.method != "qlora":
+        return stack.params_per_layer * base
+    per = NF4_DOUBLE_QUANT_BYTES_PER_PARAM if job.peft.double_quant else NF4_BYTES_PER_PARAM
+    weights = sum(ln.in_features * ln.out_features * ln.count for ln in stack.linears)
+    return weights * per + (stack.params_per_layer - weights) * base
 
 
 def _hidden(arch: Architecture) -> int:
@@ -318,14 +350,17 @@ def _per_gpu_params(job: Job, params: ParamMemory):
     w = params.weights / tp / (shard if sharded_params else 1)
     g = params.gradients / tp / (shard if strategy != "zero1" else 1)
     o = params.optimizer / tp / shard
-    cast, gathered, comm = (params.cast_copies + params.cast_head) / tp, 0.0, 0.0
+    cast, gathered, root, comm = (params.cast_copies + params.cast_head) / tp, 0.0, 0.0, 0.0
     if sharded_params and shard > 1:
         # gathered blocks in the compute dtype replace autocast's weight copies; the root
-        # unit (everything outside the blocks) stays gathered from forward to backward, as
-        # FSDP2 does not reshard the root after forward
-        gathered = (FSDP_GATHERED_BLOCKS * params.largest_block + params.outside_blocks) / tp
-        if dtypes_for(job).autocast:
-            gathered /= 2
+        # unit (everything outside the blocks) is gathered through forward and again at the
+        # start of backward. FSDP2 gathers in its param_dtype: fp32 weights under autocast
+        # at half their size; a PEFT base is stored in 16-bit (or 4-bit) and gathers as
+        # stored, so it is not halved again.
+        halve = 2 if dtypes_for(job).autocast and job.peft is None else 1
+        gathered = (FSDP_GATHERED_BLOCKS * params.largest_block
+                    + params.outside_blocks) / tp / halve
+        root = params.outside_blocks / tp / halve
         cast = 0.0
     elif strategy == "ddp" and par.data_parallel > 1:
         comm = params.gradients / tp  # the Reducer's flat buckets (gradient_as_bucket_view=False)
@@ -345,7 +380,7 @@ def _per_gpu_params(job: Job, params: ParamMemory):
     if job.optimizer == "paged-adamw-8bit":
         notes.append("paged optimizer states live in unified memory: under memory pressure "
                      "they page to the CPU instead of failing")
-    return w, g, o, cast, gathered, comm, notes
+    return w, g, o, cast, gathered, root, comm, notes
 
 
 # --- activations and loss ---------------------------------------------------------------
@@ -372,8 +407,9 @@ def _adapters(job: Job) -> act.Adapters:
 
 def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
     """Saved activations of all blocks (after checkpointing), and of the largest block
-    (what full checkpointing recomputes at a time)."""
-    total, largest = 0.0, 0.0
+    (what checkpointing recomputes at a time: the whole block, or under selective
+    checkpointing what it does not keep)."""
+    total, largest, recomputed = 0.0, 0.0, 0.0
     adapters = _adapters(job)
     if job.peft and "all-linear" in job.peft.target_modules:
         adapters = act.Adapters(frozenset(ln.name for s in arch.stacks for ln in s.linears),
@@ -400,9 +436,15 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
             kept = act.block_matmul_outputs(
                 stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
                 attention=_attention_impl(job, arch), adapters=adapters)
-            total += stack.num_layers * sum(b for _, b in kept)
+            # what selective keeps is a subset of what the block saves, and backward
+            # recomputes only the rest of one block
+            kept_bytes = min(sum(b for _, b in kept), block)
+            total += stack.num_layers * kept_bytes
+            recomputed = max(recomputed, block - kept_bytes)
         else:
             total += stack.num_layers * block
+    if job.checkpointing == "selective" and not job.activation_offload:
+        return total, recomputed
     return total, largest
 
 
@@ -461,11 +503,20 @@ def _outside_block_activations(job: Job, arch: Architecture, shapes: Shapes, dt:
 ALLOCATOR_OVERHEAD = {"none": 0.06, "selective": 0.12, "full": 0.30}
 
 
-def _allocator_overhead(job: Job, allocated: int, at_peak: dict[str, int]) -> int:
+# Phases in which checkpointing recomputes blocks (and so fragments the cache); the others
+# see the allocator as without checkpointing.
+RECOMPUTE_PHASES = ("backward", "backward_recompute", "backward_gather")
+
+
+def _allocator_overhead(job: Job, arch: Architecture, phase: str, allocated: float,
+                        parts: dict[str, float]) -> float:
     if job.runtime.allocator_overhead is not None:
-        return int(allocated * job.runtime.allocator_overhead)
-    transient = at_peak["activations"] + at_peak["temporary"]
-    return int(transient * ALLOCATOR_OVERHEAD[job.checkpointing])
+        return allocated * job.runtime.allocator_overhead
+    # checkpointing is ignored on a model without blocks (ResNet), and outside backward
+    # nothing is recomputed: the optimizer step's temporaries fragment no more than usual
+    recomputes = bool(arch.stacks) and phase in RECOMPUTE_PHASES
+    mode = job.checkpointing if recomputes else "none"
+    return (parts["activations"] + parts["temporary"]) * ALLOCATOR_OVERHEAD[mode]
 
 
 def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task: str):

@@ -27,14 +27,13 @@ from typing import Any
 import torch
 
 from vramplan.engines.report import CATEGORIES, Measured, MemoryReport, RankFigures
-from vramplan.errors import EngineError
+from vramplan.errors import BudgetExceeded, EngineError
+from vramplan.hardware.nvml import NvmlSampler, nvml_used
 from vramplan.job import Job
+from vramplan.search.oom import is_out_of_memory
 from vramplan.training.fsdp import fully_shard_setup
 from vramplan.training.setup import MAX_GRAD_NORM, TrainingSetup, build_training_setup, train_step
-from vramplan.errors import BudgetExceeded
-from vramplan.search.oom import is_out_of_memory
-from vramplan.tracking import NvmlSampler, p90
-from vramplan.units import format_bytes
+from vramplan.units import format_bytes, p90
 
 CUDA_BLOCK = 512  # the caching allocator rounds every request up to 512 bytes
 
@@ -445,7 +444,7 @@ class _CudaProbe(_Probe):
             # The cap applies to the caching allocator; the context lives outside it. It
             # grows as kernels load during the step, so the job's planned context is the
             # floor (1382 MiB at the first step on an H200 against 1234 MiB at this point).
-            context = max(context_bytes, (_nvml_used(self.device) or 0)
+            context = max(context_bytes, (nvml_used(self.device) or 0)
                           - torch.cuda.memory_reserved(self.device))
             cap = min(cap or usable, usable - context)
             self.notes.append(
@@ -511,13 +510,6 @@ class _CudaProbe(_Probe):
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
-
-
-def _nvml_used(device: torch.device) -> int | None:
-    try:
-        return int(torch.cuda.device_memory_used(device))
-    except Exception:  # noqa: BLE001 - pynvml missing or no NVML
-        return None
 
 
 # --- several processes (torchrun): shard the job, measure each rank, aggregate on rank 0 --------

@@ -59,11 +59,12 @@ def sharding(job: Job, tracker: _Tracker):
 @contextlib.contextmanager
 def _fake_process_group(world_size: int):
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from vramplan.training.private_api import fake_store
     if dist.is_initialized():
         raise EngineError("a torch.distributed process group is already initialised in this "
                           "process: the sharded trace needs its own fake one")
-    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=fake_store())
     try:
         yield
     finally:
@@ -72,7 +73,8 @@ def _fake_process_group(world_size: int):
 
 @contextlib.contextmanager
 def _storage_resizes_reported(tracker: _Tracker):
-    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    from vramplan.training.private_api import fsdp_storage_modules
+    _fsdp_param, _fsdp_param_group = fsdp_storage_modules()
     originals = (_fsdp_param.alloc_storage, _fsdp_param.free_storage,
                  _fsdp_param_group.alloc_storage)
 

@@ -11,9 +11,8 @@ cross-attention "q"); like peft, a target name selects all of them.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ..errors import ModelConfigError

@@ -29,8 +29,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vramplan.engines.formula import (_activation_dtypes, _activation_name, _attention_impl,
-                                      _norms_per_block, _param_memory, _shapes, _task)
+from vramplan.engines.formula import (
+    _activation_dtypes,
+    _activation_name,
+    _attention_impl,
+    _norms_per_block,
+    _param_memory,
+    _shapes,
+    _task,
+)
 from vramplan.engines.precision import dtypes_for
 from vramplan.job import Job
 from vramplan.models import Architecture, Stack, load_architecture

@@ -10,7 +10,6 @@ from vramplan.job import Job
 from vramplan.search.core import DEFAULT_MARGIN
 from vramplan.search.oom import is_out_of_memory, release_memory
 
-
 SWEEP_FIELDS = ("batch_size", "seq_len", "peak_allocated", "peak_reserved", "device_total",
                 "fits", "step_time_s", "samples_per_s", "tokens_per_s", "final_loss", "error")
 

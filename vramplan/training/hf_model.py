@@ -120,7 +120,7 @@ def build_hf_model(config: dict, task: str, job: Job, *, device: torch.device, e
 
 
 def _no_dispatch_modes():
-    from torch.utils._python_dispatch import _disable_current_modes
+    from vramplan.training.private_api import _disable_current_modes
     return _disable_current_modes()
 
 

@@ -40,7 +40,12 @@ from vramplan.training.batches import hf_batch_factory, text_len
 from vramplan.training.emulate import lowbit
 from vramplan.training.emulate.autocast import cuda_autocast_policy, cuda_dropout_kernels
 from vramplan.training.factory import from_factory, is_factory_ref
-from vramplan.training.hf_model import SIXTEEN_BIT, build_hf_model, load_model_config, task_of_config
+from vramplan.training.hf_model import (
+    SIXTEEN_BIT,
+    build_hf_model,
+    load_model_config,
+    task_of_config,
+)
 from vramplan.training.losses import chunked_causal_lm_loss, hf_loss
 from vramplan.training.optimizers import build_optimizer
 

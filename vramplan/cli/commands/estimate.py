@@ -11,8 +11,17 @@ from typing import Annotated, Literal, Optional
 
 import typer
 
-from vramplan.cli.options import (EXIT_DOES_NOT_FIT, AsJson, EngineName, Out, check_writable,
-                                  console, job_command, print_json, write_or_print)
+from vramplan.cli.options import (
+    EXIT_DOES_NOT_FIT,
+    AsJson,
+    EngineName,
+    Out,
+    check_writable,
+    console,
+    job_command,
+    print_json,
+    write_or_print,
+)
 from vramplan.engines.report import MemoryReport
 from vramplan.job import Job
 

@@ -11,8 +11,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from vramplan.cli.options import (AsJson, Out, check_writable, console, job_command,
-                                  print_json, write_or_print)
+from vramplan.cli.options import (
+    AsJson,
+    Out,
+    check_writable,
+    console,
+    job_command,
+    print_json,
+    write_or_print,
+)
 from vramplan.errors import JobError
 from vramplan.job import Job
 

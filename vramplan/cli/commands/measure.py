@@ -16,8 +16,16 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from vramplan.cli.options import (EXIT_DOES_NOT_FIT, AsJson, Out, check_writable, console,
-                                  job_command, print_json, write_or_print)
+from vramplan.cli.options import (
+    EXIT_DOES_NOT_FIT,
+    AsJson,
+    Out,
+    check_writable,
+    console,
+    job_command,
+    print_json,
+    write_or_print,
+)
 from vramplan.compare import comparison_rows, run_for_compare
 from vramplan.engines.report import MemoryReport
 from vramplan.errors import JobError

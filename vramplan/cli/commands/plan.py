@@ -11,9 +11,17 @@ from typing import Annotated, Optional
 
 import typer
 
-from vramplan.cli.options import (EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT, AsJson, Out,
-                                  check_writable, console, job_command, print_json,
-                                  write_or_print)
+from vramplan.cli.options import (
+    EXIT_BAD_INPUT,
+    EXIT_DOES_NOT_FIT,
+    AsJson,
+    Out,
+    check_writable,
+    console,
+    job_command,
+    print_json,
+    write_or_print,
+)
 from vramplan.job import Job
 
 

@@ -15,8 +15,17 @@ import typer
 from rich.table import Table
 
 from vramplan import search as _search
-from vramplan.cli.options import (EXIT_DOES_NOT_FIT, AsJson, EngineName, Out, check_writable,
-                                  console, job_command, print_json, write_or_print)
+from vramplan.cli.options import (
+    EXIT_DOES_NOT_FIT,
+    AsJson,
+    EngineName,
+    Out,
+    check_writable,
+    console,
+    job_command,
+    print_json,
+    write_or_print,
+)
 from vramplan.errors import JobError
 from vramplan.job import Job
 from vramplan.search.oracle import budget_of, explaining_engine, oracle_for

@@ -14,7 +14,14 @@ import warnings
 from collections.abc import Iterator
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
+
+from vramplan.training.patches import PATCH_LOCK, patched
+from vramplan.training.private_api import (
+    AUTOCAST_CPU_KEYS,
+    ExcludeDispatchKeyGuard,
+    destroy_library,
+    is_fake,
+)
 
 # aten/src/ATen/autocast_mode.cpp, CUDA: ops run in fp32 under autocast (CPU keeps them in
 # the lower precision), and ops given dtype=float32 unless the caller set one.
@@ -44,21 +51,26 @@ _CUDA_UNCAST_OPS = ("cross_entropy_loss",)
 @contextlib.contextmanager
 def cuda_autocast_policy() -> Iterator[None]:
     """Make CPU autocast cast like CUDA autocast for the ops above, while active."""
-    lib = torch.library.Library("aten", "IMPL")
-    try:
+    with PATCH_LOCK, warnings.catch_warnings():  # the filters go when the policy does
         warnings.filterwarnings("ignore", message=".*previously registered kernel")
         warnings.filterwarnings("ignore", message="Warning only once for all operators")
-        for name in _CUDA_LOW_OPS:
-            lib.impl(name, _low_kernel(_overload(name)), "AutocastCPU")
-        for name in _CUDA_UNCAST_OPS:
-            lib.impl(name, _overload(name).decompose, "AutocastCPU")
-        for name in _CUDA_FP32_OPS:
-            lib.impl(name, _fp32_kernel(_overload(name), set_dtype=False), "AutocastCPU")
-        for name in _CUDA_FP32_DTYPE_OPS:
-            lib.impl(name, _fp32_kernel(_overload(name), set_dtype=True), "AutocastCPU")
-        yield
-    finally:
-        lib._destroy()
+        lib = torch.library.Library("aten", "IMPL")
+        try:
+            _register_cuda_lists(lib)
+            yield
+        finally:
+            destroy_library(lib)
+
+
+def _register_cuda_lists(lib: torch.library.Library) -> None:
+    for name in _CUDA_LOW_OPS:
+        lib.impl(name, _low_kernel(_overload(name)), "AutocastCPU")
+    for name in _CUDA_UNCAST_OPS:
+        lib.impl(name, _overload(name).decompose, "AutocastCPU")
+    for name in _CUDA_FP32_OPS:
+        lib.impl(name, _fp32_kernel(_overload(name), set_dtype=False), "AutocastCPU")
+    for name in _CUDA_FP32_DTYPE_OPS:
+        lib.impl(name, _fp32_kernel(_overload(name), set_dtype=True), "AutocastCPU")
 
 
 def _overload(name: str):
@@ -67,13 +79,13 @@ def _overload(name: str):
 
 
 _LOW = (torch.float16, torch.bfloat16)
-_AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+_AUTOCAST_CPU = AUTOCAST_CPU_KEYS
 
 
 def _low_kernel(op):
     def kernel(*args, **kwargs):
         low = torch.get_autocast_dtype("cpu")
-        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
+        with ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
             args = [a.to(low) if isinstance(a, torch.Tensor) and a.dtype == torch.float32
                     else a for a in args]
             return op(*args, **kwargs)
@@ -92,7 +104,7 @@ def _fp32_kernel(op, set_dtype: bool):
         return value
 
     def kernel(*args, **kwargs):
-        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
+        with ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
             if not set_dtype:
                 return op(*cast(args), **{k: cast(v) for k, v in kwargs.items()})
             first = args[0]
@@ -145,7 +157,6 @@ def cuda_dropout_kernels() -> Iterator[None]:
     CPU math path's (_EfficientAttention). Values differ from a CPU run's; memory is CUDA's.
     """
     functional = torch.nn.functional
-    original_dropout = functional.dropout
     original_sdpa = functional.scaled_dot_product_attention
 
     def dropout(input, p=0.5, training=True, inplace=False):
@@ -158,9 +169,5 @@ def cuda_dropout_kernels() -> Iterator[None]:
             return _EfficientAttention.apply(query, key, value, attn_mask)
         return original_sdpa(query, key, value, attn_mask, 0.0, *args, **kwargs)
 
-    functional.dropout, functional.scaled_dot_product_attention = dropout, sdpa
-    try:
+    with patched(functional, dropout=dropout, scaled_dot_product_attention=sdpa):
         yield
-    finally:
-        functional.dropout = original_dropout
-        functional.scaled_dot_product_attention = original_sdpa

@@ -21,12 +21,11 @@ import math
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import is_fake
 
 from vramplan.engines.precision import BNB_BLOCK as ADAM8_BLOCK
 from vramplan.engines.precision import BNB_MIN_8BIT_SIZE as ADAM8_MIN_SIZE
 from vramplan.engines.precision import NF4_BLOCK, NF4_DOUBLE_QUANT_BLOCK
-
+from vramplan.training.private_api import is_fake
 
 # --- QLoRA: the 4-bit base --------------------------------------------------------------------
 
@@ -199,7 +198,7 @@ class AdamW8bit(torch.optim.Optimizer):
             blocks = slice(start // ADAM8_BLOCK, math.ceil(end / ADAM8_BLOCK))
             a1, a2 = state["absmax1"][blocks], state["absmax2"][blocks]
 
-            def grid(t):  # [n] -> [blocks, 256]
+            def grid(t, pad=pad):  # [n] -> [blocks, 256]
                 return nn.functional.pad(t, (0, pad)).view(-1, ADAM8_BLOCK)
 
             m = (grid(s1[start:end].float()) - 127.5) / 127.5 * a1[:, None]
