@@ -466,3 +466,25 @@ def _picks(kept: list[Candidate], front: list[Candidate]) -> dict:
             f"{_time_key(recommended) / best_time:.2f}x the shortest time)"
             if best_cost not in (0, float("inf")) else
             f"the fastest (no prices to balance): {_summary(recommended)}")))
+
+
+def min_gpus(job: Job, gpu: GPU, *, margin: float = 0.05, max_gpus: int = 4096,
+             strategies: tuple[str, ...] = ("fsdp", "zero2", "ddp")) -> Job | None:
+    """The job on the fewest GPUs of type `gpu` that fits with `margin`, trying counts 1, 2,
+    4, ... and, at each, the sharding strategies in order (the rest of the job unchanged);
+    None when even `max_gpus` GPUs are not enough. `search num-gpus` answers with it."""
+    formula = get_engine("formula")
+    n = 1
+    while n <= max_gpus:
+        tried = ["none"] if n == 1 else list(strategies)
+        for strategy in tried:
+            layout = job.parallel.model_copy(update={"num_gpus": n, "strategy": strategy})
+            try:
+                candidate = job.with_changes(parallel=layout.model_dump(), gpu=None)
+                fit = formula.run(candidate, gpus=[gpu]).fits[0]
+            except (JobError, ValueError):
+                continue
+            if fit.required_bytes <= (1 - margin) * fit.usable_bytes:
+                return candidate
+        n *= 2
+    return None
