@@ -267,3 +267,38 @@ def _training(amount: TrainingAmount | None, gpu: GPU, step: float, tokens_per_s
     out.update(steps=steps, training_time_s=seconds, gpu_hours=hours,
                cost_usd=hours * price if price is not None else None)
     return out
+
+
+SORT_KEYS = ("cost", "time", "headroom")
+
+
+def per_gpu(job: Job, fits: list, amount: TrainingAmount | None = None,
+            sort: str = "time") -> list[tuple[object, Performance | None]]:
+    """(GpuFit, Performance or None) for each GPU of a report's fit table, the GPUs that fit
+    first, sorted by cost, time or headroom (estimate's table without --gpu)."""
+    from vramplan.errors import JobError
+    from vramplan.hardware import get_gpu
+
+    if sort not in SORT_KEYS:
+        raise JobError(f"sort must be one of {', '.join(SORT_KEYS)} (got {sort!r})")
+    arch = load_architecture(job.model)
+    rows = []
+    for fit in fits:
+        perf = None
+        if arch.kind != "cnn":
+            perf = predict(job, get_gpu(fit.gpu), amount, arch=arch)
+        rows.append((fit, perf))
+
+    def key(row):
+        fit, perf = row
+        if sort == "headroom":
+            return (not fit.fits, -fit.headroom_bytes / fit.usable_bytes)
+        if perf is None:
+            return (not fit.fits, float("inf"))
+        if sort == "cost":
+            value = perf.cost_usd if perf.cost_usd is not None else (
+                perf.price_per_hour / perf.tokens_per_s if perf.price_per_hour else None)
+            return (not fit.fits, value if value is not None else float("inf"))
+        return (not fit.fits, perf.step_time_s / perf.tokens_per_step)
+
+    return sorted(rows, key=key)
