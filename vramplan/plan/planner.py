@@ -460,12 +460,18 @@ def _picks(kept: list[Candidate], front: list[Candidate]) -> dict:
             f"lowest cost of all that fit: {_summary(cheapest)}"
             if _cost_key(cheapest) != float("inf") else
             "no GPU that fits has a price: pass price_per_hour")),
-        recommended=Choice(label="recommended", candidate=recommended, reason=(
-            f"best balance of cost and time on the front: {_summary(recommended)} "
-            f"({_cost_key(recommended) / best_cost:.2f}x the lowest cost, "
-            f"{_time_key(recommended) / best_time:.2f}x the shortest time)"
-            if best_cost not in (0, float("inf")) else
-            f"the fastest (no prices to balance): {_summary(recommended)}")))
+        recommended=Choice(label="recommended", candidate=recommended,
+                           reason=_recommended_reason(recommended, best_cost, best_time)))
+
+
+def _recommended_reason(c: Candidate, best_cost: float, best_time: float) -> str:
+    if best_cost in (0, float("inf")):
+        return f"the fastest (no prices to balance): {_summary(c)}"
+    cost, time = _cost_key(c) / best_cost, _time_key(c) / best_time
+    if cost < 1.005 and time < 1.005:
+        return f"the cheapest and the fastest at once: {_summary(c)}"
+    return (f"best balance of cost and time on the front: {_summary(c)} ({cost:.2f}x the "
+            f"lowest cost, {time:.2f}x the shortest time)")
 
 
 def min_gpus(job: Job, gpu: GPU, *, margin: float = 0.05, max_gpus: int = 4096,
