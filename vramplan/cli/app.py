@@ -23,6 +23,7 @@ from vramplan.cli.commands import (
     plan,
     schema,
     search,
+    serve,
 )
 from vramplan.cli.options import _JOB_FLAGS, EXIT_BAD_INPUT, EXIT_INTERRUPTED, console
 from vramplan.errors import VramplanError
@@ -35,7 +36,7 @@ app = typer.Typer(
     rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"],
                                              "max_content_width": 80},
 )
-for module in (estimate, catalog, search, measure, schema, plan, headroom, calibrate):
+for module in (estimate, catalog, search, measure, schema, plan, headroom, serve, calibrate):
     module.register(app)
 
 

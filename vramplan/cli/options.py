@@ -60,8 +60,11 @@ _JOB_FLAGS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
     "precision": (("precision",), ("-p",), "weights and compute dtypes"),
     "optimizer": (("optimizer",), ("-o",), "the optimizer"),
     "optimizer_impl": (("optimizer_impl",), (), "torch's optimizer implementation"),
-    "checkpointing": (("checkpointing",), (), "selective keeps matmul outputs and recomputes "
-                      "the rest; full recomputes each block"),
+    "framework": (("framework",), ("-f",), "whose defaults fill what the job leaves unset "
+                  "(vramplan/frameworks/profiles.toml; docs/frameworks.md)"),
+    "checkpointing": (("checkpointing",), (), "full recomputes each block; selective keeps "
+                      "every matmul output; selective:torchtitan-op recomputes every second "
+                      "matmul; selective:every-2nd-layer checkpoints every second block"),
     "attention": (("attention",), (), "sdpa: flash / memory-efficient kernels"),
     "loss": (("loss",), (), "chunked never holds all logits at once"),
     "peft": (("peft", "method"), (), "LoRA adapters, or QLoRA (LoRA on a 4-bit base)"),
@@ -70,7 +73,12 @@ _JOB_FLAGS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
     "lora_targets": (("peft", "target_modules"), (),
                      "comma-separated module names, or all-linear (default q_proj,k_proj,"
                      "v_proj,o_proj; GPT-2: c_attn, BERT: query,value, T5: q,v)"),
+    "lora_dtype": (("peft", "adapter_dtype"), (), "dtype of LoRA adapters and their states: "
+                   "fp32 (peft) or model (torchtune); default fp32, bf16 in a bf16-pure job"),
     "optimizer_in_backward": (("optimizer_in_backward",), (), "step inside backward"),
+    "keep_grads": (("keep_grads_between_steps",), (), "zero_grad(set_to_none=False): "
+                   "gradients stay allocated into the next forward"),
+    "compile": (("compile",), (), "torch.compile the model (not modelled yet: refused)"),
     "activation_offload": (("activation_offload",), (), "offload saved activations"),
     "num_gpus": (("parallel", "num_gpus"), ("-n",), "GPUs in the job"),
     "strategy": (("parallel", "strategy"), (), "data-parallel strategy"),
@@ -186,6 +194,8 @@ def job_command(func):
 AsJson = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
 Out = Annotated[Optional[Path], typer.Option(
     "--out", help="also write the result to this file (JSON; CSV for a .csv sweep)")]
+HtmlOut = Annotated[Optional[Path], typer.Option(
+    "--html", help="also write a self-contained HTML report (one offline file, no JavaScript)")]
 EngineName = Annotated[str, typer.Option(
     help="formula (instant), trace (exact, no GPU) or measure (real steps on this machine)")]
 
@@ -216,3 +226,11 @@ def write_or_print(path: Path, text: str) -> bool:
                          "result follows on stdout\n")
         sys.stdout.write(text)
         return False
+
+
+def write_html(path: Path, text: str) -> None:
+    """Write an HTML report made by vramplan.report.html (quietly: --json output stays JSON)."""
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise JobError(f"could not write {str(path)!r} ({error.strerror or error})") from None

@@ -6,6 +6,13 @@ versioned document: `schema_version` changes whenever a field changes meaning or
     peak_allocated = weights + gradients + optimizer_states + activations + inputs + temporary
     peak_reserved  = peak_allocated + allocator_overhead        (torch max_memory_reserved)
     device_total   = peak_reserved + runtime_context            (what nvidia-smi shows)
+
+unified_memory_bytes is apart from all three: optimizer states a paged optimizer
+(bitsandbytes PagedAdamW, PagedAdamW8bit) keeps in CUDA unified memory (cudaMallocManaged),
+outside torch's caching allocator. The driver moves their pages to the GPU while the
+optimizer step uses them, into memory the step leaves free, and back to the host under
+pressure: they never make a step run out of memory, but when device_total +
+unified_memory_bytes exceeds the GPU, each step pages them over PCIe (slower, not failed).
 """
 
 from __future__ import annotations
@@ -49,7 +56,11 @@ class GpuFit(_Frozen):
     required_bytes: int = Field(description="device_total on this GPU (its cuBLAS workspace "
                                 "size may differ from the report's)")
     headroom_bytes: int = Field(description="usable - required; negative when it does not fit")
-    fits: bool = Field(description="required <= usable")
+    fits: bool = Field(description="required <= usable, and the GPU runs the job's precision")
+    supported: bool = Field(True, description="false when the GPU cannot run the job's "
+                            "precision (bf16 on T4/V100, fp8 before Ada/Hopper); fits is then "
+                            "false whatever the memory")
+    problem: str = Field("", description="why the GPU cannot run the job's precision, or ''")
 
     @property
     def headroom_fraction(self) -> float:
@@ -149,6 +160,10 @@ class MemoryReport(_Frozen):
     notes: list[str] = Field(default_factory=list, description="assumptions and warnings; "
                              "nothing is guessed silently")
     measured: Measured | None = Field(None, description="what a real run saw (measure)")
+    unified_memory_bytes: int = Field(0, description="paged optimizer states in CUDA unified "
+                                      "memory, per GPU, outside every category and peak: they "
+                                      "use GPU memory the step leaves free and page to the "
+                                      "host when it is short (never an out-of-memory error)")
     performance: Performance | None = Field(None, description="predicted time and cost on "
                                             "one GPU type (estimate with a GPU)")
 

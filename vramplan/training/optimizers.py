@@ -69,6 +69,13 @@ def build_optimizer(job: Job, params: list[nn.Parameter], notes: list[str]):
             notes.append("paged-adamw-8bit: states live in CUDA unified memory outside the "
                          "caching allocator; counted here as resident on the GPU")
         return lowbit.AdamW8bit(params, lr=1e-4)
+    if name in ("adamw-4bit", "adamw-fp8"):
+        from vramplan.training.emulate.torchao_optim import LowBitAdamW
+
+        notes.append(f"{name}: torchao AdamW{'4bit' if name == 'adamw-4bit' else 'Fp8'} state "
+                     "layout (block-wise codes + fp32 scales; tensors under 4096 values or not "
+                     "a multiple of the block keep plain states)")
+        return LowBitAdamW(params, bits=4 if name == "adamw-4bit" else 8, lr=1e-4)
     if name == "adafactor":
         return _ValueFreeAdafactor(params, lr=1e-2, foreach=job.optimizer_impl == "foreach")
     if name == "lion":

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import warnings
 
+import torch
 from torch import nn
 
+from vramplan.engines.precision import adapter_bytes
 from vramplan.errors import ModelConfigError
 from vramplan.job import Job
 from vramplan.training.emulate import lowbit
@@ -32,8 +34,9 @@ def apply_peft(model: nn.Module, task: str, job: Job, skip: set[int],
     try:
         with warnings.catch_warnings():  # peft still asks for is_gradient_checkpointing
             warnings.simplefilter("ignore", FutureWarning)
-            model = get_peft_model(model, lora,
-                                   autocast_adapter_dtype=job.precision != "bf16-pure")
+            # fp32 adapters: peft upcasts 16-bit ones (autocast_adapter_dtype); else they
+            # keep the base's dtype (torchtune); engines/precision.adapter_bytes decides both
+            model = get_peft_model(model, lora, autocast_adapter_dtype=adapter_bytes(job) == 4)
     except ValueError as error:
         from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
         linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
@@ -41,6 +44,8 @@ def apply_peft(model: nn.Module, task: str, job: Job, skip: set[int],
         raise ModelConfigError(f"LoRA target_modules {list(spec.target_modules)} do not match "
                                f"this model ({str(error).splitlines()[0]}); its linear layers "
                                f"are named: {', '.join(linears)}") from None
+    if adapter_bytes(job) != 4:
+        _cast_adapters(model, SIXTEEN_BIT_BASE.get(job.precision))
     if spec.method == "qlora":
         for module in model.modules():
             if isinstance(module, ModulesToSaveWrapper):
@@ -51,3 +56,18 @@ def apply_peft(model: nn.Module, task: str, job: Job, skip: set[int],
                      + (", double-quantised" if spec.double_quant else "")
                      + "); each matmul dequantises its weight to a temporary, as bitsandbytes")
     return model
+
+
+# the frozen base's dtype by precision (training/hf_model.py builds it so)
+SIXTEEN_BIT_BASE = {"fp16-mixed": torch.float16, "bf16-mixed": torch.bfloat16,
+                    "bf16-pure": torch.bfloat16, "fp8": torch.bfloat16}
+
+
+def _cast_adapters(model: nn.Module, dtype: torch.dtype | None) -> None:
+    """Adapters in the model's dtype, as torchtune builds them. peft leaves them fp32 when
+    it creates them on the meta device, whatever autocast_adapter_dtype says."""
+    if dtype is None:
+        return
+    for name, param in model.named_parameters():
+        if param.requires_grad and "lora_" in name and param.dtype != dtype:
+            param.data = param.data.to(dtype)

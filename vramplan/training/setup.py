@@ -66,6 +66,7 @@ class TrainingSetup:
     task: str = ""  # the Hugging Face task; "" for factory models
     tokens_per_sample: int = 0  # text tokens per sample; 0 for vision, speech and factories
     mark: Callable[[str], None] = lambda phase: None  # the running train_step's phase marker
+    keep_grads: bool = False  # zero_grad(set_to_none=False): grads live into the next step
 
     @property
     def trainable(self) -> list[nn.Parameter]:
@@ -104,7 +105,7 @@ def train_step(setup: TrainingSetup, grad_accum: int,
     mark("optimizer")
     nn.utils.clip_grad_norm_(setup.trainable, MAX_GRAD_NORM, foreach=setup.clip_foreach)
     setup.optimizer.step()
-    setup.optimizer.zero_grad(set_to_none=True)
+    setup.optimizer.zero_grad(set_to_none=not setup.keep_grads)
     mark("end")
 
 
@@ -123,6 +124,7 @@ def _micro_steps(setup: TrainingSetup, grad_accum: int, mark: Callable[[str], No
 
 def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
                          model_config: dict | None = None, empty: bool = False) -> TrainingSetup:
+    _check_modelled(job)
     device = torch.device(device)
     notes: list[str] = []
     task, config = "", {}
@@ -148,7 +150,7 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
         "causal-lm", "masked-lm", "seq-classification", "seq2seq") else 0
     setup = TrainingSetup(model, optimizer, make_batch, compute_loss, autocast, device, name,
                           clip_foreach=job.optimizer_impl != "loop", notes=notes, task=task,
-                          tokens_per_sample=tokens)
+                          tokens_per_sample=tokens, keep_grads=job.keep_grads_between_steps)
     if job.optimizer_in_backward:
         setup.optimizer = _optimizer_in_backward(setup, job, trainable)
     return setup
@@ -199,3 +201,13 @@ def _logical_numel(module: nn.Module, p: nn.Parameter) -> int:
     if isinstance(module, lowbit.Packed4bitLinear):
         return module.in_features * module.out_features if p is module.packed else 0
     return p.numel()
+
+
+def _check_modelled(job: Job) -> None:
+    """Job settings this step does not run yet: refuse rather than report another step."""
+    if job.compile:
+        raise EngineError("the trace and measure engines do not run torch.compile yet: drop "
+                          "compile (the eager step's memory is an upper bound)")
+    if job.loss.startswith("chunked:torchtune"):
+        raise EngineError(f"loss {job.loss} is modelled by the formula engine only: use "
+                          "--engine formula, or loss standard or chunked")

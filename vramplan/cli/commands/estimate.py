@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Literal, Optional
 
 import typer
@@ -15,11 +16,13 @@ from vramplan.cli.options import (
     EXIT_DOES_NOT_FIT,
     AsJson,
     EngineName,
+    HtmlOut,
     Out,
     check_writable,
     console,
     job_command,
     print_json,
+    write_html,
     write_or_print,
 )
 from vramplan.engines.report import MemoryReport
@@ -36,6 +39,10 @@ def estimate(
     = "GiB",
     time_limit: Annotated[float, typer.Option(
         min=0.1, help="trace: stop after this many seconds")] = 300.0,
+    html: HtmlOut = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="write the figures: PATH (.png, .svg or .pdf) gets the memory by "
+        "phase; PATH-fit and PATH-timeline (trace) go beside it")] = None,
     tokens: Annotated[Optional[str], typer.Option(
         help="with --gpu: tokens to train on (e.g. 2B) for time and cost")] = None,
     samples: Annotated[Optional[str], typer.Option(
@@ -58,7 +65,7 @@ def estimate(
     """
     from vramplan.engines.registry import run_engine
 
-    check_writable(out)
+    check_writable(out, html, plot)
     report = run_engine(job, engine, time_limit_s=time_limit)
     if job.gpu:  # time and cost on the GPU asked about (vramplan/plan/performance.py)
         from vramplan.plan.amount import parse_count
@@ -83,7 +90,23 @@ def estimate(
         print_per_gpu(per_gpu(job, report.fits, amount, sort or "time"), console)
     if out:
         write_or_print(out, json.dumps(report.to_json_dict(), indent=2) + "\n")
+    write_views(report, job, html=html, plot=plot,
+                extra=() if engine == "formula" else ("--engine", engine))
     exit_for_fit(report, job)
+
+
+def write_views(report: MemoryReport, job: Job, *, html: Path | None, plot: Path | None,
+                command: str = "estimate", extra: tuple[str, ...] = ()) -> None:
+    """--html: the self-contained report; --plot: its figures as image files."""
+    if html:
+        from vramplan.report.command import cli_command
+        from vramplan.report.html import report_html
+
+        write_html(html, report_html(report, command=cli_command(job, command, extra)))
+    if plot:
+        from vramplan.report.charts import save_report_figures
+
+        save_report_figures(report, plot)
 
 
 def show(report: MemoryReport, job: Job, *, as_json: bool, unit: str = "GiB") -> None:
