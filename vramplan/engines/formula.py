@@ -68,6 +68,9 @@ class Shapes:
     input_bytes: int             # the micro-batch as the data loader hands it over
     tokens_per_sample: int       # for throughput: text tokens (or 1 for images)
     notes: tuple[str, ...] = ()
+    # the labels in input_bytes: the loss reads them in forward and the batch is then
+    # dropped, so backward holds only the inputs the model saved (ids, pixels, features)
+    label_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -152,9 +155,10 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None,
         cast -= block_cast * _checkpointed_share(job, arch)
         recompute = dict(activations=block_acts / (tp * cp), cast=block_cast / layers)
 
-    base = dict(weights=w, optimizer_states=o, inputs=inputs)
+    saved_inputs = (shapes.input_bytes - shapes.label_bytes) / cp  # what backward still holds
+    base = dict(weights=w, optimizer_states=o, inputs=saved_inputs)
     phases = {
-        "forward": dict(base, gradients=g_kept, activations=activations,
+        "forward": dict(base, inputs=inputs, gradients=g_kept, activations=activations,
                         temporary=cast_fwd + logits_fwd + gathered + comm + ws),
         "backward": dict(base, gradients=g_kept, activations=activations,
                          temporary=cast + logits_bwd + gathered + comm + ws),
@@ -165,9 +169,10 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None,
         "backward_recompute": dict(base, gradients=g_kept, activations=activations
                                    + recompute["activations"],
                                    temporary=cast + recompute["cast"] + gathered + comm + ws),
-        "backward_end": dict(base, gradients=g, activations=0.0,
+        "backward_end": dict(base, inputs=0.0, gradients=g, activations=0.0,
                              temporary=gathered + comm + ws + params.tied_grad_transient / tp),
-        "optimizer": dict(base, gradients=g, activations=0.0, temporary=step_temp + comm + ws),
+        "optimizer": dict(base, inputs=0.0, gradients=g, activations=0.0,
+                          temporary=step_temp + comm + ws),
     }
     totals = {name: sum(parts.values()) for name, parts in phases.items()}
     peak_name = max(totals, key=totals.get)
@@ -176,7 +181,7 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None,
     # reserved memory is the most the allocator held at any phase, not only at the peak
     reserved = max(totals[name] + _allocator_overhead(job, arch, name, totals[name], parts)
                    for name, parts in phases.items())
-    at_peak["allocator_overhead"] = max(0, int(round(reserved)) - allocated)
+    at_peak["allocator_overhead"] = max(0, int(reserved) - allocated)  # whole bytes, down
     at_peak["runtime_context"] = runtime_context_bytes(job.runtime, runtime_gpu)
     phase_peaks = {"forward": totals["forward"],
                    "backward": max(totals["backward"], totals["backward_recompute"],
@@ -220,8 +225,8 @@ def _shapes(job: Job, arch: Architecture, task: str) -> Shapes:
             raise JobError(f"image_size {size} is not a multiple of {arch.name}'s patch size "
                            f"{arch.patch_size}")
         seq = (size // arch.patch_size) ** 2 + 1 if arch.patch_size else 0
-        pixels = 4 * b * arch.num_channels * size * size  # fp32 pixel_values
-        return Shapes(tuple(seq for _ in arch.stacks), 0, pixels + 8 * b, 1)
+        pixels = _float_bytes(job) * b * arch.num_channels * size * size  # pixel_values
+        return Shapes(tuple(seq for _ in arch.stacks), 0, pixels + 8 * b, 1, label_bytes=8 * b)
 
     seq = _text_len(job.seq_len, arch, "seq_len", notes)
     if arch.stacks[0].sequence == "audio":
@@ -233,17 +238,27 @@ def _shapes(job: Job, arch: Architecture, task: str) -> Shapes:
             notes.append(f"{arch.name} pads every clip to {frames / 100:g} s: memory is that "
                          "of a full-length clip")
         target = _text_len(job.target_len or job.seq_len, arch, "target_len", notes)
-        features = 4 * b * arch.num_mel_bins * frames
+        features = _float_bytes(job) * b * arch.num_mel_bins * frames
+        # input_features, then labels and decoder_input_ids (int64)
         return Shapes((frames // 2, target), b * target,
-                      features + 16 * b * target, target, tuple(notes))
+                      features + 16 * b * target, target, tuple(notes), label_bytes=8 * b * target)
     if arch.kind == "encoder-decoder":
         target = job.target_len or seq
-        # input_ids + attention_mask (encoder), labels + decoder_input_ids (decoder), int64
-        return Shapes((seq, target), b * target, 16 * b * seq + 16 * b * target, seq + target,
-                      tuple(notes))
+        # input_ids (encoder), labels + decoder_input_ids (decoder), int64; no attention
+        # mask: the synthetic batch has no padding, as a packed data loader's
+        return Shapes((seq, target), b * target, 8 * b * seq + 16 * b * target, seq + target,
+                      tuple(notes), label_bytes=8 * b * target)
     scored = b * seq if task in ("causal-lm", "masked-lm") else 0
-    # input_ids, attention_mask and labels, int64 each
-    return Shapes(tuple(seq for _ in arch.stacks), scored, 24 * b * seq, seq, tuple(notes))
+    labels = 8 * b * seq if scored else 8 * b  # a label per token, or one per sample
+    # input_ids and labels, int64 (no attention mask, as above)
+    return Shapes(tuple(seq for _ in arch.stacks), scored, 8 * b * seq + labels, seq,
+                  tuple(notes), label_bytes=labels)
+
+
+def _float_bytes(job: Job) -> int:
+    """Pixels and audio features as the data loader hands them over: bf16 when the whole
+    model is, else fp32 (autocast casts them inside the model)."""
+    return 2 if job.precision == "bf16-pure" else 4
 
 
 def _text_len(requested: int | None, arch: Architecture, field: str, notes: list[str]) -> int:
