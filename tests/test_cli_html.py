@@ -100,3 +100,16 @@ def test_report_and_web_import_neither_torch_nor_each_other():
             "assert 'torch' not in sys.modules, 'web imported torch'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_plan_html(run_cli, tmp_path):
+    page = tmp_path / "p.html"
+    code, out, err = run_cli("plan", "llama-3.2-1b", "-s", "1024", "--tokens", "1B", "--gpus",
+                             "L4,A100-80GB", "--max-gpus", "8", "--html", str(page), "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    text = page.read_text()
+    assert _offline(text)
+    assert "vramplan plan llama-3.2-1b --seq-len 1024 --tokens 1B --gpus L4,A100-80GB " \
+           "--max-gpus 8" in text
+    assert f"<b>recommended</b>: {plan['recommended']['candidate']['num_gpus']} x " in text

@@ -280,3 +280,24 @@ def test_a_dead_worker_is_reported_and_replaced():
         assert queue.get(second.id)[0].result["engine"] == "trace"
     finally:
         queue.close()
+
+
+def test_plan_equals_the_library(client):
+    from vramplan.plan.planner import plan
+
+    body = {"job": {"model": "llama-3.2-1b", "seq_len": 1024}, "tokens": 10**9,
+            "gpus": ["L4", "A100-80GB"], "max_gpus": 8, "allow": ["lora"]}
+    r = client.post("/api/v1/plan", json=body)
+    assert r.status_code == 200, r.text
+    expected = plan(Job(model="llama-3.2-1b", seq_len=1024), tokens=10**9,
+                    gpus=["L4", "A100-80GB"], max_gpus=8, allow=("lora",))
+    assert r.json()["plan"] == expected.model_dump(mode="json")
+    page = client.post("/api/v1/plan?format=html", json=body).text
+    assert ("vramplan plan llama-3.2-1b --seq-len 1024 --tokens 1000000000 --gpus "
+            "L4,A100-80GB --max-gpus 8 --allow lora --top 10 --margin 0.05") in page
+    bad = client.post("/api/v1/plan", json={**body, "allow": ["magic"], "max_gpus": 10**6})
+    fields = {e["field"] for e in bad.json()["errors"]}
+    assert bad.status_code == 422 and {"allow.0", "max_gpus"} <= fields
+    upload = client.post("/api/v1/plan", json={**body, "job": {"model": "tiny"},
+                                               "config": TINY_LLAMA})
+    assert upload.status_code == 422 and "catalog models only" in upload.json()["error"]

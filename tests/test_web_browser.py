@@ -218,3 +218,24 @@ def test_trace_completes_and_shows_its_timeline(page, server):
     assert len(page.query_selector_all("#holders tbody tr")) > 0
     assert "done in" in page.inner_text("#trace-state")
     assert page.problems == []
+
+
+def test_plan_view(page, server):
+    page.goto(server.url + "?model=llama-3.2-1b&seq_len=1024&view=plan&plan_tokens=1B"
+              "&plan_max_gpus=8&plan_gpus=L4%2CA100-80GB")
+    page.wait_for_selector("#chart-plan svg", timeout=60_000)  # the link runs the plan
+    expected = api(server, "plan", {"job": {"model": "llama-3.2-1b", "seq_len": 1024,
+                                            "batch_size": 1, "grad_accum": 1, "parallel": {
+                                                "num_gpus": 1, "strategy": "none",
+                                                "tensor_parallel": 1}},
+                                    "tokens": 10**9, "max_gpus": 8,
+                                    "gpus": ["L4", "A100-80GB"]})["plan"]
+    assert len(page.query_selector_all("#plan-table tbody tr")) == len(expected["candidates"])
+    recommended = expected["recommended"]["candidate"]
+    assert (f"{recommended['num_gpus']} x {recommended['gpu']}"
+            in page.inner_text("#plan-picks p[data-label=recommended]"))
+    assert page.problems == []
+    page.fill("#plan-max-gpus", "0")  # refused by the API: the message sits beside the field
+    page.click("#run-plan")
+    page.wait_for_function("() => document.getElementById('err-max_gpus').textContent !== ''")
+    assert "greater than or equal to 1" in page.inner_text("#err-max_gpus")
