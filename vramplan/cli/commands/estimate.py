@@ -22,6 +22,7 @@ from vramplan.cli.options import (
     console,
     job_command,
     print_json,
+    progress,
     write_html,
     write_or_print,
 )
@@ -66,7 +67,8 @@ def estimate(
     from vramplan.engines.registry import run_engine
 
     check_writable(out, html, plot)
-    report = run_engine(job, engine, time_limit_s=time_limit)
+    with progress(f"{engine} engine", quiet=as_json or engine == "formula"):
+        report = run_engine(job, engine, time_limit_s=time_limit)
     if job.gpu:  # time and cost on the GPU asked about (vramplan/plan/performance.py)
         from vramplan.plan.amount import parse_count
         from vramplan.plan.performance import performance_for

@@ -23,8 +23,10 @@ from vramplan.cli.options import (
     Out,
     check_writable,
     console,
+    counting,
     job_command,
     print_json,
+    progress,
     write_html,
     write_or_print,
 )
@@ -99,9 +101,11 @@ def batch_size(
     """
     check_writable(out, html)
     limit, what = budget_of(job, budget)
-    result = _search.max_batch_size(
-        job, oracle_for(engine, budget_bytes=limit, device=device), limit, margin=margin,
-        maximum=maximum, explain=explaining_engine(engine))
+    with progress(f"search batch size ({engine})", quiet=as_json) as update:
+        result = _search.max_batch_size(
+            job, counting(oracle_for(engine, budget_bytes=limit, device=device), update,
+                          "batch_size"), limit, margin=margin, maximum=maximum,
+            explain=explaining_engine(engine))
     _write_html(html, result, job, "search batch-size", engine)
     _finish(result, what, as_json, out)
 
@@ -121,9 +125,11 @@ def seq_len(
     check_writable(out, html)
     limit, what = budget_of(job, budget)
     positions = None if maximum else _max_positions(job)
-    result = _search.max_seq_len(
-        job, oracle_for(engine, budget_bytes=limit, device=device), limit, margin=margin,
-        granularity=granularity, maximum=maximum or positions, explain=explaining_engine(engine))
+    with progress(f"search sequence length ({engine})", quiet=as_json) as update:
+        result = _search.max_seq_len(
+            job, counting(oracle_for(engine, budget_bytes=limit, device=device), update,
+                          "seq_len"), limit, margin=margin, granularity=granularity,
+            maximum=maximum or positions, explain=explaining_engine(engine))
     _write_html(html, result, job, "search seq-len", engine)
     _finish(result, what, as_json, out,
             f"the longest the model accepts: {positions} positions" if positions else None)
