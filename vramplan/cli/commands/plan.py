@@ -24,6 +24,7 @@ from vramplan.cli.options import (
     write_html,
     write_or_print,
 )
+from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.job import Job
 
 
@@ -51,7 +52,7 @@ def plan(
     price_per_hour: Annotated[Optional[float], typer.Option(
         help="USD per GPU-hour (default: the catalog's)")] = None,
     top: Annotated[int, typer.Option(help="rows to show")] = 10,
-    margin: Annotated[float, typer.Option(help="memory to keep free, fraction")] = 0.05,
+    margin: Annotated[float, typer.Option(help="memory to keep free, fraction")] = SAFETY_MARGIN,
     as_json: AsJson = False,
     out: Out = None,
     html: HtmlOut = None,
@@ -89,7 +90,7 @@ def plan(
         words = [w for flag, value in given.items() if value is not None
                  for w in (flag, str(value))]
         words += ["--max-gpus", str(max_gpus)] if max_gpus != 512 else []
-        words += ["--margin", str(margin)] if margin != 0.05 else []
+        words += ["--margin", str(margin)] if margin != SAFETY_MARGIN else []
         write_html(html, plan_html(result, job=job,
                                    command=cli_command(job, "plan", tuple(words))))
     if as_json:

@@ -30,6 +30,7 @@ from vramplan.cli.options import (
     write_html,
     write_or_print,
 )
+from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.errors import JobError
 from vramplan.job import Job
 from vramplan.search.oracle import budget_of, explaining_engine, oracle_for
@@ -91,7 +92,7 @@ def print_search(result: _search.SearchResult, what: str,
 @search_app.command("batch-size")
 @job_command
 def batch_size(
-    job: Job, engine: EngineName = "formula", budget: Budget = None, margin: Margin = 0.05,
+    job: Job, engine: EngineName = "formula", budget: Budget = None, margin: Margin = SAFETY_MARGIN,
     maximum: Annotated[Optional[int], typer.Option(help="largest batch size to try")] = None,
     device: Device = None, as_json: AsJson = False, out: Out = None, html: HtmlOut = None,
 ) -> None:
@@ -113,7 +114,7 @@ def batch_size(
 @search_app.command("seq-len")
 @job_command
 def seq_len(
-    job: Job, engine: EngineName = "formula", budget: Budget = None, margin: Margin = 0.05,
+    job: Job, engine: EngineName = "formula", budget: Budget = None, margin: Margin = SAFETY_MARGIN,
     granularity: Annotated[int, typer.Option(help="answer is a multiple of this")] = 64,
     maximum: Annotated[Optional[int], typer.Option(help="longest sequence to try")] = None,
     device: Device = None, as_json: AsJson = False, out: Out = None, html: HtmlOut = None,
@@ -186,7 +187,7 @@ def sweep(
     job: Job,
     batch_sizes: Annotated[Optional[str], typer.Option(help="e.g. 1,2,4,8")] = None,
     seq_lens: Annotated[Optional[str], typer.Option(help="e.g. 512,1024,2048")] = None,
-    engine: EngineName = "formula", budget: Budget = None, margin: Margin = 0.05,
+    engine: EngineName = "formula", budget: Budget = None, margin: Margin = SAFETY_MARGIN,
     steps: Annotated[int, typer.Option(help="measure only: timed steps per point")] = 3,
     device: Device = None,
     out: Out = None,
