@@ -305,3 +305,14 @@ def test_with_trace_engine_as_oracle():
     assert oracle(job.with_changes(batch_size=result.best)) <= result.limit_bytes
     assert oracle(job.with_changes(batch_size=result.best + 1)) > result.limit_bytes
     assert len(result.trials) <= trial_bound(result.best)
+
+
+def test_sweep_without_lengths_shows_the_length_the_engine_chose():
+    from vramplan.engines.formula import estimate
+    rows = sweep(vramplan_job("gpt2"), estimate, [1, 2])
+    assert [r["seq_len"] for r in rows] == [1024, 1024]  # GPT-2's 1024 positions
+
+
+def vramplan_job(model: str):
+    from vramplan import Job
+    return Job(model=model)

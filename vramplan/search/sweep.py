@@ -40,6 +40,8 @@ def sweep(job: Job, oracle_report: Callable[[Job], MemoryReport], batch_sizes: I
             else:
                 row.update(peak_allocated=report.peak_allocated,
                            peak_reserved=report.peak_reserved, device_total=report.device_total)
+                if seq_len is None:  # the model's default length, as the engine chose it
+                    row["seq_len"] = _tokens_per_sample(report)
                 if budget_bytes is not None:
                     row["fits"] = report.device_total <= budget_bytes * (1 - margin)
                 m = report.measured
@@ -51,3 +53,11 @@ def sweep(job: Job, oracle_report: Callable[[Job], MemoryReport], batch_sizes: I
             if on_row:
                 on_row(row)
     return rows
+
+
+def _tokens_per_sample(report: MemoryReport) -> int | None:
+    """Text tokens per sample of a report (None for images: one 'token' per sample)."""
+    job = report.job
+    samples = job.batch_size * job.grad_accum * job.parallel.data_parallel
+    tokens = report.tokens_per_step // max(1, samples)
+    return tokens if tokens > 1 else None

@@ -252,7 +252,7 @@ def _print_rows(rows: list[dict], limit: int | None, what: str) -> None:
         table.add_column(col, justify="right")
     for r in rows:
         fits = "OOM" if r["error"] else {True: "yes", False: "no", None: "-"}[r["fits"]]
-        cells = [str(r["batch_size"]), str(r["seq_len"]), _size(r["peak_allocated"], unit),
+        cells = [str(r["batch_size"]), str(r["seq_len"] or "-"), _size(r["peak_allocated"], unit),
                  _size(r["device_total"], unit), fits]
         if measured:
             cells += [_num(r["step_time_s"], ".3f"), _num(r["samples_per_s"], ",.1f"),
