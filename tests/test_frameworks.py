@@ -10,7 +10,7 @@ from typing import get_args
 
 import pytest
 
-from vramplan import Job, JobError, Offload, Parallel, Peft, estimate
+from vramplan import Job, JobError, Offload, Peft, estimate
 from vramplan.engines import activations as act
 from vramplan.engines import formula
 from vramplan.engines import optimizer_states as opt_states

@@ -107,12 +107,14 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
         if lora:
             a = adapters.upcast_bytes or c  # bytes of what lora_A reads and writes
             if adapters.dropout > 0:  # each adapter drops out its own copy
-                saved.append((f"{tensor} lora dropout x{len(lora)}", len(lora) * (a + 1) * elements))
+                saved.append((f"{tensor} lora dropout x{len(lora)}",
+                              len(lora) * (a + 1) * elements))
             else:
                 if not trained and not already_saved:
                     saved.append((tensor, c * elements))
                 if adapters.upcast_bytes:
-                    saved.append((f"{tensor} lora fp32 copy x{len(lora)}", len(lora) * a * elements))
+                    saved.append((f"{tensor} lora fp32 copy x{len(lora)}",
+                                  len(lora) * a * elements))
             rank_elems = elements // max(1, _width(tensor, stack)) * adapters.rank
             saved.append((f"{tensor} lora A out x{len(lora)}", len(lora) * a * rank_elems))
 

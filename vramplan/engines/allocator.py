@@ -122,7 +122,7 @@ class CachingAllocator:
 
     def _release_cached_segments(self) -> None:
         """Return every segment that is one free block (nothing of it in use) to the driver."""
-        for small, pool in self._free.items():
+        for pool in self._free.values():
             whole = [entry for entry in pool if entry[2].prev is None and entry[2].next is None]
             for entry in whole:
                 pool.remove(entry)

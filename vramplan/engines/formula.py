@@ -28,8 +28,12 @@ from vramplan.engines.precision import (
     optimizer_step_temp_copies,
 )
 from vramplan.engines.report import CATEGORIES, MemoryReport
-from vramplan.engines.runtime import (check_precision_supported, fit_table, runtime_context_bytes,
-                                      workspaces_bytes)
+from vramplan.engines.runtime import (
+    check_precision_supported,
+    fit_table,
+    runtime_context_bytes,
+    workspaces_bytes,
+)
 from vramplan.errors import JobError
 from vramplan.hardware import get_gpu, list_gpus
 from vramplan.hardware.gpu import GPU

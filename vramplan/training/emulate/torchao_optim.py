@@ -17,8 +17,11 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-from vramplan.engines.optimizer_states import (TORCHAO_4BIT_BLOCK, TORCHAO_FP8_BLOCK,
-                                               TORCHAO_MIN_QUANT_SIZE)
+from vramplan.engines.optimizer_states import (
+    TORCHAO_4BIT_BLOCK,
+    TORCHAO_FP8_BLOCK,
+    TORCHAO_MIN_QUANT_SIZE,
+)
 
 QMAP_ENTRIES = 16
 
