@@ -84,8 +84,8 @@ class ParamMemory:
     largest_block: float      # bytes of the largest block's weights as stored
     cast_head: float = 0.0    # the same for weights outside blocks (LM head), or QLoRA's
     #                           one dequantised weight
-    # a tied embedding's second gradient (from the lookup) before AccumulateGrad adds it
-    # to the one from the output head
+    # a tied embedding's two gradients (the output head's and the lookup's) while autograd
+    # adds them into the one that becomes .grad
     tied_grad_transient: float = 0.0
     outside_blocks: float = 0.0  # bytes as stored of weights outside the blocks (FSDP's root)
     notes: tuple[str, ...] = ()
@@ -295,7 +295,9 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
     step_temp = optimizer_step_temp_copies(job) * trainable * dt.weight
     if job.optimizer_impl == "loop" or job.optimizer in ("sgd-momentum", "lion"):
         step_temp = max(step_temp, largest * dt.weight)  # one param's update at a time
-    tied = (arch.vocab_size * _hidden(arch) * dt.grad
+    # both contributions (the head's matmul and the lookup's dense gradient) are alive
+    # while autograd adds them into the sum that becomes .grad (counted in gradients)
+    tied = (2 * arch.vocab_size * _hidden(arch) * dt.grad
             if job.peft is None and arch.tied_embeddings else 0.0)
     in_blocks = sum(s.num_layers * s.params_per_layer for s in arch.stacks)
     outside = (total - in_blocks) * (dt.weight if job.peft is None else frozen_base_bytes(job))
@@ -597,16 +599,19 @@ def _torchtune_loss_buffers(job: Job, t: float, vocab: float, h: int, dt: Dtypes
     output: every chunk's stays until backward (4 bytes x tokens x vocab in all), and the
     last chunk's 16-bit logits and fp32 copy are alive beside them. CEWithChunkedOutputLoss
     also holds all 16-bit logit chunks the model returned until the loss ends. Backward
-    starts with the nll and log_softmax fp32 gradients and the 16-bit one of one chunk,
-    and the output head's gradient is accumulated over chunks: the chunk's own gradient
-    exists beside the running sum (two head-sized buffers) while the head trains."""
+    starts with the nll and log_softmax fp32 gradients and the 16-bit one of one chunk.
+    A trained output head's gradient is summed over the chunks out of place: when the
+    second chunk's arrives, the running sum, that gradient and their sum are three
+    head-sized buffers, while 6 of the 8 chunks' log_softmax outputs are still saved
+    (seen in the trace of Llama-2-7B and Llama-3.2-1B)."""
     c, tc = dt.compute, t / TORCHTUNE_LOSS_CHUNKS
     forward = 4 * t * vocab + (c + 4) * tc * vocab
     if job.loss == "chunked:torchtune-output":
         forward = (c + 4) * t * vocab + 4 * tc * vocab
     backward = 4 * t * vocab + (8 + c) * tc * vocab
     if job.peft is None:
-        backward += 2 * vocab * h * dt.grad
+        remaining = 4 * (TORCHTUNE_LOSS_CHUNKS - 2) * tc * vocab
+        backward = max(backward, remaining + 3 * vocab * h * dt.grad)
     return forward, backward
 
 
