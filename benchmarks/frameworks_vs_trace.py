@@ -1,13 +1,13 @@
 """The formula against the trace on the framework behaviours of issue 10: named selective
 checkpointing policies, gradients kept between steps, adapter dtypes, torchao low-bit
-optimizer states, and the hf-trainer / torchtitan profiles (docs/frameworks.md).
+optimizer states, and the hf-trainer / torchtitan / torchtune profiles (docs/frameworks.md).
 
 The trace runs the real Hugging Face step on fake tensors with the same policies
 (vramplan/training/checkpointing.py), so it is the reference. Besides the peak, the
 forward's peak is compared: the peak of these jobs is often the optimizer step, where the
 policies' saved tensors are gone. Writes benchmarks/results/frameworks_vs_trace.{json,md}.
 
-    python benchmarks/frameworks_vs_trace.py      # about 5-10 minutes on 2 CPU cores
+    python benchmarks/frameworks_vs_trace.py      # about 10-15 minutes on 2 CPU cores
 """
 
 from __future__ import annotations
@@ -43,6 +43,10 @@ CASES: list[dict] = [
     dict(LLAMA, framework="hf-trainer"),
     dict(LLAMA, framework="hf-trainer", peft={"rank": 16}),
     dict(LLAMA, framework="torchtitan"),
+    dict(LLAMA, framework="torchtune"),
+    dict(LLAMA, framework="torchtune", peft={"rank": 16}),
+    dict(LLAMA, framework="torchtune", loss="chunked:torchtune-output"),
+    dict(LLAMA, framework="torchtune", checkpointing="none"),
 ]
 
 
