@@ -254,10 +254,10 @@ def test_torchtune_linear_cross_entropy_buffers():
     t, tc = 64, 8
     # every chunk's fp32 log_softmax, plus the last chunk's bf16 logits and fp32 copy
     assert forward == 4 * t * VOCAB + (2 + 4) * tc * VOCAB
-    # the larger of: the first chunk's fp32 nll and log_softmax grads and its bf16 grad
-    # beside all saved log_softmax outputs; or, at the second chunk, 6 chunks' outputs and
-    # three bf16 head-sized gradients (running sum, the chunk's, their sum)
-    first = 4 * t * VOCAB + (8 + 2) * tc * VOCAB
+    # the larger of: the first chunk's fp32 nll and log_softmax grads beside all saved
+    # log_softmax outputs; or, at the second chunk, 6 chunks' outputs and three bf16
+    # head-sized gradients (running sum, the chunk's, their sum)
+    first = 4 * t * VOCAB + 8 * tc * VOCAB
     second = 4 * 6 * tc * VOCAB + 3 * VOCAB * H * 2
     assert backward == max(first, second) == second
 
