@@ -159,7 +159,9 @@ class Job(_Strict):
     """
 
     model: str = DEFAULT_MODEL  # catalog name, HF id, config.json path or HF model folder
-    # the framework whose defaults fill the fields this job leaves unset (plain: none)
+    # the framework whose defaults fill the fields this job leaves unset (plain: none).
+    # Applied when the Job is validated from its given fields; with_changes(framework=...)
+    # on a built Job changes only the name, as every field is already set
     framework: Framework = "plain"
     task: Task | None = None    # default: the model's own (causal-lm for decoders, ...)
     batch_size: int = Field(1, ge=1, le=1_000_000)      # micro-batch per GPU
