@@ -338,3 +338,14 @@ def test_cli_bad_framework_input_is_one_line(run_cli, args, fragment):
     code, _, err = run_cli("estimate", MODEL, *args)
     assert code == 2 and fragment in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_search_advice_offers_only_what_the_framework_supports():
+    from vramplan.search.suggestions import suggestions_for
+
+    titan = suggestions_for(Job(model=MODEL, framework="torchtitan"), "optimizer_states")
+    plain = suggestions_for(Job(model=MODEL), "optimizer_states")
+    assert any("adamw-8bit" in s for s in plain) and not any("adamw-8bit" in s for s in titan)
+    assert "shard optimizer states over GPUs (strategy: fsdp)" in titan
+    assert not any("qlora" in s for s in suggestions_for(Job(model=MODEL, framework="torchtitan"),
+                                                         "weights"))
