@@ -150,8 +150,11 @@ def test_unsupported_task_lists_the_supported_ones():
 
 
 def test_vision_image_size_must_fit_patches():
-    assert estimate(Job(model="vit-base-patch16-224", image_size=384)).peak_allocated > \
-        estimate(Job(model="vit-base-patch16-224")).peak_allocated
+    # at batch 16 activations decide the peak (at batch 1 the optimizer step does, where
+    # neither the images nor their activations exist any more)
+    assert estimate(Job(model="vit-base-patch16-224", image_size=384,
+                        batch_size=16)).peak_allocated > \
+        estimate(Job(model="vit-base-patch16-224", batch_size=16)).peak_allocated
     with pytest.raises(JobError, match="multiple of"):
         estimate(Job(model="vit-base-patch16-224", image_size=100))
 
@@ -231,3 +234,35 @@ def test_checkpointing_a_model_without_blocks_is_ignored_with_a_note():
         report = estimate(Job(model="resnet-50", batch_size=2, checkpointing=mode))
         assert report.peak_allocated == plain.peak_allocated
         assert any("no transformer blocks to checkpoint" in n for n in report.notes)
+
+
+def test_checkpointing_a_model_without_blocks_changes_nothing():
+    # ResNet has no transformer blocks, so checkpointing is ignored; its allocator overhead
+    # used to be planned at full checkpointing's 30% of transient memory (+8% device total)
+    plain = estimate(Job(model="resnet-50", batch_size=8))
+    checkpointed = estimate(Job(model="resnet-50", batch_size=8, checkpointing="full"))
+    assert checkpointed.categories == plain.categories
+
+
+def test_checkpointing_fragments_only_backward():
+    # recomputation fragments the cache in backward; an optimizer-step peak (short sequence,
+    # foreach AdamW) keeps the no-checkpointing overhead: the reserved memory is the most any
+    # phase holds. It used to grow from 6% to 30% of the step's temporaries (+14% total).
+    def total(mode):
+        return estimate(Job(model=MODEL, batch_size=1, seq_len=16, precision="fp32",
+                            checkpointing=mode))
+    plain, full = total("none"), total("full")
+    assert plain.peak_phase == full.peak_phase == "optimizer"
+    assert full.peak_allocated <= plain.peak_allocated
+    assert full.device_total <= plain.device_total
+
+
+def test_selective_checkpointing_keeps_a_subset_of_a_block():
+    # LoRA on every linear of ViT with eager attention: backward recomputed a whole block
+    # beside selective checkpointing's kept outputs, so selective peaked above no
+    # checkpointing (+1.3%); it recomputes only what it does not keep
+    def peak(mode):
+        return estimate(Job(model="vit-large-patch16-224", batch_size=2, precision="fp32",
+                            attention="eager", checkpointing=mode,
+                            peft=Peft(target_modules=("all-linear",)))).peak_allocated
+    assert peak("full") < peak("selective") <= peak("none")

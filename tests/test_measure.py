@@ -316,3 +316,30 @@ def test_out_of_memory_message_keeps_the_failed_request_only():
         "has 21.88 GiB memory in use. 21.29 GiB allowed; Of the allocated memory 21.09 GiB "
         "is allocated by PyTorch")
     assert describe_oom(seen_on_h200) == "CUDA out of memory: tried to allocate 112.00 MiB"
+
+
+def test_categories_mean_what_they_mean_in_the_trace():
+    """Inputs are the batch tensors alive at the peak, activations what forward saved for
+    backward (less the loss's buffers): on a tiny Llama the CPU run and the trace agree to
+    the byte; only the trace's cuBLAS workspaces (CUDA's) are extra temporary."""
+    from vramplan.engines.trace import trace
+    job = Job(model="tiny", batch_size=4, seq_len=256, precision="bf16-mixed")
+    traced = trace(job, model_config=TINY_LLAMA)
+    measured = measure(job, steps=1, warmup=1, device="cpu", model_config=TINY_LLAMA)
+    assert measured.peak_phase == traced.peak_phase == "backward"
+    # backward holds the input ids the embedding saved (4 x 256 int64); the labels are read
+    assert measured.categories["inputs"] == traced.categories["inputs"] == 4 * 256 * 8
+    assert measured.categories["activations"] == traced.categories["activations"]
+    assert measured.categories["temporary"] > 0
+
+
+def test_a_cpu_measurement_fills_the_fit_table_with_each_gpus_runtime():
+    from vramplan.engines.runtime import runtime_context_bytes, workspaces_bytes
+    from vramplan.hardware import get_gpu
+    job = Job(model="tiny", batch_size=2, seq_len=32, precision="fp32", gpu="L4")
+    report = measure(job, steps=1, warmup=1, device="cpu", model_config=TINY_LLAMA)
+    (fit,) = report.fits
+    l4 = get_gpu("L4")
+    # the CPU run has neither cuBLAS workspaces nor a CUDA context: the L4's are added
+    assert fit.gpu == "L4" and fit.required_bytes == report.device_total + workspaces_bytes(
+        job.runtime, l4) + runtime_context_bytes(job.runtime, l4)

@@ -17,11 +17,33 @@ def default_job_path() -> Path:
     return Path(str(resources.files("vramplan") / "jobs" / "default.yaml"))
 
 
-def estimate(job: Job, **options) -> MemoryReport:
-    """Closed-form estimate: instant, any size, no torch."""
+def estimate(job: Job, *, gpu: str | None = None, tokens: int | None = None,
+             samples: int | None = None, epochs: float | None = None,
+             dataset_samples: int | None = None, price_per_hour: float | None = None,
+             **options) -> MemoryReport:
+    """Closed-form estimate: instant, any size, no torch.
+
+    With a GPU (`gpu=`, or the job's own `gpu`), the report's `performance` holds the
+    predicted step time, throughput and MFU on `job.parallel.num_gpus` of them, and with
+    an amount of training (tokens, samples, or epochs of dataset_samples) its time and cost.
+
+    >>> report = estimate(Job(model="llama-3.2-1b"), gpu="H100-SXM", tokens=2_000_000_000)
+    >>> report.performance.training_time_s, report.performance.cost_usd
+    """
     from vramplan.engines.formula import estimate as formula_estimate
 
-    return formula_estimate(job, **options)
+    gpu = gpu or job.gpu
+    if gpu is None:
+        return formula_estimate(job, **options)
+    from vramplan.hardware import get_gpu
+    from vramplan.plan.performance import performance_for
+
+    chosen = get_gpu(gpu)
+    options.setdefault("gpus", [chosen])  # the fit on the GPU asked about
+    report = formula_estimate(job, **options)
+    perf = performance_for(job, chosen, tokens=tokens, samples=samples, epochs=epochs,
+                           dataset_samples=dataset_samples, price_per_hour=price_per_hour)
+    return report.model_copy(update={"performance": perf})
 
 
 def trace(job: Job, **options) -> MemoryReport:

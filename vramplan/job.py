@@ -61,7 +61,7 @@ class Peft(_Strict):
 
     method: PeftMethod = "lora"
     rank: int = Field(16, ge=1, le=4096)
-    alpha: float = Field(32.0, gt=0)
+    alpha: float = Field(32.0, gt=0, le=1_000_000)
     dropout: float = Field(0.05, ge=0, lt=1)
     # peft's names: module names inside a block, or "all-linear" for every linear in blocks
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -137,7 +137,7 @@ class Runtime(_Strict):
       (aten/src/ATen/cuda/CublasHandlePool.cpp).
     """
 
-    cuda_context_bytes: int = Field(1390 * 1024**2, ge=0)
+    cuda_context_bytes: int = Field(1390 * 1024**2, ge=0, le=1024**4)  # at most 1 TiB
     allocator_overhead: float | None = Field(None, ge=0, le=1)
     cublas_workspaces: int = Field(2, ge=0, le=64)
 
@@ -170,9 +170,9 @@ class Job(_Strict):
     grad_accum: int = Field(1, ge=1, le=1_000_000)      # micro-batches per optimizer step
     # text tokens (encoder side for seq2seq); default min(2048, the model's maximum)
     seq_len: int | None = Field(None, ge=1, le=100_000_000)
-    target_len: int | None = Field(None, ge=1)          # seq2seq decoder tokens (default seq_len)
+    target_len: int | None = Field(None, ge=1, le=100_000_000)  # seq2seq decoder tokens
     image_size: int | None = Field(None, ge=8, le=65536)  # vision: default the model's own
-    audio_seconds: float | None = Field(None, gt=0)     # speech: default the model's maximum
+    audio_seconds: float | None = Field(None, gt=0, le=86_400)  # speech: default the model's max
     precision: Precision = "bf16-mixed"
     optimizer: Optimizer = "adamw"
     optimizer_impl: OptimizerImpl = "foreach"  # torch's CUDA default for Adam/AdamW/SGD

@@ -194,6 +194,8 @@ def job_command(func):
 AsJson = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
 Out = Annotated[Optional[Path], typer.Option(
     "--out", help="also write the result to this file (JSON; CSV for a .csv sweep)")]
+HtmlOut = Annotated[Optional[Path], typer.Option(
+    "--html", help="also write a self-contained HTML report (one offline file, no JavaScript)")]
 EngineName = Annotated[str, typer.Option(
     help="formula (instant), trace (exact, no GPU) or measure (real steps on this machine)")]
 
@@ -224,3 +226,11 @@ def write_or_print(path: Path, text: str) -> bool:
                          "result follows on stdout\n")
         sys.stdout.write(text)
         return False
+
+
+def write_html(path: Path, text: str) -> None:
+    """Write an HTML report made by vramplan.report.html (quietly: --json output stays JSON)."""
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise JobError(f"could not write {str(path)!r} ({error.strerror or error})") from None

@@ -38,7 +38,7 @@ from vramplan.errors import JobError
 from vramplan.hardware import get_gpu, list_gpus
 from vramplan.hardware.gpu import GPU
 from vramplan.job import CHUNKED_LOSS_CHUNKS, Job
-from vramplan.models import Architecture, Stack, load_architecture
+from vramplan.models import Architecture, Stack, architecture_from_config, load_architecture
 from vramplan.models.families import (
     EAGER_ONLY,
     LEARNED_POSITIONS,
@@ -68,6 +68,9 @@ class Shapes:
     input_bytes: int             # the micro-batch as the data loader hands it over
     tokens_per_sample: int       # for throughput: text tokens (or 1 for images)
     notes: tuple[str, ...] = ()
+    # the labels in input_bytes: the loss reads them in forward and the batch is then
+    # dropped, so backward holds only the inputs the model saved (ids, pixels, features)
+    label_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,14 +87,15 @@ class ParamMemory:
     largest_block: float      # bytes of the largest block's weights as stored
     cast_head: float = 0.0    # the same for weights outside blocks (LM head), or QLoRA's
     #                           one dequantised weight
-    # a tied embedding's two gradients (the output head's and the lookup's) while autograd
-    # adds them into the one that becomes .grad
+    # a tied embedding's two gradients (head and lookup) and their sum, before the sum
+    # reaches AccumulateGrad, beyond the gradients already counted
     tied_grad_transient: float = 0.0
     outside_blocks: float = 0.0  # bytes as stored of weights outside the blocks (FSDP's root)
     notes: tuple[str, ...] = ()
 
 
-def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
+def estimate(job: Job, *, gpus: list[GPU] | None = None,
+             model_config: dict | None = None) -> MemoryReport:
     """Peak memory per GPU of one training step of `job`, by closed-form formulas.
 
     >>> from vramplan import Job, estimate
@@ -102,7 +106,10 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
     if job.compile:
         raise JobError("the formula does not model torch.compile yet: drop compile (its "
                        "eager numbers are an upper bound for the compiled step)")
-    arch = load_architecture(job.model)
+    # model_config: a Hugging Face config dict used instead of looking up job.model (an
+    # uploaded config.json in the web app; the trace and measure engines take it too)
+    arch = (architecture_from_config(model_config, job.model) if model_config is not None
+            else load_architecture(job.model))
     task = _task(job, arch)
     shapes = _shapes(job, arch, task)
     runtime_gpu = get_gpu(job.gpu) if job.gpu else None
@@ -123,7 +130,7 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
                                                             layer_acts) / (tp * cp)
     logits_fwd, logits_bwd = _loss_buffers(job, arch, shapes, dt, task)
 
-    w, g, o, cast, gathered, comm, notes = _per_gpu_params(job, params)
+    w, g, o, cast, gathered, root_gathered, comm, notes = _per_gpu_params(job, params)
     ws = workspaces_bytes(job.runtime, runtime_gpu)
     inputs = shapes.input_bytes / cp
     keeps_grads = job.keep_grads_between_steps and not job.optimizer_in_backward
@@ -148,28 +155,37 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
         cast -= block_cast * _checkpointed_share(job, arch)
         recompute = dict(activations=block_acts / (tp * cp), cast=block_cast / layers)
 
-    base = dict(weights=w, optimizer_states=o, inputs=inputs)
+    saved_inputs = (shapes.input_bytes - shapes.label_bytes) / cp  # what backward still holds
+    base = dict(weights=w, optimizer_states=o, inputs=saved_inputs)
     phases = {
-        "forward": dict(base, gradients=g_kept, activations=activations,
+        "forward": dict(base, inputs=inputs, gradients=g_kept, activations=activations,
                         temporary=cast_fwd + logits_fwd + gathered + comm + ws),
         "backward": dict(base, gradients=g_kept, activations=activations,
                          temporary=cast + logits_bwd + gathered + comm + ws),
+        # FSDP2 gathers the root again as backward starts (the blocks are resharded): its
+        # all-gather output and the unsharded parameters it is copied into are live together
+        "backward_gather": dict(base, gradients=g_kept, activations=activations,
+                                temporary=cast + logits_fwd + 2 * root_gathered + comm + ws),
         "backward_recompute": dict(base, gradients=g_kept, activations=activations
                                    + recompute["activations"],
                                    temporary=cast + recompute["cast"] + gathered + comm + ws),
-        "backward_end": dict(base, gradients=g, activations=0.0,
+        "backward_end": dict(base, inputs=0.0, gradients=g, activations=0.0,
                              temporary=gathered + comm + ws + params.tied_grad_transient / tp),
-        "optimizer": dict(base, gradients=g, activations=0.0, temporary=step_temp + comm + ws),
+        "optimizer": dict(base, inputs=0.0, gradients=g, activations=0.0,
+                          temporary=step_temp + comm + ws),
     }
     totals = {name: sum(parts.values()) for name, parts in phases.items()}
     peak_name = max(totals, key=totals.get)
     at_peak = {k: int(round(v)) for k, v in phases[peak_name].items()}
     allocated = sum(at_peak.values())
-    at_peak["allocator_overhead"] = _allocator_overhead(job, allocated, at_peak)
+    # reserved memory is the most the allocator held at any phase, not only at the peak
+    reserved = max(totals[name] + _allocator_overhead(job, arch, name, totals[name], parts)
+                   for name, parts in phases.items())
+    at_peak["allocator_overhead"] = max(0, int(reserved) - allocated)  # whole bytes, down
     at_peak["runtime_context"] = runtime_context_bytes(job.runtime, runtime_gpu)
     phase_peaks = {"forward": totals["forward"],
                    "backward": max(totals["backward"], totals["backward_recompute"],
-                                   totals["backward_end"]),
+                                   totals["backward_end"], totals["backward_gather"]),
                    "optimizer": totals["optimizer"]}
 
     report = MemoryReport(
@@ -209,8 +225,8 @@ def _shapes(job: Job, arch: Architecture, task: str) -> Shapes:
             raise JobError(f"image_size {size} is not a multiple of {arch.name}'s patch size "
                            f"{arch.patch_size}")
         seq = (size // arch.patch_size) ** 2 + 1 if arch.patch_size else 0
-        pixels = 4 * b * arch.num_channels * size * size  # fp32 pixel_values
-        return Shapes(tuple(seq for _ in arch.stacks), 0, pixels + 8 * b, 1)
+        pixels = _float_bytes(job) * b * arch.num_channels * size * size  # pixel_values
+        return Shapes(tuple(seq for _ in arch.stacks), 0, pixels + 8 * b, 1, label_bytes=8 * b)
 
     seq = _text_len(job.seq_len, arch, "seq_len", notes)
     if arch.stacks[0].sequence == "audio":
@@ -222,17 +238,27 @@ def _shapes(job: Job, arch: Architecture, task: str) -> Shapes:
             notes.append(f"{arch.name} pads every clip to {frames / 100:g} s: memory is that "
                          "of a full-length clip")
         target = _text_len(job.target_len or job.seq_len, arch, "target_len", notes)
-        features = 4 * b * arch.num_mel_bins * frames
+        features = _float_bytes(job) * b * arch.num_mel_bins * frames
+        # input_features, then labels and decoder_input_ids (int64)
         return Shapes((frames // 2, target), b * target,
-                      features + 16 * b * target, target, tuple(notes))
+                      features + 16 * b * target, target, tuple(notes), label_bytes=8 * b * target)
     if arch.kind == "encoder-decoder":
         target = job.target_len or seq
-        # input_ids + attention_mask (encoder), labels + decoder_input_ids (decoder), int64
-        return Shapes((seq, target), b * target, 16 * b * seq + 16 * b * target, seq + target,
-                      tuple(notes))
+        # input_ids (encoder), labels + decoder_input_ids (decoder), int64; no attention
+        # mask: the synthetic batch has no padding, as a packed data loader's
+        return Shapes((seq, target), b * target, 8 * b * seq + 16 * b * target, seq + target,
+                      tuple(notes), label_bytes=8 * b * target)
     scored = b * seq if task in ("causal-lm", "masked-lm") else 0
-    # input_ids, attention_mask and labels, int64 each
-    return Shapes(tuple(seq for _ in arch.stacks), scored, 24 * b * seq, seq, tuple(notes))
+    labels = 8 * b * seq if scored else 8 * b  # a label per token, or one per sample
+    # input_ids and labels, int64 (no attention mask, as above)
+    return Shapes(tuple(seq for _ in arch.stacks), scored, 8 * b * seq + labels, seq,
+                  tuple(notes), label_bytes=labels)
+
+
+def _float_bytes(job: Job) -> int:
+    """Pixels and audio features as the data loader hands them over: bf16 when the whole
+    model is, else fp32 (autocast casts them inside the model)."""
+    return 2 if job.precision == "bf16-pure" else 4
 
 
 def _text_len(requested: int | None, arch: Architecture, field: str, notes: list[str]) -> int:
@@ -281,7 +307,7 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
         else:
             weights = frozen * base
         weights += adapters * adapter_bytes(job) + head * dt.weight
-        block_bytes = max((s.params_per_layer for s in arch.stacks), default=0) * base
+        block_bytes = max((_block_base_bytes(job, s, base) for s in arch.stacks), default=0)
         largest = max((ln.in_features * ln.out_features for s in arch.stacks
                        for ln in s.linears), default=1)
         dt = Dtypes(adapter_bytes(job), adapter_bytes(job), dt.compute, dt.residual,
@@ -295,14 +321,25 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
     step_temp = optimizer_step_temp_copies(job) * trainable * dt.weight
     if job.optimizer_impl == "loop" or job.optimizer in ("sgd-momentum", "lion"):
         step_temp = max(step_temp, largest * dt.weight)  # one param's update at a time
-    # both contributions (the head's matmul and the lookup's dense gradient) are alive
-    # while autograd adds them into the sum that becomes .grad (counted in gradients)
-    tied = (2 * arch.vocab_size * _hidden(arch) * dt.grad
+    # autograd sums the head's and the lookup's gradients out of place (add): both and
+    # their sum are live at once, before the sum becomes .grad; when micro-steps
+    # accumulate, the .grad (counted in gradients) is already there, so one more
+    tied_copies = 3 if job.grad_accum > 1 else 2
+    tied = (tied_copies * arch.vocab_size * _hidden(arch) * dt.grad
             if job.peft is None and arch.tied_embeddings else 0.0)
     in_blocks = sum(s.num_layers * s.params_per_layer for s in arch.stacks)
     outside = (total - in_blocks) * (dt.weight if job.peft is None else frozen_base_bytes(job))
     return ParamMemory(total, trainable, weights, grads, optimizer, cast, step_temp,
                        block_bytes, cast_head, tied, outside_blocks=outside, notes=tuple(notes))
+
+
+def _block_base_bytes(job: Job, stack: Stack, base: int) -> float:
+    """One block of a PEFT base as stored: QLoRA keeps its linears' weights in NF4."""
+    if job.peft is None or job.peft.method != "qlora":
+        return stack.params_per_layer * base
+    per = NF4_DOUBLE_QUANT_BYTES_PER_PARAM if job.peft.double_quant else NF4_BYTES_PER_PARAM
+    weights = sum(ln.in_features * ln.out_features * ln.count for ln in stack.linears)
+    return weights * per + (stack.params_per_layer - weights) * base
 
 
 def _hidden(arch: Architecture) -> int:
@@ -361,14 +398,17 @@ def _per_gpu_params(job: Job, params: ParamMemory):
     w = params.weights / tp / (shard if sharded_params else 1)
     g = params.gradients / tp / (shard if strategy != "zero1" else 1)
     o = params.optimizer / tp / shard
-    cast, gathered, comm = (params.cast_copies + params.cast_head) / tp, 0.0, 0.0
+    cast, gathered, root, comm = (params.cast_copies + params.cast_head) / tp, 0.0, 0.0, 0.0
     if sharded_params and shard > 1:
         # gathered blocks in the compute dtype replace autocast's weight copies; the root
-        # unit (everything outside the blocks) stays gathered from forward to backward, as
-        # FSDP2 does not reshard the root after forward
-        gathered = (FSDP_GATHERED_BLOCKS * params.largest_block + params.outside_blocks) / tp
-        if dtypes_for(job).autocast:
-            gathered /= 2
+        # unit (everything outside the blocks) is gathered through forward and again at the
+        # start of backward. FSDP2 gathers in its param_dtype: fp32 weights under autocast
+        # at half their size; a PEFT base is stored in 16-bit (or 4-bit) and gathers as
+        # stored, so it is not halved again.
+        halve = 2 if dtypes_for(job).autocast and job.peft is None else 1
+        gathered = (FSDP_GATHERED_BLOCKS * params.largest_block
+                    + params.outside_blocks) / tp / halve
+        root = params.outside_blocks / tp / halve
         cast = 0.0
     elif strategy == "ddp" and par.data_parallel > 1:
         comm = params.gradients / tp  # the Reducer's flat buckets (gradient_as_bucket_view=False)
@@ -388,7 +428,7 @@ def _per_gpu_params(job: Job, params: ParamMemory):
     if job.optimizer == "paged-adamw-8bit":
         notes.append("paged optimizer states live in unified memory: under memory pressure "
                      "they page to the CPU instead of failing")
-    return w, g, o, cast, gathered, comm, notes
+    return w, g, o, cast, gathered, root, comm, notes
 
 
 # --- activations and loss ---------------------------------------------------------------
@@ -417,8 +457,9 @@ def _adapters(job: Job) -> act.Adapters:
 
 def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
     """Saved activations of all blocks (after checkpointing), and of the largest block
-    (what full checkpointing recomputes at a time)."""
-    total, largest = 0.0, 0.0
+    (what checkpointing recomputes at a time: the whole block, or under selective
+    checkpointing what it does not keep)."""
+    total, largest, recomputed = 0.0, 0.0, 0.0
     adapters = _adapters(job)
     if job.peft and "all-linear" in job.peft.target_modules:
         adapters = act.Adapters(frozenset(ln.name for s in arch.stacks for ln in s.linears),
@@ -446,7 +487,11 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
                       else act.block_op_sac_outputs)
             kept = policy(stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
                           attention=_attention_impl(job, arch), adapters=adapters)
-            total += stack.num_layers * sum(b for _, b in kept)
+            # what selective keeps is a subset of what the block saves, and backward
+            # recomputes only the rest of one block
+            kept_bytes = min(sum(b for _, b in kept), block)
+            total += stack.num_layers * kept_bytes
+            recomputed = max(recomputed, block - kept_bytes)
         elif job.checkpointing == "selective:every-2nd-layer":
             # blocks 1, 3, 5, ... (from 0) are fully checkpointed, the others keep everything
             checkpointed = stack.num_layers // 2
@@ -454,6 +499,9 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
             total += checkpointed * block_input + (stack.num_layers - checkpointed) * block
         else:
             total += stack.num_layers * block
+    if job.checkpointing in ("selective", "selective:torchtitan-op") \
+            and not job.activation_offload:
+        return total, recomputed
     return total, largest
 
 
@@ -512,11 +560,20 @@ def _outside_block_activations(job: Job, arch: Architecture, shapes: Shapes, dt:
 ALLOCATOR_OVERHEAD = {"none": 0.06, "selective": 0.12, "full": 0.30}
 
 
-def _allocator_overhead(job: Job, allocated: int, at_peak: dict[str, int]) -> int:
+# Phases in which checkpointing recomputes blocks (and so fragments the cache); the others
+# see the allocator as without checkpointing.
+RECOMPUTE_PHASES = ("backward", "backward_recompute", "backward_gather")
+
+
+def _allocator_overhead(job: Job, arch: Architecture, phase: str, allocated: float,
+                        parts: dict[str, float]) -> float:
     if job.runtime.allocator_overhead is not None:
-        return int(allocated * job.runtime.allocator_overhead)
-    transient = at_peak["activations"] + at_peak["temporary"]
-    return int(transient * ALLOCATOR_OVERHEAD[job.checkpointing.split(":")[0]])
+        return allocated * job.runtime.allocator_overhead
+    # checkpointing is ignored on a model without blocks (ResNet), and outside backward
+    # nothing is recomputed: the optimizer step's temporaries fragment no more than usual
+    recomputes = bool(arch.stacks) and phase in RECOMPUTE_PHASES
+    mode = job.checkpointing.split(":")[0] if recomputes else "none"
+    return (parts["activations"] + parts["temporary"]) * ALLOCATOR_OVERHEAD[mode]
 
 
 def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task: str):

@@ -164,6 +164,8 @@ class MemoryReport(_Frozen):
                                       "memory, per GPU, outside every category and peak: they "
                                       "use GPU memory the step leaves free and page to the "
                                       "host when it is short (never an out-of-memory error)")
+    performance: Performance | None = Field(None, description="predicted time and cost on "
+                                            "one GPU type (estimate with a GPU)")
 
     @model_validator(mode="before")
     @classmethod
@@ -196,3 +198,54 @@ class MemoryReport(_Frozen):
 
 
 _DERIVED = ("peak_allocated", "peak_reserved", "device_total")
+
+
+# --- time and cost (vramplan/plan/performance.py fills it) -----------------------------------
+
+Bound = Literal["compute", "memory", "communication", "host"]
+
+
+class PhaseTime(_Frozen):
+    """One phase of a step on one GPU: its time and what bounds it."""
+
+    phase: str = Field(description="forward, backward, recompute, optimizer, communication")
+    time_s: float = Field(description="seconds per occurrence (forward, backward, recompute: "
+                          "per micro-batch)")
+    per_step: int = Field(description="occurrences per optimizer step")
+    bound: Bound = Field(description="what bounds it: compute, memory, communication, host")
+    flops: float = Field(0.0, description="matmul FLOPs executed on one GPU")
+    bytes: float = Field(0.0, description="bytes moved by memory-bound work on one GPU")
+    kernels: float = Field(0.0, description="kernel launches (host time)")
+
+
+class Performance(_Frozen):
+    """Predicted speed of the job on one GPU type and, when the amount of training is known,
+    its time and cost; null where a figure cannot be computed."""
+
+    gpu: str = Field(description="the GPU type")
+    num_gpus: int = Field(description="GPUs the job runs on")
+    compute_dtype: str = Field(description="the tensor-core rate used: bf16, fp16, fp8, fp32")
+    step_time_s: float = Field(description="one optimizer step: all micro-batches, the "
+                               "optimizer and exposed communication")
+    tokens_per_step: int = Field(description="tokens (samples for vision) per step, all GPUs")
+    samples_per_step: int = Field(description="samples per step, all GPUs")
+    tokens_per_s: float = Field(description="tokens per second, all GPUs")
+    tokens_per_s_per_gpu: float = Field(description="tokens per second per GPU")
+    samples_per_s: float = Field(description="samples per second, all GPUs")
+    mfu: float = Field(description="model FLOPs utilisation: forward and backward matmul "
+                       "FLOPs (no recomputation) / (step time x dense peak), per GPU")
+    flops_per_step: float = Field(description="executed matmul FLOPs per step, all GPUs")
+    bound: Bound = Field(description="what bounds the largest part of the step")
+    phases: list[PhaseTime] = Field(default_factory=list, description="time per phase")
+    communication_s: float = Field(0.0, description="communication per step not hidden "
+                                   "behind compute")
+    steps: float | None = Field(None, description="optimizer steps to train the given amount")
+    training_time_s: float | None = Field(None, description="wall time to train the amount")
+    gpu_hours: float | None = Field(None, description="training time x GPUs")
+    price_per_hour: float | None = Field(None, description="USD per GPU-hour used for the cost")
+    cost_usd: float | None = Field(None, description="gpu_hours x price_per_hour")
+    factors: str = Field("", description="where the efficiency factors come from")
+    notes: list[str] = Field(default_factory=list, description="assumptions of the prediction")
+
+
+MemoryReport.model_rebuild()  # resolves its `performance: Performance | None` field

@@ -22,9 +22,9 @@ Sizes are rounded to 512 B as the CUDA caching allocator does; the alloc/free se
 replayed through engines/allocator.py for reserved memory. Sharded jobs (ddp, zero1-3,
 fsdp, hybrid-shard) are traced as rank 0 of a fake process group (engines/trace_shard.py).
 
-`vramplan.validation.cpu_profiler_peak(job)` runs the same steps for real on the CPU and returns the peak from
-torch.profiler's allocator memory events: the independent ground truth used by the tests
-and benchmarks/trace_accuracy.py.
+`vramplan.validation.cpu_profiler_peak(job)` runs the same steps for real on the CPU and
+returns the peak from torch.profiler's allocator memory events: the independent ground
+truth used by the tests and benchmarks/trace_accuracy.py.
 """
 
 from __future__ import annotations
@@ -334,8 +334,7 @@ class TraceResult:
             top_modules=[ModuleUsage(name=n, bytes=b, category=c) for (n, c), b in top],
             timeline=_downsample([(e, b + workspaces) for e, b in timeline]),
             tokens_per_step=job.effective_batch * max(self.tokens_per_sample, 1), notes=notes)
-        fits = _fits(report, job, gpu)
-        return report.model_copy(update={"fits": fits}) if fits else report
+        return report.model_copy(update={"fits": runtime.fits_for_job(report, job, gpu)})
 
 
 def run_trace(job: Job, *, time_limit_s: float = 300,
@@ -434,15 +433,6 @@ def _runtime_gpu(job: Job):
     except ImportError:
         return None
     return get_gpu(job.gpu)
-
-
-def _fits(report: MemoryReport, job: Job, gpu) -> list:
-    try:
-        from vramplan.hardware import get_gpu, list_gpus
-    except ImportError:
-        return []
-    gpus = [get_gpu(job.gpu)] if job.gpu else list_gpus()
-    return runtime.fit_table(report, job.runtime, gpus, gpu)
 
 
 __all__ = ["TraceResult", "run_trace", "trace"]

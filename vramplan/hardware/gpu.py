@@ -12,6 +12,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PositiveFloat,
+    PositiveInt,
     field_validator,
     model_validator,
 )
@@ -43,6 +44,10 @@ class GPU(BaseModel):
     usable_estimated: bool = False  # usable_bytes derived by a rule (see notes)
     price_provider: str = ""     # where price_per_hour was read (cloud, instance, region)
     notes: str = ""              # caveats: ECC, per-GCD devices, how an estimate was made
+    # a server of the usual kind (sources["node"]): collectives inside it use the
+    # interconnect, between servers the network (bytes/s per GPU, one direction)
+    gpus_per_node: int = 8
+    network_bytes_s: float = 12.5e9
 
 
 class GpuEntry(BaseModel):
@@ -58,6 +63,8 @@ class GpuEntry(BaseModel):
     bandwidth_gb_s: PositiveFloat
     interconnect: NonEmpty
     interconnect_gb_s: PositiveFloat
+    gpus_per_node: PositiveInt = 8
+    network_gb_s: PositiveFloat = 12.5
     compute_capability: str = ""
     price_per_hour: PositiveFloat | None = None
     price_date: _dt.date
@@ -97,4 +104,5 @@ class GpuEntry(BaseModel):
             compute_capability=self.compute_capability, price_per_hour=self.price_per_hour,
             price_date=self.price_date.isoformat(), aliases=tuple(self.aliases),
             sources=dict(self.sources), usable_estimated=self.usable_estimated,
-            price_provider=self.price_provider, notes=self.notes)
+            price_provider=self.price_provider, notes=self.notes,
+            gpus_per_node=self.gpus_per_node, network_bytes_s=self.network_gb_s * 1e9)

@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
 from vramplan.errors import EngineError, ModelConfigError
 from vramplan.job import Job
 from vramplan.training.emulate import lowbit
+
+
+class _ValueFreeAdafactor(torch.optim.Adafactor):
+    """torch's Adafactor, whose step reads its step count and norms with .item() to scale the
+    update. Fake tensors have no values, so in the trace those reads give 1.0: the step
+    allocates the same tensors, only the scale differs. Real tensors are untouched."""
+
+    def step(self, closure=None):
+        from vramplan.training.private_api import TorchDispatchMode, is_fake
+
+        class ItemsOfFakeTensorsAreOne(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is torch.ops.aten._local_scalar_dense.default and is_fake(args[0]):
+                    return 1.0
+                return func(*args, **(kwargs or {}))
+
+        fake = any(is_fake(p) for g in self.param_groups for p in g["params"])
+        with ItemsOfFakeTensorsAreOne() if fake else contextlib.nullcontext():
+            return super().step(closure)
 
 
 class Lion(torch.optim.Optimizer):
@@ -56,7 +77,7 @@ def build_optimizer(job: Job, params: list[nn.Parameter], notes: list[str]):
                      "a multiple of the block keep plain states)")
         return LowBitAdamW(params, bits=4 if name == "adamw-4bit" else 8, lr=1e-4)
     if name == "adafactor":
-        return torch.optim.Adafactor(params, lr=1e-2, foreach=job.optimizer_impl == "foreach")
+        return _ValueFreeAdafactor(params, lr=1e-2, foreach=job.optimizer_impl == "foreach")
     if name == "lion":
         notes.append("lion: per-parameter loop implementation (torch has none)")
         return Lion(params)

@@ -19,11 +19,13 @@ from rich.table import Table
 from vramplan.cli.options import (
     EXIT_DOES_NOT_FIT,
     AsJson,
+    HtmlOut,
     Out,
     check_writable,
     console,
     job_command,
     print_json,
+    write_html,
     write_or_print,
 )
 from vramplan.compare import comparison_rows, run_for_compare
@@ -49,6 +51,7 @@ def measure(
     = None,
     device: Device = None,
     out: Out = None,
+    html: HtmlOut = None,
     as_json: AsJson = False,
 ) -> None:
     """Run real training steps with synthetic data and report memory, time and loss.
@@ -57,7 +60,7 @@ def measure(
     """
     from vramplan.engines.measure import measure as run
 
-    check_writable(out)
+    check_writable(out, html)
     try:
         report = run(job, steps=steps, warmup=warmup, emulate_gpu=emulate_gpu,
                      budget_bytes=parse_bytes(budget) if budget else None, device=device)
@@ -73,6 +76,12 @@ def measure(
         return  # under torchrun, rank 0 holds every rank's figures and prints them
     if out:
         write_or_print(out, json.dumps(report.to_json_dict(), indent=2) + "\n")
+    if html:
+        from vramplan.report.command import cli_command
+        from vramplan.report.html import report_html
+
+        words = ("--steps", str(steps), "--warmup", str(warmup))
+        write_html(html, report_html(report, command=cli_command(job, "measure", words)))
     if as_json:
         print_json(report.to_json_dict())
         return
@@ -136,18 +145,26 @@ def compare(
                                          "reference the others' error is measured against")]
     = "formula,trace,measure",
     steps: Steps = 3, warmup: Warmup = 1, device: Device = None,
+    html: HtmlOut = None,
     as_json: AsJson = False,
 ) -> None:
     """Predicted (formula, trace) and measured memory side by side, with the error.
 
     Example: vramplan compare llama-3.2-1b -b 2 -s 512 --device cpu
     """
+    check_writable(html)
     names = [e.strip() for e in engines.split(",") if e.strip()]
     if not names:
         raise JobError("--engines needs at least one of formula, trace, measure")
     reports = {name: run_for_compare(job, name, steps=steps, warmup=warmup, device=device)
                for name in names}
     rows = comparison_rows(reports)
+    if html:
+        from vramplan.report.command import cli_command
+        from vramplan.report.html import compare_html
+
+        words = ("--engines", ",".join(names), "--steps", str(steps), "--warmup", str(warmup))
+        write_html(html, compare_html(reports, command=cli_command(job, "compare", words)))
     if as_json:
         print_json({"rows": rows, "reports": {n: r.to_json_dict() if isinstance(
             r, MemoryReport) else {"error": r} for n, r in reports.items()}})

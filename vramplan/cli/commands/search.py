@@ -19,11 +19,13 @@ from vramplan.cli.options import (
     EXIT_DOES_NOT_FIT,
     AsJson,
     EngineName,
+    HtmlOut,
     Out,
     check_writable,
     console,
     job_command,
     print_json,
+    write_html,
     write_or_print,
 )
 from vramplan.errors import JobError
@@ -89,17 +91,18 @@ def print_search(result: _search.SearchResult, what: str,
 def batch_size(
     job: Job, engine: EngineName = "formula", budget: Budget = None, margin: Margin = 0.05,
     maximum: Annotated[Optional[int], typer.Option(help="largest batch size to try")] = None,
-    device: Device = None, as_json: AsJson = False, out: Out = None,
+    device: Device = None, as_json: AsJson = False, out: Out = None, html: HtmlOut = None,
 ) -> None:
     """Largest micro-batch size that fits (exact), by doubling then bisection.
 
     Example: vramplan search batch-size llama-3.2-1b -s 2048 --gpu L4
     """
-    check_writable(out)
+    check_writable(out, html)
     limit, what = budget_of(job, budget)
     result = _search.max_batch_size(
         job, oracle_for(engine, budget_bytes=limit, device=device), limit, margin=margin,
         maximum=maximum, explain=explaining_engine(engine))
+    _write_html(html, result, job, "search batch-size", engine)
     _finish(result, what, as_json, out)
 
 
@@ -109,18 +112,19 @@ def seq_len(
     job: Job, engine: EngineName = "formula", budget: Budget = None, margin: Margin = 0.05,
     granularity: Annotated[int, typer.Option(help="answer is a multiple of this")] = 64,
     maximum: Annotated[Optional[int], typer.Option(help="longest sequence to try")] = None,
-    device: Device = None, as_json: AsJson = False, out: Out = None,
+    device: Device = None, as_json: AsJson = False, out: Out = None, html: HtmlOut = None,
 ) -> None:
     """Longest sequence (a multiple of --granularity) that fits at the job's batch size.
 
     Example: vramplan search seq-len llama-3.2-1b -b 4 --gpu A100-40GB --engine trace
     """
-    check_writable(out)
+    check_writable(out, html)
     limit, what = budget_of(job, budget)
     positions = None if maximum else _max_positions(job)
     result = _search.max_seq_len(
         job, oracle_for(engine, budget_bytes=limit, device=device), limit, margin=margin,
         granularity=granularity, maximum=maximum or positions, explain=explaining_engine(engine))
+    _write_html(html, result, job, "search seq-len", engine)
     _finish(result, what, as_json, out,
             f"the longest the model accepts: {positions} positions" if positions else None)
 
@@ -136,6 +140,17 @@ def _finish(result: _search.SearchResult, what: str, as_json: bool, out: Path | 
         write_or_print(out, json.dumps(result.to_dict(), indent=2) + "\n")
     if not result.fits:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+def _write_html(path: Path | None, result: _search.SearchResult, job: Job, command: str,
+                engine: str) -> None:
+    if path:
+        from vramplan.report.command import cli_command
+        from vramplan.report.html import search_html
+
+        extra = () if engine == "formula" else ("--engine", engine)
+        write_html(path, search_html(result.to_dict(), job=job,
+                                     command=cli_command(job, command, extra)))
 
 
 def _max_positions(job: Job) -> int | None:
@@ -171,6 +186,7 @@ def sweep(
     out: Out = None,
     plot_out: Annotated[Optional[Path], typer.Option("--plot", help="write a plot (.png or "
                                                      ".svg)")] = None,
+    html: HtmlOut = None,
     as_json: AsJson = False,
 ) -> None:
     """Peak memory (and step time, throughput, loss when measuring) over a grid.
@@ -178,7 +194,7 @@ def sweep(
     Example: vramplan sweep llama-3.2-1b --batch-sizes 1,2,4,8 --seq-lens 512,1024 --gpu L4
     --plot memory.png
     """
-    check_writable(out, plot_out)
+    check_writable(out, plot_out, html)
     batches = _ints(batch_sizes, "--batch-sizes") or [job.batch_size]
     seqs = _ints(seq_lens, "--seq-lens") or [job.seq_len]
     limit, what = budget_of(job, budget) if (budget or job.gpu) else (None, "")
@@ -198,6 +214,17 @@ def sweep(
     if plot_out:
         _search.plot(rows, plot_out, limit_bytes=limit, limit_label=what or "limit",
                      title=f"{job.model}: peak memory ({engine})")
+    if html:
+        from vramplan.report.command import cli_command
+        from vramplan.report.html import sweep_html
+
+        words = ["--batch-sizes", ",".join(map(str, batches))]
+        words += ["--seq-lens", ",".join(map(str, seqs))] if seq_lens else []
+        words += ["--engine", engine] if engine != "formula" else []
+        words += ["--budget", budget] if budget else []
+        limits = {job.gpu or "budget": int(limit * (1 - margin))} if limit else {}
+        write_html(html, sweep_html(rows, job=job, limits=limits, engine=engine,
+                                    command=cli_command(job, "sweep", tuple(words))))
     if as_json:
         print_json(rows)
         return
