@@ -77,13 +77,15 @@ def check_precision_supported(job: Job, gpu: GPU) -> None:
 
 
 def fit_table(report: MemoryReport, runtime: Runtime, gpus: Iterable[GPU],
-              runtime_gpu: GPU | None) -> list[GpuFit]:
+              runtime_gpu: GPU | None, *, workspaces_included: bool = True) -> list[GpuFit]:
     """Fit of the report on each GPU, moving the cuBLAS workspaces and the runtime context
-    to that GPU's size; a GPU that cannot run the job's precision does not fit."""
+    to that GPU's size; a GPU that cannot run the job's precision does not fit.
+    workspaces_included=False: the report has none (a CPU measurement): add each GPU's."""
     fits = []
     precision = report.job.precision
+    included = workspaces_bytes(runtime, runtime_gpu) if workspaces_included else 0
     for gpu in gpus:
-        delta = (workspaces_bytes(runtime, gpu) - workspaces_bytes(runtime, runtime_gpu)
+        delta = (workspaces_bytes(runtime, gpu) - included
                  + runtime_context_bytes(runtime, gpu) - report.categories["runtime_context"])
         required = report.device_total + delta
         headroom = gpu.usable_bytes - required
@@ -92,3 +94,13 @@ def fit_table(report: MemoryReport, runtime: Runtime, gpus: Iterable[GPU],
                            headroom_bytes=headroom, fits=headroom >= 0 and not problem,
                            supported=not problem, problem=problem))
     return fits
+
+
+def fits_for_job(report: MemoryReport, job: Job, runtime_gpu: GPU | None, *,
+                 workspaces_included: bool = True) -> list[GpuFit]:
+    """The fit table every engine fills: the job's GPU, else every catalog GPU."""
+    from vramplan.hardware import get_gpu, list_gpus
+
+    gpus = [get_gpu(job.gpu)] if job.gpu else list_gpus()
+    return fit_table(report, job.runtime, gpus, runtime_gpu,
+                     workspaces_included=workspaces_included)
