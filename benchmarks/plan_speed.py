@@ -12,14 +12,14 @@ import os
 import platform
 import statistics
 import time
-from pathlib import Path
+
+from common import QUICK, results_dir  # benchmarks/common.py
 
 from vramplan.api import estimate
 from vramplan.hardware import list_gpus
 from vramplan.job import Job
 from vramplan.plan.planner import plan
 
-RESULTS = Path(__file__).parent / "results"
 CASES = [
     ("llama-3.1-70b full fine-tune, 10B tokens", Job(model="llama-3.1-70b", seq_len=2048),
      dict(tokens=10_000_000_000)),
@@ -33,9 +33,9 @@ CASES = [
 
 def main() -> None:
     rows = []
-    for name, job, options in CASES:
+    for name, job, options in (CASES[:1] if QUICK else CASES):
         times = []
-        for _ in range(3):
+        for _ in range(1 if QUICK else 3):
             start = time.perf_counter()
             result = plan(job, max_gpus=512, **options)
             times.append(time.perf_counter() - start)
@@ -55,8 +55,8 @@ def main() -> None:
     result = {"machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} cores "
                          f"(shared), Python {platform.python_version()}",
               "plan": rows, "estimate_with_performance_ms": 1000 * per_estimate}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "plan_speed.json").write_text(json.dumps(result, indent=2) + "\n")
+    out = results_dir()
+    (out / "plan_speed.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = ["# Planner speed", "", f"Machine: {result['machine']}.", "",
              "| case | median s | max s | memory checks | status | recommended |",
              "|---|---:|---:|---:|---|---|"]
@@ -64,7 +64,7 @@ def main() -> None:
               f"{r['memory_checks']} | {r['status']} | {r['recommended']} |" for r in rows]
     lines += ["", f"estimate() with performance (llama-3.1-8b on H100-SXM, 2B tokens): "
               f"{result['estimate_with_performance_ms']:.3f} ms per call."]
-    (RESULTS / "plan_speed.md").write_text("\n".join(lines) + "\n")
+    (out / "plan_speed.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

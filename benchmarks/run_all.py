@@ -27,6 +27,8 @@ BENCHMARKS: list[tuple[list[str], bool]] = [
     (["trace_accuracy.py"], True),
     (["trace_speed.py"], True),
     (["gpu_validation.py", "--rescore"], False),    # traces 19 real-size jobs
+    (["time_accuracy.py"], True),                   # quick: 2 leave-one-out folds
+    (["plan_speed.py"], True),
     (["web_fuzz.py"], True),                        # schemathesis against the web API
     (["web_load.py"], True),                        # 20 clients x 5000 estimates
 ]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from vramplan.plan.amount import parse_count, parse_duration
 from vramplan.errors import JobError
+from vramplan.plan.amount import parse_count, parse_duration
 
 
 def test_plan_prints_the_picks_and_exits_0(run_cli):
@@ -61,3 +61,26 @@ def test_counts_and_durations():
     assert parse_duration("2d") == 172800 and parse_duration("600") == 600
     with pytest.raises(JobError):
         parse_count("2X")
+
+
+def test_estimate_without_gpu_adds_time_and_cost_per_gpu_sorted(run_cli):
+    code, out, err = run_cli("estimate", "llama-3.2-1b", "-b", "2", "-s", "1024", "--tokens",
+                             "1B", "--sort", "cost")
+    assert code == 0, err
+    assert "tokens/s" in out and "H100-SXM" in out
+    code, _, err = run_cli("estimate", "llama-3.2-1b", "--sort", "price")
+    assert code == 2 and "sort must be one of cost, time, headroom" in err
+
+
+def test_per_gpu_rows_that_fit_come_first_by_cost():
+    from vramplan.engines.formula import estimate
+    from vramplan.job import Job
+    from vramplan.plan.amount import TrainingAmount
+    from vramplan.plan.performance import per_gpu
+
+    job = Job(model="llama-3.2-1b", batch_size=4, seq_len=2048)
+    rows = per_gpu(job, estimate(job).fits, TrainingAmount(tokens=10**9), "cost")
+    fits = [fit.fits for fit, _ in rows]
+    assert fits == sorted(fits, reverse=True)
+    priced = [perf.cost_usd for fit, perf in rows if fit.fits and perf.cost_usd is not None]
+    assert priced == sorted(priced)

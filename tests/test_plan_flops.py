@@ -37,8 +37,7 @@ MIXTRAL = dict(model_type="mixtral", hidden_size=64, intermediate_size=96, num_h
 
 def _counted(job: Job, config: dict) -> int:
     """FLOPs FlopCounterMode sees in one real training step (sdpa's CPU kernel added)."""
-    from torch.utils.flop_counter import (FlopCounterMode, sdpa_backward_flop_count,
-                                          sdpa_flop_count)
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
     from vramplan.training.setup import build_training_setup, train_step
 

@@ -113,3 +113,19 @@ def test_techniques_table():
     assert all(not t.changes_maths for t in allowed(()))
     assert {t.name for t in TECHNIQUES if t.changes_maths} == {
         "LoRA", "QLoRA", "8-bit AdamW", "fp8 training"}
+
+
+def test_min_gpus_is_the_smallest_count_that_fits():
+    from vramplan.plan.planner import min_gpus
+
+    h100 = get_gpu("H100-SXM")
+    job = Job(model="llama-3.1-8b", seq_len=2048, checkpointing="full")
+    found = min_gpus(job, h100)
+    n = found.parallel.num_gpus
+    assert n > 1 and found.parallel.strategy == "fsdp"
+    fit = formula(found, gpus=[h100]).fits[0]
+    assert fit.required_bytes <= 0.95 * fit.usable_bytes
+    half = job.with_changes(parallel=Parallel(strategy="fsdp", num_gpus=n // 2))
+    fit = formula(half, gpus=[h100]).fits[0]
+    assert fit.required_bytes > 0.95 * fit.usable_bytes
+    assert min_gpus(Job(model="llama-3.1-405b"), get_gpu("L4"), max_gpus=4) is None

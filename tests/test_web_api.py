@@ -139,11 +139,11 @@ def test_models_and_gpus(client):
 
 
 def test_search_equals_the_library(client):
-    job = {"model": "gpt2", "seq_len": 512, "gpu": "T4"}
+    job = {"model": "gpt2", "seq_len": 512, "gpu": "L4"}
     r = client.post("/api/v1/search", json={"job": job})
     assert r.status_code == 200
     expected = vramplan.max_batch_size(Job.model_validate(job), vramplan.estimate,
-                                       vramplan.hardware.get_gpu("T4").usable_bytes)
+                                       vramplan.hardware.get_gpu("L4").usable_bytes)
     assert r.json()["best"] == expected.best
     r = client.post("/api/v1/search", json={"job": {"model": "gpt2"}})
     assert r.status_code == 422 and "job.gpu" in r.json()["error"]
@@ -153,16 +153,16 @@ def test_search_equals_the_library(client):
 
 def test_sweep_rows_and_limits(client):
     r = client.post("/api/v1/sweep", json={"job": {"model": "gpt2"}, "batch_sizes": [4, 1, 4],
-                                           "seq_lens": [128], "gpus": ["T4"], "margin": 0.1})
+                                           "seq_lens": [128], "gpus": ["L4"], "margin": 0.1})
     assert r.status_code == 200
     data = r.json()
-    limit = int(vramplan.hardware.get_gpu("T4").usable_bytes * 0.9)
-    assert data["limits"] == {"T4": limit}
+    limit = int(vramplan.hardware.get_gpu("L4").usable_bytes * 0.9)
+    assert data["limits"] == {"L4": limit}
     assert [row["batch_size"] for row in data["rows"]] == [1, 4]  # sorted, deduplicated
     for row in data["rows"]:
         peak = vramplan.estimate(Job(model="gpt2", batch_size=row["batch_size"],
                                      seq_len=128)).device_total
-        assert row["device_total"] == peak and row["fits_gpu"]["T4"] == (peak <= limit)
+        assert row["device_total"] == peak and row["fits_gpu"]["L4"] == (peak <= limit)
     r = client.post("/api/v1/sweep", json={"job": {"model": "gpt2"}, "batch_sizes": [0]})
     assert r.status_code == 422 and r.json()["errors"][0]["field"] == "batch_sizes"
     r = client.post("/api/v1/sweep", json={"job": {"model": "gpt2"},

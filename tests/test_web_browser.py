@@ -187,15 +187,15 @@ def api_html(server, body: dict) -> str:
 
 def test_search_and_sweep_views(page, server):
     page.goto(server.url + "?model=gpt2&seq_len=512&view=search")
-    page.select_option("#search-gpu", "T4")
+    page.select_option("#search-gpu", "L4")
     page.click("#run-search")
     page.wait_for_selector("#search-trials tbody tr")
-    expected = api(server, "search", {"job": {"model": "gpt2", "seq_len": 512, "gpu": "T4"}})
+    expected = api(server, "search", {"job": {"model": "gpt2", "seq_len": 512, "gpu": "L4"}})
     assert page.get_attribute("#search-answer", "data-best") == str(expected["best"])
     page.click("button[data-view=sweep]")
     page.fill("#sweep-batches", "1,4")
     page.fill("#sweep-seqs", "128,256")
-    page.fill("#sweep-gpus", "T4")
+    page.fill("#sweep-gpus", "L4")
     page.click("#run-sweep")
     page.wait_for_selector("#chart-sweep svg")
     assert len(page.query_selector_all("#sweep-table tbody tr")) == 4

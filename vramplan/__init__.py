@@ -9,8 +9,8 @@ measure and track import it when called.
 """
 
 from vramplan._version import __version__
-from vramplan.api import estimate, measure, run_engine, trace
-from vramplan.engines.report import CATEGORIES, GpuFit, MemoryReport
+from vramplan.api import estimate, measure, plan, run_engine, trace
+from vramplan.engines.report import CATEGORIES, GpuFit, MemoryReport, Performance
 from vramplan.errors import (
     EngineError,
     JobError,
@@ -25,7 +25,7 @@ from vramplan.tracking import track
 
 __all__ = [
     "CATEGORIES", "EngineError", "GpuFit", "Job", "JobError", "JobFileError",
-    "MemoryReport", "ModelConfigError", "Offload", "Parallel", "Peft", "Runtime",
+    "MemoryReport", "ModelConfigError", "Offload", "Parallel", "Peft", "Performance", "Runtime",
     "UnknownNameError", "VramplanError", "__version__", "estimate", "max_batch_size", "max_seq_len",
-    "measure", "run_engine", "sweep", "trace", "track",
+    "measure", "plan", "run_engine", "sweep", "trace", "track",
 ]

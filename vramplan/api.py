@@ -60,3 +60,18 @@ def measure(job: Job, **options) -> MemoryReport:
     return measure_engine(job, **options)
 
 
+
+
+def plan(job: Job, **options):
+    """Which GPU, how many, which techniques, how long, how much: a typed Plan.
+
+    Options: tokens / samples / epochs (+ dataset_samples), gpus, max_gpus, max_cost,
+    deadline_s, allow (lora, qlora, 8bit, fp8, offload), global_batch, top, margin,
+    price_per_hour (vramplan.plan.planner.plan).
+
+    >>> p = plan(Job(model="llama-3.1-8b", seq_len=2048), tokens=2_000_000_000)
+    >>> p.recommended.reason
+    """
+    from vramplan.plan.planner import plan as make_plan
+
+    return make_plan(job, **options)

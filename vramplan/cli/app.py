@@ -14,7 +14,17 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException, UsageError
 
 from vramplan import __version__
-from vramplan.cli.commands import catalog, estimate, headroom, measure, plan, schema, search, serve
+from vramplan.cli.commands import (
+    calibrate,
+    catalog,
+    estimate,
+    headroom,
+    measure,
+    plan,
+    schema,
+    search,
+    serve,
+)
 from vramplan.cli.options import _JOB_FLAGS, EXIT_BAD_INPUT, EXIT_INTERRUPTED, console
 from vramplan.errors import VramplanError
 
@@ -26,7 +36,7 @@ app = typer.Typer(
     rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"],
                                              "max_content_width": 80},
 )
-for module in (estimate, catalog, search, measure, schema, plan, headroom, serve):
+for module in (estimate, catalog, search, measure, schema, plan, headroom, serve, calibrate):
     module.register(app)
 
 

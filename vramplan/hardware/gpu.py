@@ -63,8 +63,8 @@ class GpuEntry(BaseModel):
     bandwidth_gb_s: PositiveFloat
     interconnect: NonEmpty
     interconnect_gb_s: PositiveFloat
-    gpus_per_node: PositiveInt = 8
-    network_gb_s: PositiveFloat = 12.5
+    gpus_per_node: PositiveInt = 8        # GPUs in one server of the usual kind
+    network_gb_s: PositiveFloat = 12.5    # per GPU between nodes, one direction
     compute_capability: str = ""
     price_per_hour: PositiveFloat | None = None
     price_date: _dt.date

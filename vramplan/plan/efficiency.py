@@ -45,9 +45,39 @@ def _table() -> dict[str, dict]:
     return tomllib.loads(path.read_text())["architectures"]
 
 
-def factors_for(gpu: GPU) -> Factors:
-    """The factors for `gpu`'s architecture; Hopper's (our only measured one) otherwise,
-    and `source` says so."""
+@functools.lru_cache(maxsize=1)
+def _user_tables(path: str, mtime: float) -> dict[str, dict]:
+    from pathlib import Path
+
+    from vramplan.plan.calibrate import read_user_factors
+
+    return read_user_factors(Path(path))
+
+
+def clear_cache() -> None:
+    _user_tables.cache_clear()
+
+
+def _calibrated(gpu: GPU) -> Factors | None:
+    """Factors `vramplan calibrate` stored for this GPU in the user's config folder."""
+    from vramplan.plan.calibrate import user_file
+
+    path = user_file()
+    if not path.is_file():
+        return None
+    values = _user_tables(str(path), path.stat().st_mtime).get(gpu.name)
+    if not values:
+        return None
+    return Factors(**{k: v for k, v in values.items() if k in Factors.model_fields})
+
+
+def factors_for(gpu: GPU, *, calibrated: bool = True) -> Factors:
+    """The factors calibrated on the user's own runs of `gpu` if any (and `calibrated`);
+    else those of its architecture; Hopper's (our only measured one) otherwise, and
+    `source` says which."""
+    own = _calibrated(gpu) if calibrated else None
+    if own is not None:
+        return own
     table = _table()
     arch = architecture_of(gpu)
     if arch in table:

@@ -123,15 +123,14 @@ def _collectives(job: Job, arch: Architecture, gpu: GPU):
     return memo[key]
 
 
-def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerms:
-    """The step's work per GPU and phase, before efficiency factors (fitting reuses it)."""
-    arch = arch or load_architecture(job.model)
-    dtype, notes = compute_dtype(job, gpu)
-    peak = gpu.tflops[dtype] * 1e12
+def _per_gpu_work(job: Job, arch: Architecture) -> dict:
+    """The GPU-independent part of step_terms: FLOPs and bytes per phase on one GPU."""
+    memo = _work(job, arch)[2]
+    if "unit" in memo:
+        return memo["unit"]
     flops, traffic, _ = _work(job, arch)
     par = job.parallel
     split = par.tensor_parallel * par.context_parallel  # model-parallel ranks share the work
-    bandwidth = gpu.bandwidth_bytes_s
     phases = []
     for phase in MICRO_PHASES:
         mm = sum(getattr(flops.by_class[c], phase) for c in ("linear", "lora", "head",
@@ -139,21 +138,41 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         attention = getattr(flops.by_class["attention"], phase) / split
         moved = traffic.bytes[phase] / split
         if mm or attention or moved:
-            phases.append(PhaseTerms(phase, job.grad_accum, mm / peak, attention / peak,
-                                     moved / bandwidth, traffic.kernels[phase],
-                                     mm + attention, moved))
+            phases.append((phase, mm, attention, moved, traffic.kernels[phase]))
     shards = par.tensor_parallel * par.shard_degree
-    moved = traffic.bytes["optimizer"] / shards
+    trainable = (_param_memory(job, arch, _task(job, arch)).trainable / shards
+                 if job.offload.optimizer else 0.0)
+    dp = par.data_parallel
+    memo["unit"] = unit = dict(
+        phases=phases, optimizer_bytes=traffic.bytes["optimizer"] / shards,
+        optimizer_kernels=traffic.kernels["optimizer"], offload_params=trainable,
+        tokens_per_step=flops.tokens * job.grad_accum * dp,
+        samples_per_step=flops.samples * job.grad_accum * dp,
+        model_flops_gpu=flops.model_flops * job.grad_accum / split,
+        flops_per_step=flops.total * job.grad_accum * dp, notes=list(flops.notes))
+    return unit
+
+
+def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerms:
+    """The step's work per GPU and phase, before efficiency factors (fitting reuses it)."""
+    arch = arch or load_architecture(job.model)
+    dtype, notes = compute_dtype(job, gpu)
+    peak = gpu.tflops[dtype] * 1e12
+    bandwidth = gpu.bandwidth_bytes_s
+    unit = _per_gpu_work(job, arch)
+    phases = [PhaseTerms(phase, job.grad_accum, mm / peak, attention / peak, moved / bandwidth,
+                         kernels, mm + attention, moved)
+              for phase, mm, attention, moved, kernels in unit["phases"]]
     if job.offload.optimizer:
-        trainable = _param_memory(job, arch, _task(job, arch)).trainable / shards
         # gradients down and updated fp32 weights up over PCIe, the update on the CPU
-        phases.append(PhaseTerms("optimizer", 1, 0.0, 0.0, 0.0, traffic.kernels["optimizer"],
+        trainable = unit["offload_params"]
+        phases.append(PhaseTerms("optimizer", 1, 0.0, 0.0, 0.0, unit["optimizer_kernels"],
                                  bytes=trainable * 8, offload_bytes=trainable * 8,
                                  offload_params=trainable))
         notes.append("optimizer step on the CPU (offloaded): PCIe copies and CPU Adam")
     else:
-        phases.append(PhaseTerms("optimizer", 1, 0.0, 0.0, moved / bandwidth,
-                                 traffic.kernels["optimizer"], bytes=moved))
+        phases.append(PhaseTerms("optimizer", 1, 0.0, 0.0, unit["optimizer_bytes"] / bandwidth,
+                                 unit["optimizer_kernels"], bytes=unit["optimizer_bytes"]))
     comms = []
     for c in _collectives(job, arch, gpu):
         rate = gpu.interconnect_bytes_s if c.link == "interconnect" else gpu.network_bytes_s
@@ -162,13 +181,12 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
                                      c.overlaps, c.link == "network"))
         if c.link == "network":
             notes.append(f"{c.name} crosses nodes: {gpu.network_bytes_s / 1e9:g} GB/s per GPU")
-    dp = par.data_parallel
     return StepTerms(tuple(phases), tuple(comms), job.attention == "sdpa", peak, dtype,
-                     tokens_per_step=flops.tokens * job.grad_accum * dp,
-                     samples_per_step=flops.samples * job.grad_accum * dp,
-                     model_flops_gpu=flops.model_flops * job.grad_accum / split,
-                     flops_per_step=flops.total * job.grad_accum * dp,
-                     notes=tuple(dict.fromkeys(notes + list(flops.notes))))
+                     tokens_per_step=unit["tokens_per_step"],
+                     samples_per_step=unit["samples_per_step"],
+                     model_flops_gpu=unit["model_flops_gpu"],
+                     flops_per_step=unit["flops_per_step"],
+                     notes=tuple(dict.fromkeys(notes + unit["notes"])))
 
 
 def phase_times(terms: StepTerms, factors: Factors) -> tuple[list[PhaseTime], float]:
@@ -267,3 +285,38 @@ def _training(amount: TrainingAmount | None, gpu: GPU, step: float, tokens_per_s
     out.update(steps=steps, training_time_s=seconds, gpu_hours=hours,
                cost_usd=hours * price if price is not None else None)
     return out
+
+
+SORT_KEYS = ("cost", "time", "headroom")
+
+
+def per_gpu(job: Job, fits: list, amount: TrainingAmount | None = None,
+            sort: str = "time") -> list[tuple[object, Performance | None]]:
+    """(GpuFit, Performance or None) for each GPU of a report's fit table, the GPUs that fit
+    first, sorted by cost, time or headroom (estimate's table without --gpu)."""
+    from vramplan.errors import JobError
+    from vramplan.hardware import get_gpu
+
+    if sort not in SORT_KEYS:
+        raise JobError(f"sort must be one of {', '.join(SORT_KEYS)} (got {sort!r})")
+    arch = load_architecture(job.model)
+    rows = []
+    for fit in fits:
+        perf = None
+        if arch.kind != "cnn":
+            perf = predict(job, get_gpu(fit.gpu), amount, arch=arch)
+        rows.append((fit, perf))
+
+    def key(row):
+        fit, perf = row
+        if sort == "headroom":
+            return (not fit.fits, -fit.headroom_bytes / fit.usable_bytes)
+        if perf is None:
+            return (not fit.fits, float("inf"))
+        if sort == "cost":
+            value = perf.cost_usd if perf.cost_usd is not None else (
+                perf.price_per_hour / perf.tokens_per_s if perf.price_per_hour else None)
+            return (not fit.fits, value if value is not None else float("inf"))
+        return (not fit.fits, perf.step_time_s / perf.tokens_per_step)
+
+    return sorted(rows, key=key)

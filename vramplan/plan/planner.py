@@ -460,9 +460,37 @@ def _picks(kept: list[Candidate], front: list[Candidate]) -> dict:
             f"lowest cost of all that fit: {_summary(cheapest)}"
             if _cost_key(cheapest) != float("inf") else
             "no GPU that fits has a price: pass price_per_hour")),
-        recommended=Choice(label="recommended", candidate=recommended, reason=(
-            f"best balance of cost and time on the front: {_summary(recommended)} "
-            f"({_cost_key(recommended) / best_cost:.2f}x the lowest cost, "
-            f"{_time_key(recommended) / best_time:.2f}x the shortest time)"
-            if best_cost not in (0, float("inf")) else
-            f"the fastest (no prices to balance): {_summary(recommended)}")))
+        recommended=Choice(label="recommended", candidate=recommended,
+                           reason=_recommended_reason(recommended, best_cost, best_time)))
+
+
+def _recommended_reason(c: Candidate, best_cost: float, best_time: float) -> str:
+    if best_cost in (0, float("inf")):
+        return f"the fastest (no prices to balance): {_summary(c)}"
+    cost, time = _cost_key(c) / best_cost, _time_key(c) / best_time
+    if cost < 1.005 and time < 1.005:
+        return f"the cheapest and the fastest at once: {_summary(c)}"
+    return (f"best balance of cost and time on the front: {_summary(c)} ({cost:.2f}x the "
+            f"lowest cost, {time:.2f}x the shortest time)")
+
+
+def min_gpus(job: Job, gpu: GPU, *, margin: float = 0.05, max_gpus: int = 4096,
+             strategies: tuple[str, ...] = ("fsdp", "zero2", "ddp")) -> Job | None:
+    """The job on the fewest GPUs of type `gpu` that fits with `margin`, trying counts 1, 2,
+    4, ... and, at each, the sharding strategies in order (the rest of the job unchanged);
+    None when even `max_gpus` GPUs are not enough. `search num-gpus` answers with it."""
+    formula = get_engine("formula")
+    n = 1
+    while n <= max_gpus:
+        tried = ["none"] if n == 1 else list(strategies)
+        for strategy in tried:
+            layout = job.parallel.model_copy(update={"num_gpus": n, "strategy": strategy})
+            try:
+                candidate = job.with_changes(parallel=layout.model_dump(), gpu=None)
+                fit = formula.run(candidate, gpus=[gpu]).fits[0]
+            except (JobError, ValueError):
+                continue
+            if fit.required_bytes <= (1 - margin) * fit.usable_bytes:
+                return candidate
+        n *= 2
+    return None

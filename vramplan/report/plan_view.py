@@ -83,3 +83,18 @@ def print_plan(plan, console: Console) -> None:
             console.print(f"  {r.gpu}: {r.reason}")
     for note in plan.notes:
         console.print(f"note: {note}")
+
+
+def print_per_gpu(rows, console: Console) -> None:
+    """Time and cost per GPU type (estimate without --gpu)."""
+    table = Table(show_header=True, header_style="bold")
+    for column in ("GPU", "fits", "headroom", "step", "tokens/s", "time", "cost"):
+        table.add_column(column, justify="left" if column in ("GPU", "fits") else "right")
+    for fit, perf in rows:
+        table.add_row(fit.gpu, "yes" if fit.fits else "no",
+                      f"{100 * fit.headroom_bytes / fit.usable_bytes:+.0f}%",
+                      f"{1000 * perf.step_time_s:,.0f} ms" if perf else "-",
+                      f"{perf.tokens_per_s:,.0f}" if perf else "-",
+                      duration(perf.training_time_s) if perf else "-",
+                      money(perf.cost_usd) if perf else "-")
+    console.print(table)

@@ -53,6 +53,9 @@ def estimate(
         help="samples in one epoch")] = None,
     price_per_hour: Annotated[Optional[float], typer.Option(
         help="USD per GPU-hour (default: the catalog's)")] = None,
+    sort: Annotated[Optional[str], typer.Option(
+        help="without --gpu: add step time and cost per GPU type, sorted by cost, time or "
+             "headroom")] = None,
 ) -> None:
     """Peak GPU memory of one training step, by category, and where it fits.
 
@@ -74,6 +77,17 @@ def estimate(
             dataset_samples=parse_count(dataset_samples, "dataset samples")
             if dataset_samples else None, price_per_hour=price_per_hour)})
     show(report, job, as_json=as_json, unit=unit)
+    if not job.gpu and (sort or tokens or samples or epochs) and not as_json:
+        from vramplan.plan.amount import TrainingAmount, parse_count
+        from vramplan.plan.performance import per_gpu
+        from vramplan.report.plan_view import print_per_gpu
+
+        amount = TrainingAmount(
+            tokens=parse_count(tokens) if tokens else None,
+            samples=parse_count(samples, "samples") if samples else None, epochs=epochs,
+            dataset_samples=parse_count(dataset_samples, "dataset samples")
+            if dataset_samples else None, price_per_hour=price_per_hour)
+        print_per_gpu(per_gpu(job, report.fits, amount, sort or "time"), console)
     if out:
         write_or_print(out, json.dumps(report.to_json_dict(), indent=2) + "\n")
     write_views(report, job, html=html, plot=plot,
