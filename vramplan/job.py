@@ -125,7 +125,9 @@ class Runtime(_Strict):
       and loaded kernels (lazy module loading) plus what the driver reserves, which NVML
       counts as used. 1390 MiB measured on an H200 (driver 580, CUDA 13.0, torch 2.11: 615
       MiB driver-reserved + 767 MiB context; benchmarks/results/gpu_runtime_probe.json);
-      other GPUs are not measured yet, and smaller ones likely hold less: override it.
+      other GPUs are not measured yet: left at this default, each GPU gets the H200's
+      figure with the driver's share scaled to its memory (engines/runtime.py,
+      runtime_context_bytes); any other value is used as given on every GPU.
     allocator_overhead: reserved / allocated - 1 of the caching allocator at the peak
       (fragmentation and cached blocks), if known (from a measure run, say). None: the
       formula plans it from the step's transient memory (activations and temporaries at
@@ -159,7 +161,9 @@ class Job(_Strict):
     """
 
     model: str = DEFAULT_MODEL  # catalog name, HF id, config.json path or HF model folder
-    # the framework whose defaults fill the fields this job leaves unset (plain: none)
+    # the framework whose defaults fill the fields this job leaves unset (plain: none).
+    # Applied when the Job is validated from its given fields; with_changes(framework=...)
+    # on a built Job changes only the name, as every field is already set
     framework: Framework = "plain"
     task: Task | None = None    # default: the model's own (causal-lm for decoders, ...)
     batch_size: int = Field(1, ge=1, le=1_000_000)      # micro-batch per GPU

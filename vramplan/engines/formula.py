@@ -656,16 +656,20 @@ def _torchtune_loss_buffers(job: Job, t: float, vocab: float, h: int, dt: Dtypes
     output: every chunk's stays until backward (4 bytes x tokens x vocab in all), and the
     last chunk's 16-bit logits and fp32 copy are alive beside them. CEWithChunkedOutputLoss
     also holds all 16-bit logit chunks the model returned until the loss ends. Backward
-    starts with the nll and log_softmax fp32 gradients and the 16-bit one of one chunk,
-    and the output head's gradient is accumulated over chunks: the chunk's own gradient
-    exists beside the running sum (two head-sized buffers) while the head trains."""
+    starts with one chunk's nll and log_softmax fp32 gradients (the 16-bit one comes after
+    the nll gradient is freed).
+    A trained output head's gradient is summed over the chunks out of place: when the
+    second chunk's arrives, the running sum, that gradient and their sum are three
+    head-sized buffers, while 6 of the 8 chunks' log_softmax outputs are still saved
+    (seen in the trace of Llama-2-7B and Llama-3.2-1B)."""
     c, tc = dt.compute, t / TORCHTUNE_LOSS_CHUNKS
     forward = 4 * t * vocab + (c + 4) * tc * vocab
     if job.loss == "chunked:torchtune-output":
         forward = (c + 4) * t * vocab + 4 * tc * vocab
-    backward = 4 * t * vocab + (8 + c) * tc * vocab
+    backward = 4 * t * vocab + 8 * tc * vocab
     if job.peft is None:
-        backward += 2 * vocab * h * dt.grad
+        remaining = 4 * (TORCHTUNE_LOSS_CHUNKS - 2) * tc * vocab
+        backward = max(backward, remaining + 3 * vocab * h * dt.grad)
     return forward, backward
 
 

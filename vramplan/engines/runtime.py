@@ -40,12 +40,11 @@ def workspaces_bytes(runtime: Runtime, gpu: GPU | None) -> int:
 # 13.0, torch 2.11; benchmarks/results/gpu_runtime_probe.json): before CUDA starts NVML
 # already counts 644,939,776 bytes (615 MiB) as used, the driver's reservation, out of a
 # 150,754,820,096-byte total; a training step's CUDA context and loaded kernels bring it to
-# 1390 MiB (Runtime's default), so they are the other 775 MiB. The rule for every other GPU,
-# until each is
-# measured: the driver's reservation is the same share of the device's memory (it holds
-# per-page bookkeeping), and the context is the same 775 MiB (the same torch kernels, loaded
-# lazily). A job's own runtime.cuda_context_bytes (calibrate, measure, --cuda-context)
-# replaces the rule on every GPU.
+# 1390 MiB (Runtime's default), so they are the other 775 MiB. The rule for every other
+# GPU, until each is measured: the driver's reservation is the same share of the device's
+# memory (it holds per-page bookkeeping), and the context is the same 775 MiB (the same
+# torch kernels, loaded lazily). A job's own runtime.cuda_context_bytes (calibrate,
+# measure, --cuda-context) replaces the rule on every GPU.
 H200_DRIVER_RESERVED = 644_939_776
 H200_TOTAL = 150_754_820_096
 DEFAULT_RUNTIME_CONTEXT = Runtime.model_fields["cuda_context_bytes"].default

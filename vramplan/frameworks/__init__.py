@@ -1,15 +1,16 @@
 """What training frameworks do by default, each setting with its source (profiles.toml)."""
 
 from vramplan.frameworks.profiles import (
-                                          Allowed,
-                                          Profile,
-                                          Setting,
-                                          apply_profile,
-                                          framework_names,
-                                          get_profile,
-                                          load_profiles,
-                                          profile_problems,
+    Allowed,
+    Profile,
+    Setting,
+    apply_profile,
+    framework_allows,
+    framework_names,
+    get_profile,
+    load_profiles,
+    profile_problems,
 )
 
-__all__ = ["Allowed", "Profile", "Setting", "apply_profile", "framework_names", "get_profile",
-           "load_profiles", "profile_problems"]
+__all__ = ["Allowed", "Profile", "Setting", "apply_profile", "framework_allows",
+           "framework_names", "get_profile", "load_profiles", "profile_problems"]

@@ -107,6 +107,14 @@ def _set_default(data: dict[str, Any], path: list[str], value: Any) -> None:
         data[key] = part
 
 
+def framework_allows(framework: str, dotted: str, value: Any) -> bool:
+    """Whether `framework` supports `value` for the Job field `dotted` (search's advice
+    uses it to suggest only what the job's framework can do)."""
+    profile = load_profiles().get(framework)
+    allowed = profile.allowed.get(dotted) if profile else None
+    return allowed is None or value in allowed.values
+
+
 def profile_problems(framework: str, fields: dict[str, Any]) -> list[str]:
     """What the job asks that its framework does not support, one line each.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramplan.frameworks import framework_allows
 from vramplan.job import Job
 from vramplan.plan.techniques import Technique, for_category
 
@@ -21,7 +22,8 @@ def suggestions_for(job: Job, category: str) -> list[str]:
     """One line per technique that shrinks `category` and that the job does not use yet:
     what it saves, the flags to paste, and what it costs in time."""
     lines = [f"{t.name} ({t.flags}): {t.memory}; time: {t.time}"
-             for t in for_category(category) if not _in_use(job, t)]
+             for t in for_category(category)
+             if not _in_use(job, t) and _framework_supports(job, t.changes)]
     return lines + ([_LAST_RESORT[category]] if category in _LAST_RESORT else [])
 
 
@@ -40,5 +42,18 @@ def _matches(current: dict[str, Any], changes: dict[str, Any]) -> bool:
             if not isinstance(have, dict) or not _matches(have, wanted):
                 return False
         elif wanted in ("N", "smaller", "larger") or have != wanted:
+            return False
+    return True
+
+
+def _framework_supports(job: Job, changes: dict[str, Any], prefix: str = "") -> bool:
+    """The job's framework can make these changes (torchtitan has no 8-bit optimizer and
+    no QLoRA, torchtune no ZeRO; vramplan/frameworks/profiles.toml)."""
+    for key, wanted in changes.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(wanted, dict):
+            if not _framework_supports(job, wanted, dotted + "."):
+                return False
+        elif not framework_allows(job.framework, dotted, wanted):
             return False
     return True

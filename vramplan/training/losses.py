@@ -36,6 +36,56 @@ def chunked_causal_lm_loss(model: nn.Module, batch: dict) -> torch.Tensor:
     return total / labels.numel()
 
 
+# torchtune splits the scored tokens into 8 chunks (num_output_chunks = 8)
+TORCHTUNE_CHUNKS = 8
+
+
+def _decoder_and_head(model: nn.Module, batch: dict):
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    hidden = base.get_decoder()(input_ids=batch["input_ids"]).last_hidden_state
+    labels = nn.functional.pad(batch["labels"], (0, 1), value=-100)[:, 1:]  # next token
+    return hidden, base.get_output_embeddings(), labels
+
+
+def _chunk_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.float(), labels, ignore_index=-100,
+                                       reduction="sum")
+
+
+def torchtune_linear_ce_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    """torchtune's LinearCrossEntropyLoss (modules/loss/cross_entropy_loss.py, bd2a0fc7):
+    the ignored positions are dropped from the flattened hidden states, which are split
+    into 8 chunks; each runs the output projection, .float() and cross-entropy, eagerly
+    (no checkpointing)."""
+    hidden, head, labels = _decoder_and_head(model, batch)
+    # torchtune selects the rows whose label is not ignored (index_select, a copy). In the
+    # synthetic batch the ignored ones are each sequence's last position (the shifted-out
+    # label): slicing them off copies the same rows without a data-dependent index, which
+    # fake tensors cannot follow
+    hidden = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+    labels = labels[:, :-1].reshape(-1)
+    total = sum(_chunk_ce(head(h), y) for h, y in zip(
+        hidden.tensor_split(TORCHTUNE_CHUNKS), labels.tensor_split(TORCHTUNE_CHUNKS)))
+    return total / max(labels.numel(), 1)
+
+
+def torchtune_chunked_output_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+    """torchtune's CEWithChunkedOutputLoss (ce_chunked_output_loss.py): the model returns
+    its logits as 8 sequence chunks, all alive until the loss is computed; each chunk is
+    upcast and scored on its own. The recipe drops the chunks before backward."""
+    hidden, head, labels = _decoder_and_head(model, batch)
+    logits = [head(h) for h in hidden.tensor_split(TORCHTUNE_CHUNKS, dim=1)]
+    total = sum(_chunk_ce(x.reshape(-1, x.shape[-1]), y.reshape(-1)) for x, y in zip(
+        logits, labels.tensor_split(TORCHTUNE_CHUNKS, dim=1)))
+    del logits
+    return total / labels.numel()
+
+
+LOSSES = {"standard": hf_loss, "chunked": chunked_causal_lm_loss,
+          "chunked:torchtune-linear": torchtune_linear_ce_loss,
+          "chunked:torchtune-output": torchtune_chunked_output_loss}
+
+
 def generic_loss(model: nn.Module, batch: Any, loss_fn: Callable | None) -> torch.Tensor:
     if isinstance(batch, dict):
         output = model(**batch)

@@ -46,7 +46,7 @@ from vramplan.training.hf_model import (
     load_model_config,
     task_of_config,
 )
-from vramplan.training.losses import chunked_causal_lm_loss, hf_loss
+from vramplan.training.losses import LOSSES
 from vramplan.training.optimizers import build_optimizer
 
 MAX_GRAD_NORM = 1.0       # Hugging Face Trainer default
@@ -136,8 +136,8 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
         task = job.task or task_of_config(config)
         model = build_hf_model(config, task, job, device=device, empty=empty, notes=notes)
         make_batch = hf_batch_factory(config, task, job, device, notes)
-        compute_loss = chunked_causal_lm_loss if job.loss == "chunked" else hf_loss
-        if job.loss == "chunked" and task != "causal-lm":
+        compute_loss = LOSSES[job.loss]
+        if job.loss.startswith("chunked") and task != "causal-lm":
             raise EngineError(f"chunked loss is implemented for causal-lm only (task {task})")
         name = config.get("_name_or_path") or (job.model if model_config is None
                                                 else config["model_type"])
@@ -208,6 +208,3 @@ def _check_modelled(job: Job) -> None:
     if job.compile:
         raise EngineError("the trace and measure engines do not run torch.compile yet: drop "
                           "compile (the eager step's memory is an upper bound)")
-    if job.loss.startswith("chunked:torchtune"):
-        raise EngineError(f"loss {job.loss} is modelled by the formula engine only: use "
-                          "--engine formula, or loss standard or chunked")
