@@ -309,3 +309,19 @@ def test_two_traces_in_threads_give_the_same_answer_as_one():
         estimated = pool.submit(vramplan.estimate, Job(model="gpt2"))  # no lock needed
         assert [f.result().peak_allocated for f in traced] == [alone, alone]
         assert estimated.result().peak_allocated > 0
+
+
+def test_reserved_memory_never_exceeds_the_gpus_capacity():
+    from vramplan.engines.runtime import runtime_context_bytes
+    from vramplan.hardware import get_gpu
+    job = _job(batch_size=8, seq_len=64, precision="fp32")
+    free = trace(job, model_config=LLAMA)
+    # a made-up GPU just big enough for the allocated peak: the replay must release its
+    # cache instead of reserving past the device
+    l4 = get_gpu("L4")
+    context = runtime_context_bytes(job.runtime, l4)
+    tight = l4.usable_bytes - context - free.peak_allocated - 1024
+    capped = trace(job.with_changes(gpu="L4", runtime={"cuda_context_bytes": context + tight}),
+                   model_config=LLAMA)
+    capacity = l4.usable_bytes - capped.categories["runtime_context"]
+    assert free.peak_reserved > capacity >= capped.peak_reserved >= capped.peak_allocated

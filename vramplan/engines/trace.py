@@ -309,7 +309,11 @@ class TraceResult:
             usage[(record.label(), category)] += round_size(record.nbytes)
         workspaces = runtime.workspaces_bytes(job.runtime, gpu)
         categories["temporary"] += workspaces
-        allocator = _replay(self.events, workspaces, job.runtime.cublas_workspaces)
+        # near the device's capacity the allocator frees its cache and retries before it
+        # reports out of memory, so reserved never exceeds what the GPU can give
+        capacity = (gpu.usable_bytes - runtime.runtime_context_bytes(job.runtime, gpu)
+                    if gpu else None)
+        allocator = _replay(self.events, workspaces, job.runtime.cublas_workspaces, capacity)
         peak_allocated = sum(categories[c] for c in CATEGORIES[:6])
         categories["allocator_overhead"] = max(0, allocator.peak_reserved - peak_allocated)
         categories["runtime_context"] = job.runtime.cuda_context_bytes
@@ -322,9 +326,10 @@ class TraceResult:
                      "micro-batches (the rest repeat micro-batch 2); step 2 reported")
         notes.append(f"cuBLAS workspaces: {job.runtime.cublas_workspaces} x "
                      f"{runtime.cublas_workspace_bytes(gpu) / 2**20:g} MiB in temporary")
-        notes.append("reserved memory replays the caching allocator with room to spare; near a "
-                     "GPU's capacity it frees cached blocks and retries, so the real "
-                     "allocator_overhead can be smaller there")
+        notes.append("reserved memory replays the caching allocator" + (
+            f" within the {gpu.name}'s capacity (cached blocks are freed before it would grow "
+            "past it, as CUDA's allocator retries)" if gpu else " with room to spare (give "
+            "--gpu to replay it within that GPU's capacity)"))
         report = MemoryReport(
             engine="trace", job=job, model_name=self.model_name,
             params_total=self.params_total, params_trainable=self.params_trainable,
@@ -406,8 +411,9 @@ def _live_at(events: list[tuple[int, Storage]], index: int) -> list[Storage]:
     return list(live.values())
 
 
-def _replay(events, workspaces: int, count: int) -> CachingAllocator:
-    allocator = CachingAllocator()
+def _replay(events, workspaces: int, count: int,
+            capacity: int | None = None) -> CachingAllocator:
+    allocator = CachingAllocator(capacity=capacity)
     for i in range(count):  # allocated at the first matmul of each thread, kept for good
         allocator.malloc(("cublas", i), workspaces // max(count, 1))
     for sign, record in events:
