@@ -134,10 +134,12 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
     peak_name = max(totals, key=totals.get)
     at_peak = {k: int(round(v)) for k, v in phases[peak_name].items()}
     allocated = sum(at_peak.values())
-    # reserved memory is the most the allocator held at any phase, not only at the peak
-    reserved = max(totals[name] + _allocator_overhead(job, arch, name, totals[name], parts)
-                   for name, parts in phases.items())
-    at_peak["allocator_overhead"] = max(0, int(round(reserved)) - allocated)
+    if job.runtime.allocator_overhead is not None:  # measured: a share of the peak
+        at_peak["allocator_overhead"] = int(allocated * job.runtime.allocator_overhead)
+    else:  # reserved memory is the most the allocator held at any phase
+        reserved = max(totals[name] + _allocator_overhead(job, arch, name, parts)
+                       for name, parts in phases.items())
+        at_peak["allocator_overhead"] = max(0, int(round(reserved)) - allocated)
     at_peak["runtime_context"] = job.runtime.cuda_context_bytes
     phase_peaks = {"forward": totals["forward"],
                    "backward": max(totals["backward"], totals["backward_recompute"],
@@ -496,10 +498,8 @@ ALLOCATOR_OVERHEAD = {"none": 0.06, "selective": 0.12, "full": 0.30}
 RECOMPUTE_PHASES = ("backward", "backward_recompute", "backward_gather")
 
 
-def _allocator_overhead(job: Job, arch: Architecture, phase: str, allocated: float,
+def _allocator_overhead(job: Job, arch: Architecture, phase: str,
                         parts: dict[str, float]) -> float:
-    if job.runtime.allocator_overhead is not None:
-        return allocated * job.runtime.allocator_overhead
     # checkpointing is ignored on a model without blocks (ResNet), and outside backward
     # nothing is recomputed: the optimizer step's temporaries fragment no more than usual
     recomputes = bool(arch.stacks) and phase in RECOMPUTE_PHASES
