@@ -80,3 +80,50 @@ def test_overrides_merge_deeply_and_skip_none():
     base = {"model": "gpt2", "peft": {"rank": 4, "alpha": 8}}
     merged = merge_overrides(base, {"model": None, "peft": {"rank": 16}})
     assert merged == {"model": "gpt2", "peft": {"rank": 16, "alpha": 8}}
+
+
+# --- every API entry point raises VramplanError subclasses for bad input -----------------
+
+
+@pytest.mark.parametrize("build", [
+    lambda: Job(batch_size=0),
+    lambda: Job(bogus=1),
+    lambda: Peft(rank=0),
+    lambda: Parallel(num_gpus=3, tensor_parallel=2, strategy="ddp"),
+    lambda: Job.model_validate([1, 2]),
+    lambda: Job.model_validate_json("{"),
+    lambda: Job(target_len=10**23),
+    lambda: Job(audio_seconds=float("inf")),
+    lambda: Job(peft={"alpha": float("nan")}),
+    lambda: Job(runtime={"cuda_context_bytes": "9" * 400}),
+    lambda: Job(runtime={"cuda_context_bytes": 10**400}),
+], ids=["field", "unknown-key", "peft", "parallel", "not-a-mapping", "bad-json", "target-len",
+        "inf", "nan", "400-digit-size-text", "400-digit-size-int"])
+def test_building_a_bad_job_raises_job_error(build):
+    # pydantic's ValidationError used to escape `except VramplanError`; JobError is also a
+    # ValueError, as ValidationError was
+    with pytest.raises(JobError) as error:
+        build()
+    assert isinstance(error.value, ValueError) and "\n" not in str(error.value)
+
+
+def test_huge_values_give_short_messages():
+    # a 50 MB value once gave a 64 MB message
+    with pytest.raises(JobError) as error:
+        Job(batch_size="7" * 10_000_000)
+    assert len(str(error.value)) < 200
+    assert len(str(JobError("x" * 10**6))) < 2100
+
+
+def test_a_400_digit_size_is_refused():
+    from vramplan.units import parse_bytes
+    with pytest.raises(JobError, match="larger than 1 EiB"):
+        parse_bytes("1" + "0" * 400 + "GB")
+    assert parse_bytes("24GB") == 24 * 10**9
+
+
+def test_a_model_name_longer_than_a_file_name_is_refused():
+    # the file system refused the name with OSError (File name too long)
+    from vramplan import ModelConfigError, estimate
+    with pytest.raises(ModelConfigError, match="neither a catalog model nor a readable path"):
+        estimate(Job(model="x" * 300))

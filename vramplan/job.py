@@ -17,7 +17,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_valid
                       model_validator)
 
 from vramplan.errors import JobError, JobFileError
-from vramplan.units import parse_bytes
+from vramplan.units import MAX_BYTES, parse_bytes
 
 DEFAULT_MODEL = "llama-3.1-8b"
 
@@ -38,8 +38,36 @@ Strategy = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "hybrid-sha
 PeftMethod = Literal["lora", "qlora"]
 
 
-class _Strict(BaseModel):
+class _RaisesJobError(type(BaseModel)):
+    """Job(...) raises JobError in place of pydantic's ValidationError. (A custom __init__
+    would do the same but pydantic would then call it for nested parts too.)"""
+
+    def __call__(cls, *args: Any, **kwargs: Any):
+        try:
+            return super().__call__(*args, **kwargs)
+        except ValidationError as error:
+            raise _job_error(cls, error) from None
+
+
+class _Strict(BaseModel, metaclass=_RaisesJobError):
+    """Refuses unknown keys; bad values raise JobError (not pydantic's ValidationError), so
+    `except VramplanError` catches every bad job however it is built."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def model_validate(cls, obj: Any, **options: Any):
+        try:
+            return super().model_validate(obj, **options)
+        except ValidationError as error:
+            raise _job_error(cls, error) from None
+
+    @classmethod
+    def model_validate_json(cls, json_data: Any, **options: Any):
+        try:
+            return super().model_validate_json(json_data, **options)
+        except ValidationError as error:
+            raise _job_error(cls, error) from None
 
 
 class Peft(_Strict):
@@ -47,7 +75,7 @@ class Peft(_Strict):
 
     method: PeftMethod = "lora"
     rank: int = Field(16, ge=1, le=4096)
-    alpha: float = Field(32.0, gt=0)
+    alpha: float = Field(32.0, gt=0, le=1e6, allow_inf_nan=False)
     dropout: float = Field(0.05, ge=0, lt=1)
     # peft's names: module names inside a block, or "all-linear" for every linear in blocks
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -112,7 +140,7 @@ class Runtime(_Strict):
       (aten/src/ATen/cuda/CublasHandlePool.cpp).
     """
 
-    cuda_context_bytes: int = Field(1390 * 1024**2, ge=0)
+    cuda_context_bytes: int = Field(1390 * 1024**2, ge=0, le=MAX_BYTES)
     allocator_overhead: float | None = Field(None, ge=0, le=1)
     cublas_workspaces: int = Field(2, ge=0, le=64)
 
@@ -141,9 +169,11 @@ class Job(_Strict):
     grad_accum: int = Field(1, ge=1, le=1_000_000)      # micro-batches per optimizer step
     # text tokens (encoder side for seq2seq); default min(2048, the model's maximum)
     seq_len: int | None = Field(None, ge=1, le=100_000_000)
-    target_len: int | None = Field(None, ge=1)          # seq2seq decoder tokens (default seq_len)
+    target_len: int | None = Field(None, ge=1, le=100_000_000)  # seq2seq decoder tokens
+    #                                                             (default seq_len)
     image_size: int | None = Field(None, ge=8, le=65536)  # vision: default the model's own
-    audio_seconds: float | None = Field(None, gt=0)     # speech: default the model's maximum
+    # speech: default the model's maximum
+    audio_seconds: float | None = Field(None, gt=0, le=86_400, allow_inf_nan=False)
     precision: Precision = "bf16-mixed"
     optimizer: Optimizer = "adamw"
     optimizer_impl: OptimizerImpl = "foreach"  # torch's CUDA default for Adam/AdamW/SGD
@@ -202,14 +232,25 @@ def job_from_dict(data: dict[str, Any], origin: str = "job") -> Job:
     """Validate a plain dict (a job file's content, CLI overrides) into a Job."""
     try:
         return Job.model_validate(data)
-    except ValidationError as error:
-        raise JobError(f"{origin}: " + "; ".join(_describe(e) for e in error.errors())) from None
+    except JobError as error:
+        raise JobError(f"{origin}: {error}") from None
 
 
-def _describe(error: dict[str, Any]) -> str:
+# Values are quoted in messages up to this length: a 50 MB job file must not give a 50 MB
+# message.
+MAX_QUOTED = 80
+
+
+def _job_error(model: type[BaseModel], error: ValidationError) -> JobError:
+    return JobError("; ".join(_describe(e, model) for e in error.errors()))
+
+
+def _describe(error: dict[str, Any], root: type[BaseModel] | None = None) -> str:
     where = ".".join(str(p) for p in error["loc"])
+    if len(where) > MAX_QUOTED:
+        where = where[:MAX_QUOTED - 3] + "..."
     if error["type"] == "extra_forbidden":
-        parent = _model_at(error["loc"][:-1])
+        parent = _model_at(error["loc"][:-1], root or Job)
         known = list(parent.model_fields) if parent else []
         close = difflib.get_close_matches(str(error["loc"][-1]), known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -220,12 +261,17 @@ def _describe(error: dict[str, Any]) -> str:
     elif message.startswith("Value error, "):
         message = message.removeprefix("Value error, ")
     got = error.get("input")
-    got_text = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
+    got_text = ""
+    if got is not None and not isinstance(got, dict):
+        quoted = repr(got)
+        if len(quoted) > MAX_QUOTED:
+            quoted = quoted[:MAX_QUOTED - 3] + "..."
+        got_text = f" (got {quoted})"
     return f"{where}: {message}{got_text}" if where else message
 
 
-def _model_at(path: tuple) -> type[BaseModel] | None:
-    model: type[BaseModel] = Job
+def _model_at(path: tuple, root: type[BaseModel]) -> type[BaseModel] | None:
+    model = root
     for part in path:
         field = model.model_fields.get(str(part))
         annotation = getattr(field, "annotation", None)
