@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = "1.0"
 
@@ -21,6 +21,9 @@ SCHEMA_VERSION = "1.0"
 TENSOR_CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "inputs",
                      "temporary")
 CATEGORIES = TENSOR_CATEGORIES + ("allocator_overhead", "runtime_context")
+
+# sums of the categories that the JSON document repeats (see MemoryReport.to_json_dict)
+DERIVED_FIGURES = ("peak_allocated", "peak_reserved", "device_total")
 
 CATEGORY_HELP = {
     "weights": "model parameters (trainable and frozen), per GPU",
@@ -90,6 +93,26 @@ class MemoryReport(_Frozen):
     @property
     def device_total(self) -> int:
         return self.peak_reserved + self.categories["runtime_context"]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_figures(cls, data):
+        """The JSON document (to_json_dict) repeats three sums for readers; reading it back
+        checks them against the categories and drops them."""
+        if not isinstance(data, dict) or not set(data) & set(DERIVED_FIGURES):
+            return data
+        data = dict(data)
+        given = {k: data.pop(k) for k in DERIVED_FIGURES if k in data}
+        categories = data.get("categories")
+        if isinstance(categories, dict) and all(
+                isinstance(categories.get(c), int) for c in CATEGORIES):
+            sums = {"peak_allocated": sum(categories[c] for c in TENSOR_CATEGORIES)}
+            sums["peak_reserved"] = sums["peak_allocated"] + categories["allocator_overhead"]
+            sums["device_total"] = sums["peak_reserved"] + categories["runtime_context"]
+            wrong = [k for k, v in given.items() if v != sums[k]]
+            if wrong:
+                raise ValueError(f"{', '.join(wrong)} disagree with the categories' sums")
+        return data
 
     def to_json_dict(self) -> dict:
         """The documented JSON document (see docs/report-schema.md)."""

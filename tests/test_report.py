@@ -1,0 +1,22 @@
+"""MemoryReport's JSON forms read back into the same report."""
+
+import json
+
+import pytest
+
+from vramplan import Job, MemoryReport, estimate
+
+
+def test_json_reports_round_trip():
+    report = estimate(Job(model="gpt2", batch_size=2, seq_len=64))
+    assert MemoryReport.model_validate_json(report.model_dump_json()) == report
+    # the documented document adds three sums; reading it back checks and drops them
+    document = json.loads(json.dumps(report.to_json_dict()))
+    assert MemoryReport.model_validate(document) == report
+
+
+def test_a_document_whose_sums_disagree_is_refused():
+    document = estimate(Job(model="gpt2", batch_size=2, seq_len=64)).to_json_dict()
+    document["device_total"] += 1
+    with pytest.raises(ValueError, match="device_total disagree"):
+        MemoryReport.model_validate(document)
