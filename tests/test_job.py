@@ -127,3 +127,37 @@ def test_a_model_name_longer_than_a_file_name_is_refused():
     from vramplan import ModelConfigError, estimate
     with pytest.raises(ModelConfigError, match="neither a catalog model nor a readable path"):
         estimate(Job(model="x" * 300))
+
+
+BILLION_LAUGHS = "\n".join(
+    ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    + [f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]"
+       for i in range(8)]) + "\n"
+
+
+def test_yaml_alias_bomb_is_refused_quickly(tmp_path):
+    # about 500 bytes that expand to 9**9 values; it used to run 62 s into MemoryError
+    import time
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BILLION_LAUGHS)
+    start = time.perf_counter()
+    with pytest.raises(JobFileError, match="bomb.yaml"):
+        job_from_dict(load_job_file(path))
+    assert time.perf_counter() - start < 2
+
+
+def test_a_few_aliases_expanding_too_far_are_refused(tmp_path):
+    path = tmp_path / "wide.yaml"
+    path.write_text("a: &a [" + ", ".join(["1"] * 5000) + "]\n"
+                    + "".join(f"k{i}: *a\n" for i in range(40)))
+    with pytest.raises(JobFileError, match="more than 100,000 values"):
+        load_job_file(path)
+
+
+def test_a_huge_job_file_is_refused_with_a_short_message(tmp_path):
+    # a 50 MB YAML printed a 64 MB error
+    path = tmp_path / "big.yaml"
+    path.write_text("model: " + "x" * 2_000_000 + "\n")
+    with pytest.raises(JobFileError, match="too large for a job file") as error:
+        load_job_file(path)
+    assert len(str(error.value)) < 300
