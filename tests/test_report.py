@@ -20,3 +20,10 @@ def test_a_document_whose_sums_disagree_is_refused():
     document["device_total"] += 1
     with pytest.raises(ValueError, match="device_total disagree"):
         MemoryReport.model_validate(document)
+
+
+def test_a_lora_job_round_trips():
+    # the job's LoRA target_modules were a tuple in the report and a list read back
+    report = estimate(Job(model="gpt2", batch_size=2, seq_len=64, peft={"rank": 4,
+                                                                        "target_modules": ["c_attn"]}))
+    assert MemoryReport.model_validate_json(report.model_dump_json()) == report

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SCHEMA_VERSION = "1.0"
 
@@ -93,6 +93,18 @@ class MemoryReport(_Frozen):
     @property
     def device_total(self) -> int:
         return self.peak_reserved + self.categories["runtime_context"]
+
+    @field_validator("job")
+    @classmethod
+    def _job_as_in_json(cls, job: dict) -> dict:
+        """Tuples (LoRA target_modules) as lists, as JSON reads them back."""
+        def plain(value):
+            if isinstance(value, dict):
+                return {k: plain(v) for k, v in value.items()}
+            if isinstance(value, (list, tuple)):
+                return [plain(v) for v in value]
+            return value
+        return plain(job)
 
     @model_validator(mode="before")
     @classmethod
