@@ -19,12 +19,14 @@ import statistics
 import time
 from pathlib import Path
 
+from common import QUICK, results_dir  # noqa: E402 (benchmarks/common.py)
+
 from vramplan import Job
 from vramplan.engines.formula import estimate
 from vramplan.engines.report import TENSOR_CATEGORIES
 from vramplan.engines.trace import trace
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = results_dir()
 
 CASES: list[dict] = [
     dict(model="llama-3.2-1b", batch_size=1, seq_len=2048),
@@ -133,7 +135,7 @@ def main() -> None:
         from vramplan.models import list_models
         cases = [{"model": entry.name, "batch_size": 2} for entry in list_models()]
     else:
-        cases = CASES[:4] if args.quick else CASES
+        cases = CASES[:4] if args.quick or QUICK else CASES
     rows = []
     for fields in cases:
         rows.append(compare(fields))
@@ -144,7 +146,7 @@ def main() -> None:
                "date": time.strftime("%Y-%m-%d"),
                "median_abs": statistics.median(diffs), "max_abs": max(diffs),
                "trace_allocator_overhead": overhead_by_checkpointing(rows)}
-    if not args.quick:
+    if not args.quick:  # --quick by hand prints only; run_all's quick mode writes elsewhere
         name = "formula_vs_trace_catalog" if args.catalog else "formula_vs_trace"
         (RESULTS / f"{name}.json").write_text(
             json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")

@@ -147,7 +147,7 @@ def main() -> None:
         start = time.perf_counter()
         report = measure(Job.model_validate(fields), steps=2, warmup=1)
         timed.append({"job": fields, "peak_allocated": report.peak_allocated,
-                      "step_time_median_s": report.measured["step_time_median_s"],
+                      "step_time_median_s": report.measured.step_time_median_s,
                       "seconds": time.perf_counter() - start})
         print(json.dumps(timed[-1]), flush=True)
         torch.cuda.empty_cache()

@@ -115,7 +115,7 @@ def validate(row: dict, steps: int, warmup: int) -> dict:
     try:
         report = measure(job, steps=steps, warmup=warmup)
         row["measured"] = {**_figures(report), **{
-            k: report.measured.get(k) for k in (
+            k: getattr(report.measured, k) for k in (
                 "peak_reserved", "nvml_used_max", "context_overhead", "step_time_median_s",
                 "tokens_per_s", "samples_per_s", "gpu_util_mean", "complete", "stopped",
                 "losses")}, "notes": report.notes}

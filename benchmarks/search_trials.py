@@ -16,10 +16,12 @@ import platform
 import time
 from pathlib import Path
 
+from common import QUICK, results_dir  # noqa: E402 (benchmarks/common.py)
+
 from vramplan import Job, Peft, estimate, max_batch_size, max_seq_len
 from vramplan.hardware import get_gpu
 
-OUT = Path(__file__).parent / "results"
+OUT = results_dir()
 MODELS = ("qwen2.5-0.5b", "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b", "mistral-7b",
           "qwen2.5-14b")
 TECHNIQUES = {"full": {}, "lora": {"peft": Peft()},
@@ -44,7 +46,7 @@ def check(job: Job, parameter: str, result, limit: int) -> bool:
 
 def main() -> None:
     rows = []
-    for model in MODELS:
+    for model in (MODELS[:1] if QUICK else MODELS):
         for name, fields in TECHNIQUES.items():
             for gpu in GPUS:
                 budget = get_gpu(gpu).usable_bytes

@@ -13,7 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).parent / "results"
+from common import QUICK, results_dir  # noqa: E402 (benchmarks/common.py)
+
+OUT = results_dir()
 
 # Shapes from the publishers' config.json files (meta-llama/Llama-2-7b-hf, Llama-2-70b-hf,
 # Llama-3.1-405B).
@@ -79,4 +81,4 @@ def main(sizes: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["7b", "70b", "405b"])
+    main(sys.argv[1:] or (["7b"] if QUICK else ["7b", "70b", "405b"]))

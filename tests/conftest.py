@@ -2,7 +2,8 @@ import sys
 
 import pytest
 
-from vramplan import cli
+from vramplan.cli import app as cli_app
+from vramplan.cli import options as cli_options
 
 
 @pytest.fixture
@@ -11,10 +12,10 @@ def run_cli(monkeypatch, capsys):
 
     def run(*args: str):
         monkeypatch.setattr(sys, "argv", ["vramplan", *args])
-        monkeypatch.setattr(cli.console, "width", 200)
+        monkeypatch.setattr(cli_options.console, "width", 200)
         code = 0
         try:
-            cli.main()
+            cli_app.main()
         except SystemExit as stop:
             code = stop.code or 0
         out = capsys.readouterr()

@@ -21,10 +21,10 @@ def test_estimate_flags_and_json(run_cli):
     code, out, _ = run_cli("estimate", "llama-3.2-1b", "-b", "4", "--seq-len", "1024",
                            "--precision", "bf16-mixed", "--optimizer", "adamw", "--gpu", "L4",
                            "--json")
-    assert code == 0
     data = json.loads(out)
     assert data["job"]["batch_size"] == 4 and data["job"]["seq_len"] == 1024
     assert [f["gpu"] for f in data["fits"]] == ["L4"]
+    assert code == 1 and not data["fits"][0]["fits"]  # does not fit the GPU asked for: exit 1
     assert data["peak_allocated"] == vramplan.estimate(vramplan.Job(
         model="llama-3.2-1b", batch_size=4, seq_len=1024, gpu="L4")).peak_allocated
 
@@ -62,10 +62,10 @@ def test_runtime_flags_override_the_measured_defaults(run_cli):
     (["estimate", "gpt2", "-b", "0"], "batch_size"),
     (["estimate", "gpt2", "-b", "-2"], "batch_size"),
     (["estimate", "gpt2", "--seq-len", "4096"], "1024 learned positions"),
-    (["estimate", "gpt2", "--precision", "fp7"], "precision: must be one of"),
+    (["estimate", "gpt2", "--precision", "fp7"], "'fp7' is not one of 'fp32'"),
     (["estimate", "--job", "/nonexistent/job.yaml"], "does not exist"),
     (["estimate", "gpt2", "--engine", "magic"], "unknown engine 'magic'"),
-    (["estimate", "gpt2", "--unit", "furlongs"], "--unit must be GiB or GB"),
+    (["estimate", "gpt2", "--unit", "furlongs"], "'furlongs' is not one of 'GiB', 'GB'"),
     (["models", "--min-params", "lots"], "parameter count"),
     (["gpus", "--min-memory", "big"], "memory size"),
     (["estimate", "gpt2", "--cuda-context", "lots"], "cannot read 'lots' as a memory size"),
@@ -102,7 +102,7 @@ def test_models_and_gpus_listings_filter(run_cli):
 
 
 def test_import_and_formula_path_do_not_import_torch():
-    code = ("import sys, vramplan, vramplan.cli; "
+    code = ("import sys, vramplan, vramplan.cli.app; "
             "vramplan.estimate(vramplan.Job(model='llama-3.1-70b')); "
             "print('torch' in sys.modules, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -131,3 +131,49 @@ def test_trace_engine_from_the_cli(run_cli):
     code, out, err = run_cli("estimate", "gpt2", "-b", "1", "-s", "64", "--engine", "trace")
     assert code == 0, err
     assert "trace engine" in out and "Largest holders at the peak" in out
+
+
+def test_every_module_imports_alone_in_a_fresh_interpreter():
+    """No import cycles: each module (a command too) imports on its own."""
+    import pkgutil
+
+    names = [m.name for m in pkgutil.walk_packages(vramplan.__path__, "vramplan.")
+             if m.name != "vramplan.__main__"]
+    code = ("import importlib, sys\nfailed = []\nfor name in sys.argv[1:]:\n"
+            "    for loaded in [m for m in sys.modules if m.startswith('vramplan')]:\n"
+            "        del sys.modules[loaded]\n"
+            "    try:\n        importlib.import_module(name)\n"
+            "    except Exception as e:\n        failed.append(f'{name}: {e!r}')\n"
+            "print('\\n'.join(failed))")
+    out = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True,
+                         check=True)
+    assert "vramplan.cli.commands.search" in names and out.stdout.strip() == ""
+
+
+def test_set_reaches_fields_without_a_flag(run_cli):
+    code, out, err = run_cli("estimate", "gpt2", "--peft", "lora", "--lora-targets", "c_attn",
+                             "--set", "peft.dropout=0.2", "--set", "runtime.cublas_workspaces=0",
+                             "--json")
+    assert code == 0, err
+    job = json.loads(out)["job"]
+    assert job["peft"]["dropout"] == 0.2 and job["runtime"]["cublas_workspaces"] == 0
+    code, _, err = run_cli("estimate", "gpt2", "--set", "peft.dropot=0.2")
+    assert code == 2 and "did you mean 'dropout'" in err
+
+
+def test_version_and_exit_code_when_it_does_not_fit(run_cli):
+    code, out, _ = run_cli("--version")
+    assert code == 0 and out.strip() == f"vramplan {vramplan.__version__}"
+    code, _, _ = run_cli("estimate", "llama-3.1-8b", "--gpu", "L4")   # 16 GB of bf16 weights
+    assert code == 1
+    code, _, _ = run_cli("estimate", "gpt2", "--gpu", "L4")
+    assert code == 0
+
+
+def test_unwritable_output_is_refused_before_running(run_cli, tmp_path):
+    code, _, err = run_cli("estimate", "gpt2", "--out", str(tmp_path / "missing" / "r.json"))
+    assert code == 2 and "does not exist" in err
+    code, _, err = run_cli("estimate", "gpt2", "--out", str(tmp_path))
+    assert code == 2 and "is a folder" in err
+    code, _, err = run_cli("estimate", "gpt2", "--out", str(tmp_path / "r.json"))
+    assert code == 0 and json.loads((tmp_path / "r.json").read_text())["engine"] == "formula"

@@ -2,7 +2,7 @@
 
 The real side counts every distinct storage that autograd's saved-tensor hooks see during
 a forward pass with the loss, minus the parameters, with CPU autocast casting as CUDA's
-does (vramplan.models.autocast), since the formula describes a GPU. The formula side is activations +
+does (vramplan.training.emulate.autocast), since the formula describes a GPU. The formula side is activations +
 autocast weight copies + what the loss saves. Dropout is off: on the CPU, sdpa
 with dropout falls back to the math kernel, which a GPU's flash kernel does not.
 """
@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 from vramplan import Job  # noqa: E402
 from vramplan.engines import formula  # noqa: E402
 from vramplan.models import architecture_from_config  # noqa: E402
-from vramplan.models.autocast import cuda_autocast_policy  # noqa: E402
+from vramplan.training.emulate.autocast import cuda_autocast_policy  # noqa: E402
 
 LLAMA = dict(model_type="llama", hidden_size=256, intermediate_size=688, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, vocab_size=1000,

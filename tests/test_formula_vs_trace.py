@@ -38,8 +38,9 @@ def test_formula_matches_trace(fields):
 def test_both_engines_choose_the_same_default_lengths():
     # an unset seq_len is min(2048, the model's length); T5 once got 2048 in the formula
     # and its config's 512 in the trace
-    from vramplan.models.build import load_model_config, task_of_config, text_len
     from vramplan.models.catalog import list_models
+    from vramplan.training.batches import text_len
+    from vramplan.training.hf_model import load_model_config, task_of_config
 
     for entry in list_models():
         config = load_model_config(entry.name)

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from vramplan.engines.measure import measure, measure_setup
+from vramplan.errors import BudgetExceeded
 from vramplan.job import Job
-from vramplan.models.build import TrainingSetup
-from vramplan.search import BudgetExceeded, max_batch_size
+from vramplan.search import max_batch_size
+from vramplan.training.setup import TrainingSetup
 
 JOB = Job(model="tiny", batch_size=4, seq_len=32, precision="fp32")
 
@@ -68,7 +69,7 @@ def test_cpu_measure_reports_peak_categories_and_timing():
     assert set(report.phase_peaks) == {"inputs", "forward", "backward", "optimizer", "end"}
     assert report.peak_phase in report.phase_peaks
     assert report.peak_allocated == max(report.phase_peaks.values())
-    m = report.measured
+    m = report.measured.model_dump()
     assert m["complete"] and m["steps"] == 5 and len(m["losses"]) == 5
     assert m["step_time_median_s"] > 0 and m["step_time_p90_s"] >= m["step_time_median_s"]
     assert m["samples_per_s"] == pytest.approx(4 / m["step_time_median_s"])
@@ -103,7 +104,7 @@ def test_budget_turns_into_budget_exceeded_and_search_uses_it():
 
 def test_user_error_keeps_partial_results():
     report = measure_setup(tiny_setup(fail_at_call=3), JOB, steps=3, warmup=1)
-    m = report.measured
+    m = report.measured.model_dump()
     assert not m["complete"] and len(m["losses"]) == 2
     assert "ValueError: user code broke" in m["stopped"]
     assert any("partial run" in n for n in report.notes)
@@ -112,7 +113,7 @@ def test_user_error_keeps_partial_results():
 
 def test_ctrl_c_gives_partial_report():
     report = measure_setup(tiny_setup(interrupt_at_call=4), JOB, steps=5, warmup=1)
-    assert "interrupted" in report.measured["stopped"] and len(report.measured["losses"]) == 3
+    assert "interrupted" in report.measured.stopped and len(report.measured.losses) == 3
 
 
 def test_non_finite_losses_and_skipped_fp16_steps():
@@ -121,8 +122,8 @@ def test_non_finite_losses_and_skipped_fp16_steps():
         setup.model.head.weight[0, 0] = float("inf")
     job = JOB.with_changes(precision="fp16-mixed")  # fp16-mixed runs a GradScaler
     report = measure_setup(setup, job, steps=2, warmup=1)
-    assert report.measured["non_finite_losses"] == 3
-    assert report.measured["skipped_steps"] == 3
+    assert report.measured.non_finite_losses == 3
+    assert report.measured.skipped_steps == 3
 
 
 def test_grad_accum_counts_tokens_per_optimizer_step():
@@ -144,10 +145,10 @@ def test_measure_job_end_to_end_with_shared_builders(tmp_path):
     job = Job(model=str(config), batch_size=2, seq_len=64, precision="bf16-mixed")
     report = measure(job, steps=2, warmup=1, device="cpu")
     assert report.params_total > 0 and report.peak_allocated > report.categories["weights"]
-    assert report.measured["tokens_per_s"] == pytest.approx(
-        128 / report.measured["step_time_median_s"])
+    assert report.measured.tokens_per_s == pytest.approx(
+        128 / report.measured.step_time_median_s)
     assert report.tokens_per_step == 128 and all(math.isfinite(x)
-                                                 for x in report.measured["losses"])
+                                                 for x in report.measured.losses)
 
 
 def test_measure_agrees_with_trace_engine_when_present():
@@ -158,7 +159,7 @@ def test_measure_agrees_with_trace_engine_when_present():
         traced = trace.trace(job, model_config=TINY_LLAMA)
     except TypeError:
         pytest.skip("trace() takes no model_config yet")
-    from vramplan.commands.measure import predicted_workspaces
+    from vramplan.compare import predicted_workspaces
     workspaces = predicted_workspaces(traced)  # cuBLAS workspaces: on a GPU, not the CPU
     assert traced.peak_allocated - workspaces == pytest.approx(measured.peak_allocated,
                                                                rel=0.02)
@@ -171,7 +172,7 @@ def _cli():
     import typer
     from typer.testing import CliRunner
 
-    from vramplan.commands import measure as commands
+    from vramplan.cli.commands import measure as commands
     app = typer.Typer()
     commands.register(app)
     return app, CliRunner()
@@ -300,7 +301,7 @@ def test_cuda_path_with_faked_torch_cuda(monkeypatch):
     assert fractions[-1] == 1.0  # the cap is lifted after the run
     assert report.peak_allocated == 10_000_000 and report.peak_reserved == 12_000_000
     assert report.categories["runtime_context"] == 588_000_000
-    m = report.measured
+    m = report.measured.model_dump()
     assert m["device"] == "Fake H200" and m["gpu_util_mean"] == 50
     assert m["mem_bandwidth_util_mean"] == 30 and m["nvml_used_max"] == 600_000_000
     assert m["context_overhead"] == 588_000_000 and report.runtime_gpu == "L4"
@@ -308,10 +309,37 @@ def test_cuda_path_with_faked_torch_cuda(monkeypatch):
 
 
 def test_out_of_memory_message_keeps_the_failed_request_only():
-    from vramplan.commands.measure import describe_oom
+    from vramplan.search.oom import describe_oom
     seen_on_h200 = RuntimeError(  # benchmarks/results/gpu_cli_check.txt
         "CUDA out of memory. Tried to allocate 112.00 MiB. GPU 0 has a total capacity of "
         "139.80 GiB of which 117.91 GiB is free. Including non-PyTorch memory, this process "
         "has 21.88 GiB memory in use. 21.29 GiB allowed; Of the allocated memory 21.09 GiB "
         "is allocated by PyTorch")
     assert describe_oom(seen_on_h200) == "CUDA out of memory: tried to allocate 112.00 MiB"
+
+
+def test_categories_mean_what_they_mean_in_the_trace():
+    """Inputs are the batch tensors alive at the peak, activations what forward saved for
+    backward (less the loss's buffers): on a tiny Llama the CPU run and the trace agree to
+    the byte; only the trace's cuBLAS workspaces (CUDA's) are extra temporary."""
+    from vramplan.engines.trace import trace
+    job = Job(model="tiny", batch_size=4, seq_len=256, precision="bf16-mixed")
+    traced = trace(job, model_config=TINY_LLAMA)
+    measured = measure(job, steps=1, warmup=1, device="cpu", model_config=TINY_LLAMA)
+    assert measured.peak_phase == traced.peak_phase == "backward"
+    # backward holds the input ids the embedding saved (4 x 256 int64); the labels are read
+    assert measured.categories["inputs"] == traced.categories["inputs"] == 4 * 256 * 8
+    assert measured.categories["activations"] == traced.categories["activations"]
+    assert measured.categories["temporary"] > 0
+
+
+def test_a_cpu_measurement_fills_the_fit_table_with_each_gpus_runtime():
+    from vramplan.engines.runtime import runtime_context_bytes, workspaces_bytes
+    from vramplan.hardware import get_gpu
+    job = Job(model="tiny", batch_size=2, seq_len=32, precision="fp32", gpu="L4")
+    report = measure(job, steps=1, warmup=1, device="cpu", model_config=TINY_LLAMA)
+    (fit,) = report.fits
+    l4 = get_gpu("L4")
+    # the CPU run has neither cuBLAS workspaces nor a CUDA context: the L4's are added
+    assert fit.gpu == "L4" and fit.required_bytes == report.device_total + workspaces_bytes(
+        job.runtime, l4) + runtime_context_bytes(job.runtime, l4)

@@ -14,7 +14,11 @@ import pytest
 
 from vramplan.errors import ModelConfigError, UnknownNameError
 from vramplan.models import (
-    SUPPORTED_MODEL_TYPES, Architecture, architecture_from_config, list_models, load_architecture,
+    SUPPORTED_MODEL_TYPES,
+    Architecture,
+    architecture_from_config,
+    list_models,
+    load_architecture,
 )
 
 CATALOG = [e.name for e in list_models()]

@@ -15,13 +15,6 @@ def test_json_reports_round_trip():
     assert MemoryReport.model_validate(document) == report
 
 
-def test_a_document_whose_sums_disagree_is_refused():
-    document = estimate(Job(model="gpt2", batch_size=2, seq_len=64)).to_json_dict()
-    document["device_total"] += 1
-    with pytest.raises(ValueError, match="device_total disagree"):
-        MemoryReport.model_validate(document)
-
-
 def test_a_lora_job_round_trips():
     # the job's LoRA target_modules were a tuple in the report and a list read back
     report = estimate(Job(model="gpt2", batch_size=2, seq_len=64, peft={"rank": 4,

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from vramplan.engines.report import CATEGORIES, MemoryReport
+from vramplan.engines.report import CATEGORIES, Measured, MemoryReport
+from vramplan.errors import BudgetExceeded
 from vramplan.job import Job
-from vramplan.search import (BudgetExceeded, max_batch_size, max_seq_len, plot, sweep,
-                             write_csv, write_json)
+from vramplan.search import max_batch_size, max_seq_len, plot, sweep, write_csv, write_json
 
 GiB = 1024**3
 JOB = Job(model="tiny", batch_size=1, seq_len=512)
@@ -150,8 +150,10 @@ def test_does_not_fit_with_oom_uses_explain_engine():
 def test_sweep_rows_and_outputs(tmp_path):
     def oracle(job):
         return _report(weights=GiB, activations=job.batch_size * job.seq_len * 1000).model_copy(
-            update={"measured": {"step_time_median_s": 0.5, "samples_per_s": 2 * job.batch_size,
-                                 "tokens_per_s": 2.0, "losses": [3.0, 2.5]}})
+            update={"measured": Measured(
+                source="measure", device="cpu", complete=True, steps=2,
+                step_time_median_s=0.5, samples_per_s=2 * job.batch_size, tokens_per_s=2.0,
+                losses=[3.0, 2.5])})
 
     def failing(job):
         if job.batch_size * job.seq_len > 4096:
@@ -224,10 +226,9 @@ def _cli():
     import typer
     from typer.testing import CliRunner
 
-    from vramplan.commands import search as commands
+    from vramplan.cli.commands import search as commands
     app = typer.Typer()
     commands.register(app)
-    commands.register(app)  # idempotent: cli.py may register too
     return app, CliRunner()
 
 
@@ -252,7 +253,7 @@ def test_cli_search_no_fit_names_techniques():
     pytest.importorskip("vramplan.engines.formula")
     app, runner = _cli()
     result = runner.invoke(app, ["search", "batch-size", "llama-3.1-8b", "--gpu", "L4"])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # nothing fits: an answer, exit code 1
     assert "does not fit even at batch size 1" in result.output and "try:" in result.output
 
 
@@ -262,10 +263,16 @@ def test_cli_sweep_writes_files(tmp_path):
     app, runner = _cli()
     result = runner.invoke(app, [
         "sweep", "llama-3.2-1b", "--peft", "lora", "--batch-sizes", "1,2,4",
-        "--seq-lens", "256,512", "--gpu", "L4", "--csv", str(tmp_path / "s.csv"),
-        "--json-out", str(tmp_path / "s.json"), "--plot", str(tmp_path / "s.png")])
+        "--seq-lens", "256,512", "--gpu", "L4", "--out", str(tmp_path / "s.json"),
+        "--plot", str(tmp_path / "s.png")])
     assert result.exit_code == 0, result.output
     assert len(json.loads((tmp_path / "s.json").read_text())) == 6
+    result = runner.invoke(app, [
+        "sweep", "llama-3.2-1b", "--peft", "lora", "--batch-sizes", "1,2,4",
+        "--seq-lens", "256,512", "--gpu", "L4", "--out", str(tmp_path / "s.csv")])
+    assert result.exit_code == 0, result.output
+    lines = (tmp_path / "s.csv").read_text().splitlines()
+    assert len(lines) == 7 and lines[0].startswith("batch_size,seq_len,peak_allocated")
     assert (tmp_path / "s.png").stat().st_size > 1000
 
 

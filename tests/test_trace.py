@@ -13,7 +13,8 @@ pytest.importorskip("transformers")
 
 from vramplan.engines.allocator import CachingAllocator  # noqa: E402
 from vramplan.engines.report import CATEGORIES  # noqa: E402
-from vramplan.engines.trace import cpu_profiler_peak, run_trace, trace  # noqa: E402
+from vramplan.engines.trace import run_trace, trace  # noqa: E402
+from vramplan.validation import cpu_profiler_peak  # noqa: E402
 from vramplan.errors import EngineError, ModelConfigError  # noqa: E402
 from vramplan.job import Job, Parallel, Peft  # noqa: E402
 
@@ -116,7 +117,7 @@ def test_config_file_and_folder_are_read_without_the_catalog(tmp_path):
     by_folder = trace(_job(model=str(tmp_path), precision="fp32"))
     assert by_file.categories == by_folder.categories
     assert by_file.tokens_per_step == 2  # vision: samples per step
-    assert by_file.job["task"] is None and by_file.params_total > 0
+    assert by_file.job.task is None and by_file.params_total > 0
 
 
 def test_lora_and_qlora_shrink_trainable_state():
@@ -283,3 +284,28 @@ def test_import_vramplan_does_not_import_torch():
     code = "import sys, vramplan.job, vramplan.engines; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_trace_restores_every_patch_and_leaves_no_warning_filters():
+    import warnings
+
+    import torch.nn.functional as F
+    job = Job(model="tiny", batch_size=1, seq_len=16, precision="bf16-mixed")
+    run_trace(job, model_config=LLAMA)  # libraries imported on first use add their filters
+    before = (F.dropout, F.scaled_dot_product_attention, list(warnings.filters))
+    run_trace(job, model_config=LLAMA)
+    run_trace(job, model_config=LLAMA)
+    assert (F.dropout, F.scaled_dot_product_attention, list(warnings.filters)) == before
+
+
+def test_two_traces_in_threads_give_the_same_answer_as_one():
+    from concurrent.futures import ThreadPoolExecutor
+
+    import vramplan
+    job = Job(model="tiny", batch_size=2, seq_len=16, precision="bf16-mixed")
+    alone = trace(job, model_config=LLAMA).peak_allocated
+    with ThreadPoolExecutor(3) as pool:
+        traced = [pool.submit(trace, job, model_config=LLAMA) for _ in range(2)]
+        estimated = pool.submit(vramplan.estimate, Job(model="gpt2"))  # no lock needed
+        assert [f.result().peak_allocated for f in traced] == [alone, alone]
+        assert estimated.result().peak_allocated > 0

@@ -23,7 +23,7 @@ def test_track_records_steps_losses_and_memory(tmp_path):
             tracker.step(loss=torch.tensor(1.0 / (i + 1)))
         del keep
     data = json.loads(path.read_text())
-    assert data["complete"] and data["steps"] == 4 and data["error"] == ""
+    assert data["complete"] and data["steps"] == 4 and data["stopped"] == ""
     assert data["losses"] == pytest.approx([1.0, 0.5, 1 / 3, 0.25])
     assert data["step_time_median_s"] > 0
     assert data["samples_per_s"] > 0 and data["tokens_per_s"] == pytest.approx(
@@ -40,7 +40,7 @@ def test_report_is_written_when_the_loop_raises(tmp_path):
             tracker.step(loss=2.0)
             raise ValueError("boom")
     data = json.loads(path.read_text())
-    assert not data["complete"] and data["error"] == "ValueError: boom" and data["steps"] == 1
+    assert not data["complete"] and data["stopped"] == "ValueError: boom" and data["steps"] == 1
 
 
 def test_report_is_written_on_ctrl_c(tmp_path):
@@ -50,7 +50,7 @@ def test_report_is_written_on_ctrl_c(tmp_path):
             tracker.step(loss=float("nan"))
             raise KeyboardInterrupt
     data = json.loads(path.read_text())
-    assert data["error"].startswith("interrupted") and data["non_finite_losses"] == 1
+    assert data["stopped"].startswith("interrupted") and data["non_finite_losses"] == 1
 
 
 def test_track_without_path_keeps_result_in_memory():

@@ -8,10 +8,16 @@ Importing vramplan never imports torch: the formula engine answers instantly; tr
 measure and track import it when called.
 """
 
-from vramplan.api import estimate, measure, run_engine, trace
-from vramplan.engines.report import CATEGORIES, GpuFit, MemoryReport
+from vramplan._version import __version__
+from vramplan.api import estimate, measure, plan, run_engine, trace
+from vramplan.engines.report import CATEGORIES, GpuFit, MemoryReport, Performance
 from vramplan.errors import (
-    EngineError, JobError, JobFileError, ModelConfigError, UnknownNameError, VramplanError,
+    EngineError,
+    JobError,
+    JobFileError,
+    ModelConfigError,
+    UnknownNameError,
+    VramplanError,
 )
 from vramplan.job import Job, Offload, Parallel, Peft, Runtime
 from vramplan.search import max_batch_size, max_seq_len, sweep
@@ -19,7 +25,7 @@ from vramplan.tracking import track
 
 __all__ = [
     "CATEGORIES", "EngineError", "GpuFit", "Job", "JobError", "JobFileError",
-    "MemoryReport", "ModelConfigError", "Offload", "Parallel", "Peft", "Runtime",
-    "UnknownNameError", "VramplanError", "estimate", "max_batch_size", "max_seq_len",
-    "measure", "run_engine", "sweep", "trace", "track",
+    "MemoryReport", "ModelConfigError", "Offload", "Parallel", "Peft", "Performance", "Runtime",
+    "UnknownNameError", "VramplanError", "__version__", "estimate", "max_batch_size", "max_seq_len",
+    "measure", "plan", "run_engine", "sweep", "trace", "track",
 ]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from vramplan.engines.report import MemoryReport
 from vramplan.engines.registry import engine_names, run_engine  # noqa: F401 (re-export)
+from vramplan.engines.report import MemoryReport
 from vramplan.job import Job
 
 ENGINES = engine_names()
@@ -17,11 +17,33 @@ def default_job_path() -> Path:
     return Path(str(resources.files("vramplan") / "jobs" / "default.yaml"))
 
 
-def estimate(job: Job, **options) -> MemoryReport:
-    """Closed-form estimate: instant, any size, no torch."""
+def estimate(job: Job, *, gpu: str | None = None, tokens: int | None = None,
+             samples: int | None = None, epochs: float | None = None,
+             dataset_samples: int | None = None, price_per_hour: float | None = None,
+             **options) -> MemoryReport:
+    """Closed-form estimate: instant, any size, no torch.
+
+    With a GPU (`gpu=`, or the job's own `gpu`), the report's `performance` holds the
+    predicted step time, throughput and MFU on `job.parallel.num_gpus` of them, and with
+    an amount of training (tokens, samples, or epochs of dataset_samples) its time and cost.
+
+    >>> report = estimate(Job(model="llama-3.2-1b"), gpu="H100-SXM", tokens=2_000_000_000)
+    >>> report.performance.training_time_s, report.performance.cost_usd
+    """
     from vramplan.engines.formula import estimate as formula_estimate
 
-    return formula_estimate(job, **options)
+    gpu = gpu or job.gpu
+    if gpu is None:
+        return formula_estimate(job, **options)
+    from vramplan.hardware import get_gpu
+    from vramplan.plan.performance import performance_for
+
+    chosen = get_gpu(gpu)
+    options.setdefault("gpus", [chosen])  # the fit on the GPU asked about
+    report = formula_estimate(job, **options)
+    perf = performance_for(job, chosen, tokens=tokens, samples=samples, epochs=epochs,
+                           dataset_samples=dataset_samples, price_per_hour=price_per_hour)
+    return report.model_copy(update={"performance": perf})
 
 
 def trace(job: Job, **options) -> MemoryReport:
@@ -38,3 +60,18 @@ def measure(job: Job, **options) -> MemoryReport:
     return measure_engine(job, **options)
 
 
+
+
+def plan(job: Job, **options):
+    """Which GPU, how many, which techniques, how long, how much: a typed Plan.
+
+    Options: tokens / samples / epochs (+ dataset_samples), gpus, max_gpus, max_cost,
+    deadline_s, allow (lora, qlora, 8bit, fp8, offload), global_batch, top, margin,
+    price_per_hour (vramplan.plan.planner.plan).
+
+    >>> p = plan(Job(model="llama-3.1-8b", seq_len=2048), tokens=2_000_000_000)
+    >>> p.recommended.reason
+    """
+    from vramplan.plan.planner import plan as make_plan
+
+    return make_plan(job, **options)

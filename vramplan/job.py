@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vramplan.errors import JobError, JobFileError
-from vramplan.units import MAX_BYTES, parse_bytes
+from vramplan.units import parse_bytes
 
 DEFAULT_MODEL = "llama-3.1-8b"
 
@@ -28,14 +27,29 @@ Task = Literal[
 Precision = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-pure", "fp8"]
 Optimizer = Literal[
     "sgd", "sgd-momentum", "adam", "adamw", "adamw-8bit", "paged-adamw-8bit", "adafactor", "lion",
+    # bitsandbytes PagedAdamW (32-bit states in CUDA unified memory); torchao AdamW4bit and
+    # AdamWFp8 (block-wise 4-bit / float8 states; docs/frameworks.md)
+    "paged-adamw", "adamw-4bit", "adamw-fp8",
 ]
 OptimizerImpl = Literal["foreach", "fused", "loop"]
-Checkpointing = Literal["none", "selective", "full"]
+# full: each block keeps its input and is recomputed in backward. selective: a block also
+# keeps the outputs of every matmul and attention kernel. selective:torchtitan-op:
+# torchtitan's op-level SAC, which recomputes every second matmul of a block.
+# selective:every-2nd-layer: full checkpointing of every second block (torchtitan's
+# per-layer SAC with N = 2), the other blocks keep everything.
+Checkpointing = Literal["none", "selective", "full", "selective:torchtitan-op",
+                        "selective:every-2nd-layer"]
 Attention = Literal["eager", "sdpa"]
-Loss = Literal["standard", "chunked"]
+# chunked: vramplan's own (8 checkpointed sequence chunks); chunked:torchtune-linear:
+# torchtune's LinearCrossEntropyLoss (output projection + CE per chunk, not checkpointed);
+# chunked:torchtune-output: torchtune's CEWithChunkedOutputLoss (the model returns 8 chunks)
+Loss = Literal["standard", "chunked", "chunked:torchtune-linear", "chunked:torchtune-output"]
 CHUNKED_LOSS_CHUNKS = 8  # chunks of the sequence the chunked loss scores one at a time
 Strategy = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "hybrid-shard"]
 PeftMethod = Literal["lora", "qlora"]
+# The training framework whose defaults the job takes (vramplan/frameworks/profiles.toml)
+Framework = Literal["plain", "hf-trainer", "torchtune", "torchtitan", "lightning", "accelerate"]
+AdapterDtype = Literal["fp32", "model"]
 
 
 class _RaisesJobError(type(BaseModel)):
@@ -75,11 +89,15 @@ class Peft(_Strict):
 
     method: PeftMethod = "lora"
     rank: int = Field(16, ge=1, le=4096)
-    alpha: float = Field(32.0, gt=0, le=1e6, allow_inf_nan=False)
+    alpha: float = Field(32.0, gt=0, le=1_000_000, allow_inf_nan=False)
     dropout: float = Field(0.05, ge=0, lt=1)
     # peft's names: module names inside a block, or "all-linear" for every linear in blocks
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     double_quant: bool = True  # QLoRA: quantise the 4-bit blocks' absmax constants too
+    # dtype of the adapters, their gradients and optimizer states: fp32 (peft's
+    # autocast_adapter_dtype) or the model's dtype (torchtune). None: fp32, except in a
+    # bf16-pure job, where the adapters stay bf16.
+    adapter_dtype: AdapterDtype | None = None
 
 
 class Parallel(_Strict):
@@ -90,6 +108,9 @@ class Parallel(_Strict):
     gpus_per_node: int = Field(8, ge=1, le=1024)  # hybrid-shard shards within a node
     tensor_parallel: int = Field(1, ge=1, le=1024)
     context_parallel: int = Field(1, ge=1, le=1024)
+    # FSDP/ZeRO shard over data-parallel x context-parallel ranks, as torchtitan's dp_shard_cp
+    # mesh does (distributed/parallel_dims.py); False: over data-parallel ranks only
+    shard_over_context_parallel: bool = False
 
     @property
     def data_parallel(self) -> int:
@@ -98,9 +119,11 @@ class Parallel(_Strict):
     @property
     def shard_degree(self) -> int:
         """How many ranks share one copy of sharded state (1 = nothing sharded)."""
+        ranks = self.data_parallel * (self.context_parallel if self.shard_over_context_parallel
+                                      else 1)
         if self.strategy == "hybrid-shard":
-            return min(self.data_parallel, self.gpus_per_node)
-        return self.data_parallel if self.strategy in ("zero1", "zero2", "zero3", "fsdp") else 1
+            return min(ranks, self.gpus_per_node)
+        return ranks if self.strategy in ("zero1", "zero2", "zero3", "fsdp") else 1
 
     @model_validator(mode="after")
     def _check(self) -> Parallel:
@@ -140,7 +163,7 @@ class Runtime(_Strict):
       (aten/src/ATen/cuda/CublasHandlePool.cpp).
     """
 
-    cuda_context_bytes: int = Field(1390 * 1024**2, ge=0, le=MAX_BYTES)
+    cuda_context_bytes: int = Field(1390 * 1024**2, ge=0, le=1024**4)  # at most 1 TiB
     allocator_overhead: float | None = Field(None, ge=0, le=1)
     cublas_workspaces: int = Field(2, ge=0, le=64)
 
@@ -164,35 +187,48 @@ class Job(_Strict):
     """
 
     model: str = DEFAULT_MODEL  # catalog name, HF id, config.json path or HF model folder
+    # the framework whose defaults fill the fields this job leaves unset (plain: none)
+    framework: Framework = "plain"
     task: Task | None = None    # default: the model's own (causal-lm for decoders, ...)
     batch_size: int = Field(1, ge=1, le=1_000_000)      # micro-batch per GPU
     grad_accum: int = Field(1, ge=1, le=1_000_000)      # micro-batches per optimizer step
     # text tokens (encoder side for seq2seq); default min(2048, the model's maximum)
     seq_len: int | None = Field(None, ge=1, le=100_000_000)
     target_len: int | None = Field(None, ge=1, le=100_000_000)  # seq2seq decoder tokens
-    #                                                             (default seq_len)
     image_size: int | None = Field(None, ge=8, le=65536)  # vision: default the model's own
     # speech: default the model's maximum
     audio_seconds: float | None = Field(None, gt=0, le=86_400, allow_inf_nan=False)
     precision: Precision = "bf16-mixed"
     optimizer: Optimizer = "adamw"
     optimizer_impl: OptimizerImpl = "foreach"  # torch's CUDA default for Adam/AdamW/SGD
-    # full: each block keeps its input and is recomputed in backward; selective: it also
-    # keeps its matmul and attention outputs and recomputes the rest (torchtitan's "op" SAC)
-    checkpointing: Checkpointing = "none"
+    checkpointing: Checkpointing = "none"  # see Checkpointing above
     attention: Attention = "sdpa"
     loss: Loss = "standard"
     peft: Peft | None = None
     optimizer_in_backward: bool = False  # step each parameter as its gradient arrives
     activation_offload: bool = False     # saved activations go to pinned CPU memory
+    # zero_grad(set_to_none=False): gradients stay allocated from one step into the next
+    # forward (torch < 2.0's default; torchtitan with CUDA graphs)
+    keep_grads_between_steps: bool = False
+    compile: bool = False  # torch.compile of the model (and loss); not modelled yet
     parallel: Parallel = Parallel()
     offload: Offload = Offload()
     runtime: Runtime = Runtime()
     gpu: str | None = None  # the GPU to check; None checks every catalog GPU
 
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_framework(cls, data: Any) -> Any:
+        """Fields the job leaves unset take its framework's defaults (profiles.toml)."""
+        if isinstance(data, dict) and data.get("framework", "plain") != "plain":
+            from vramplan.frameworks import apply_profile
+
+            return apply_profile(data)
+        return data
+
     @model_validator(mode="after")
     def _check_combinations(self) -> Job:
-        problems = []
+        problems = self._framework_problems()
         if self.optimizer_in_backward and self.grad_accum > 1:
             problems.append("optimizer_in_backward steps as soon as a gradient exists, so it "
                             "cannot accumulate: use grad_accum=1 or turn it off")
@@ -205,15 +241,34 @@ class Job(_Strict):
         if self.peft and self.peft.method == "qlora" and self.precision == "fp8":
             problems.append("QLoRA computes in 16-bit; fp8 training of a 4-bit base is not "
                             "supported: use bf16-mixed or fp16-mixed")
-        if self.optimizer == "paged-adamw-8bit" and self.offload.optimizer:
-            problems.append("paged-adamw-8bit already pages its states to the CPU; drop "
+        if self.optimizer in ("paged-adamw-8bit", "paged-adamw") and self.offload.optimizer:
+            problems.append(f"{self.optimizer} already pages its states to the CPU; drop "
                             "offload.optimizer")
+        if self.loss.startswith("chunked:torchtune") and self.framework not in (
+                "torchtune", "plain"):
+            problems.append(f"loss {self.loss} is torchtune's; {self.framework} does not use "
+                            "it: use loss standard or chunked")
         if self.optimizer_impl == "fused" and self.optimizer in ("adafactor", "lion") :
             problems.append(f"{self.optimizer} has no fused implementation in torch: use "
                             "foreach or loop")
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _framework_problems(self) -> list[str]:
+        if self.framework == "plain":
+            return []
+        from vramplan.frameworks import profile_problems
+
+        fields = {"parallel.strategy": self.parallel.strategy, "optimizer": self.optimizer,
+                  "loss": self.loss, "peft.method": self.peft.method if self.peft else None}
+        problems = profile_problems(self.framework, fields)
+        if self.framework == "torchtune" and self.activation_offload and (
+                self.checkpointing == "none"):
+            problems.append("torchtune offloads activations only with activation "
+                            "checkpointing on: set checkpointing (full) or drop "
+                            "activation_offload")
+        return problems
 
     @property
     def effective_batch(self) -> int:

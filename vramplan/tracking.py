@@ -16,12 +16,12 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-REPORT_KIND = "vramplan.track/1"
+from vramplan.hardware.nvml import NvmlSampler
+from vramplan.units import p90
 
 
 class Tracker:
@@ -85,13 +85,18 @@ class Tracker:
     # --- the report -----------------------------------------------------------------------------
 
     def report(self) -> dict[str, Any]:
+        """The run so far as a Measured document (vramplan.engines.report.Measured, source
+        "track"), as a JSON-ready dict."""
+        from vramplan.engines.report import Measured
+
         torch = self._torch
         elapsed = time.perf_counter() - self._started
         timed = self.step_times[1:] or self.step_times  # the first step warms up
         median = statistics.median(timed) if timed else None
         data: dict[str, Any] = {
-            "kind": REPORT_KIND, "device": str(self.device), "complete": not self.error,
-            "error": self.error, "elapsed_s": elapsed, "steps": len(self.step_times),
+            "source": "track", "device": str(self.device), "complete": not self.error,
+            "stopped": self.error, "elapsed_s": elapsed, "steps": len(self.step_times),
+            "step_times_s": self.step_times,
             "step_time_median_s": median, "step_time_p90_s": p90(timed),
             "losses": self.losses,
             "non_finite_losses": sum(not math.isfinite(x) for x in self.losses),
@@ -113,7 +118,7 @@ class Tracker:
             peak = _peak_rss()
             data.update(process_peak_rss=peak, process_rss_at_start=self._rss_at_start,
                         peak_rss_increase=max(0, peak - self._rss_at_start) if peak else None)
-        return data
+        return Measured(**data).model_dump(mode="json")
 
     def write(self, path: str | Path) -> None:
         """Write the final report, or the figures so far while the loop still runs."""
@@ -150,51 +155,3 @@ def _reset_peak_rss() -> int | None:
     except OSError:
         pass
     return _status_bytes("VmRSS")
-
-
-# --- shared with the measure engine -------------------------------------------------------
-
-
-def p90(values: list[float]) -> float | None:
-    """90th percentile (nearest rank)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
-
-
-class NvmlSampler:
-    """Samples NVML used memory and utilization every `interval` s in a daemon thread.
-    NVML's utilization is the share of time a kernel ran (or memory was read or written)
-    over its own sample window, not SM occupancy."""
-
-    def __init__(self, device: Any, interval: float = 0.05):
-        import torch
-
-        self._cuda = torch.cuda
-        self.device, self.interval = device, interval
-        self.max_used = 0
-        self.gpu_util: list[float] = []
-        self.mem_util: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self._sample()  # at least one sample, even for a very short run
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
-
-    def _sample(self) -> None:
-        try:
-            self.max_used = max(self.max_used, int(self._cuda.device_memory_used(self.device)))
-            self.gpu_util.append(float(self._cuda.utilization(self.device)))
-            self.mem_util.append(float(self._cuda.memory_usage(self.device)))
-        except Exception:  # noqa: BLE001 - NVML missing: memory stats still come from torch
-            self._stop.set()

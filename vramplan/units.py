@@ -7,6 +7,7 @@ are never confused.
 
 from __future__ import annotations
 
+import math
 import re
 
 from vramplan.errors import JobError
@@ -65,3 +66,11 @@ def format_count(n: int) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f}{suffix}"
     return str(n)
+
+
+def p90(values: list[float]) -> float | None:
+    """90th percentile (nearest rank) of step times."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]

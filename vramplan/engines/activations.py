@@ -49,6 +49,9 @@ class Adapters:
     rank: int = 0
     dropout: float = 0.0
     base_trainable: bool = True
+    # fp32 adapters in a 16-bit model without autocast: peft casts each adapter's input to
+    # fp32 (lora_A saves that copy) and lora_A's output is fp32; 0 when it does not happen
+    upcast_bytes: int = 0
 
 
 def _activation_saved_bytes(name: str, dt: Dtypes) -> int:
@@ -102,12 +105,18 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
                 # (the one encoder output that serves every layer is counted once, elsewhere)
                 saved.append((tensor, c * elements))
         if lora:
+            a = adapters.upcast_bytes or c  # bytes of what lora_A reads and writes
             if adapters.dropout > 0:  # each adapter drops out its own copy
-                saved.append((f"{tensor} lora dropout x{len(lora)}", len(lora) * (c + 1) * elements))
-            elif not trained and not already_saved:
-                saved.append((tensor, c * elements))
+                saved.append((f"{tensor} lora dropout x{len(lora)}",
+                              len(lora) * (a + 1) * elements))
+            else:
+                if not trained and not already_saved:
+                    saved.append((tensor, c * elements))
+                if adapters.upcast_bytes:
+                    saved.append((f"{tensor} lora fp32 copy x{len(lora)}",
+                                  len(lora) * a * elements))
             rank_elems = elements // max(1, _width(tensor, stack)) * adapters.rank
-            saved.append((f"{tensor} lora A out x{len(lora)}", len(lora) * c * rank_elems))
+            saved.append((f"{tensor} lora A out x{len(lora)}", len(lora) * a * rank_elems))
 
     def norm(name: str):
         if stack.norm == "rmsnorm":
@@ -238,5 +247,47 @@ def block_matmul_outputs(stack: Stack, shape: BlockShape, dt: Dtypes, *, attenti
         if attention == "sdpa":
             kept.append((f"{tag} sdpa out+lse", c * b * s * a * d + 4 * b * a * s))
         else:  # the two batched matmuls: q @ k^T and probs @ v
+            kept.append((f"{tag} scores+out", c * b * a * s * s_k + c * b * s * a * d))
+    return kept
+
+
+def block_op_sac_outputs(stack: Stack, shape: BlockShape, dt: Dtypes, *, attention: str,
+                         adapters: Adapters) -> list[tuple[str, int]]:
+    """What torchtitan's op-level selective checkpointing keeps of one block
+    (torchtitan b5bcd76c distributed/activation_checkpoint.py, SelectiveAC): its input, the
+    attention kernels' outputs, and the outputs of the block's matmuls except every second
+    one. Its counter advances on each aten.mm (a linear without bias), in the order the
+    block runs them (a LoRA adapter's A and B right after their base linear), and an mm
+    whose count is even is recomputed; a linear with a bias runs as aten.addmm, which is
+    always saved and not counted. In a Llama block that keeps q, v, gate and down."""
+    b, s, c = shape.batch, shape.seq, dt.compute
+    a, d = stack.num_heads, stack.head_dim
+    routed = stack.experts_per_token if stack.num_experts > 1 else 1
+    kept = [("block input", dt.residual * b * s * stack.hidden_size)]
+    mm_count = 0
+
+    def matmul(name: str, bias: bool, elements: int):
+        nonlocal mm_count
+        if not bias:
+            mm_count += 1
+            if mm_count % 2 == 0:
+                return  # recomputed in backward
+        kept.append((f"{name} out", c * elements))
+
+    for ln in stack.linears:
+        tokens = b * (shape.encoder_seq if ln.role == "cross_kv" else s)
+        if ln.count > 1:
+            tokens *= routed
+        if ln.role == "router":
+            continue  # force_recompute_mm_shapes_by_fqns = ["moe.router.gate"]: not counted
+        matmul(ln.name, ln.bias, tokens * ln.out_features)
+        if ln.name in adapters.targets:
+            matmul(f"{ln.name} lora_A", False, tokens * adapters.rank)
+            matmul(f"{ln.name} lora_B", False, tokens * ln.out_features)
+    attentions = [(s, "self")] + ([(shape.encoder_seq, "cross")] if stack.cross_attention else [])
+    for s_k, tag in attentions:
+        if attention == "sdpa":
+            kept.append((f"{tag} sdpa out+lse", c * b * s * a * d + 4 * b * a * s))
+        else:  # q @ k^T and probs @ v run as aten.bmm: saved, not counted
             kept.append((f"{tag} scores+out", c * b * a * s * s_k + c * b * s * a * d))
     return kept

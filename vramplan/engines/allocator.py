@@ -11,7 +11,11 @@ expandable_segments, no empty_cache):
     (best fit, ties by address); the block is split when the remainder is >= 512 B (small
     pool) or > 1 MiB (large pool), otherwise the whole block is handed out;
   * a freed block merges with free neighbours of the same segment; segments are never
-    returned to the driver, so reserved memory only grows.
+    returned to the driver, so reserved memory only grows -- until a new segment would not
+    fit on the device: then the allocator releases every wholly free cached segment and
+    retries before it reports out of memory (release_cached_blocks, then alloc again in
+    DeviceCachingAllocator::malloc), so with a `capacity` reserved stays within it whenever
+    the live blocks allow.
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ class _Block:
 class CachingAllocator:
     """Replays malloc/free of rounded sizes; tracks allocated and reserved bytes and peaks."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
+        self.capacity = capacity  # bytes the device can give this process (None: no limit)
         self._free = {True: [], False: []}  # pool(small?) -> sorted [(size, addr, block)]
         self._in_use: dict[object, _Block] = {}
         self._next_addr = 0
@@ -106,12 +111,23 @@ class CachingAllocator:
 
     def _new_segment(self, size: int, small: bool) -> _Block:
         seg = segment_size(size)
+        if self.capacity is not None and self.reserved + seg > self.capacity:
+            self._release_cached_segments()
         block = _Block(self._next_addr, seg, small)
         self._next_addr += seg
         self.reserved += seg
         self.segments += 1
         self.peak_reserved = max(self.peak_reserved, self.reserved)
         return block
+
+    def _release_cached_segments(self) -> None:
+        """Return every segment that is one free block (nothing of it in use) to the driver."""
+        for pool in self._free.values():
+            whole = [entry for entry in pool if entry[2].prev is None and entry[2].next is None]
+            for entry in whole:
+                pool.remove(entry)
+                self.reserved -= entry[2].size
+                self.segments -= 1
 
     def _insert_free(self, block: _Block) -> None:
         bisect.insort(self._free[block.small], (block.size, block.addr, block))

@@ -15,19 +15,37 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.engines import activations as act
+from vramplan.engines import optimizer_states as opt_states
 from vramplan.engines.precision import (
-    NF4_BYTES_PER_PARAM, NF4_DOUBLE_QUANT_BYTES_PER_PARAM, STATE_COPIES, Dtypes, adapter_bytes,
-    dtypes_for, eight_bit_state_bytes, frozen_base_bytes, optimizer_step_temp_copies,
+    NF4_BYTES_PER_PARAM,
+    NF4_DOUBLE_QUANT_BYTES_PER_PARAM,
+    STATE_COPIES,
+    Dtypes,
+    adapter_bytes,
+    dtypes_for,
+    eight_bit_state_bytes,
+    frozen_base_bytes,
+    optimizer_step_temp_copies,
 )
 from vramplan.engines.report import CATEGORIES, MemoryReport
-from vramplan.engines.runtime import fit_table, workspaces_bytes
+from vramplan.engines.runtime import (
+    check_precision_supported,
+    fit_table,
+    runtime_context_bytes,
+    workspaces_bytes,
+)
 from vramplan.errors import JobError
 from vramplan.hardware import get_gpu, list_gpus
 from vramplan.hardware.gpu import GPU
 from vramplan.job import CHUNKED_LOSS_CHUNKS, Job
-from vramplan.models import Architecture, Stack, load_architecture
-from vramplan.models.families import (EAGER_ONLY, LEARNED_POSITIONS, SDPA_QUERY_CONTIGUOUS,
-                                      TRAINED_ATTENTION_BIAS, text_len)
+from vramplan.models import Architecture, Stack, architecture_from_config, load_architecture
+from vramplan.models.families import (
+    EAGER_ONLY,
+    LEARNED_POSITIONS,
+    SDPA_QUERY_CONTIGUOUS,
+    TRAINED_ATTENTION_BIAS,
+    text_len,
+)
 from vramplan.units import format_bytes
 
 # DeepSpeed's default reduce/allreduce bucket (reduce_bucket_size = 5e8 elements).
@@ -50,6 +68,9 @@ class Shapes:
     input_bytes: int             # the micro-batch as the data loader hands it over
     tokens_per_sample: int       # for throughput: text tokens (or 1 for images)
     notes: tuple[str, ...] = ()
+    # the labels in input_bytes: the loss reads them in forward and the batch is then
+    # dropped, so backward holds only the inputs the model saved (ids, pixels, features)
+    label_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,7 +94,8 @@ class ParamMemory:
     notes: tuple[str, ...] = ()
 
 
-def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
+def estimate(job: Job, *, gpus: list[GPU] | None = None,
+             model_config: dict | None = None) -> MemoryReport:
     """Peak memory per GPU of one training step of `job`, by closed-form formulas.
 
     >>> from vramplan import Job, estimate
@@ -81,10 +103,18 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
     >>> report.peak_allocated > 0
     True
     """
-    arch = load_architecture(job.model)
+    if job.compile:
+        raise JobError("the formula does not model torch.compile yet: drop compile (its "
+                       "eager numbers are an upper bound for the compiled step)")
+    # model_config: a Hugging Face config dict used instead of looking up job.model (an
+    # uploaded config.json in the web app; the trace and measure engines take it too)
+    arch = (architecture_from_config(model_config, job.model) if model_config is not None
+            else load_architecture(job.model))
     task = _task(job, arch)
     shapes = _shapes(job, arch, task)
     runtime_gpu = get_gpu(job.gpu) if job.gpu else None
+    if runtime_gpu:
+        check_precision_supported(job, runtime_gpu)
     params = _param_memory(job, arch, task)
     dt = _activation_dtypes(job)
 
@@ -93,30 +123,43 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
     layer_acts, block_acts = _stack_activations(job, arch, shapes, dt)
     activations = (layer_acts + _outside_block_activations(job, arch, shapes, dt, task)) / (tp * cp)
     if job.activation_offload and arch.stacks:  # (a CNN has no blocks to offload)
-        activations = min(activations, 2 * block_acts / (tp * cp))
+        if job.checkpointing == "none":
+            activations = min(activations, 2 * block_acts / (tp * cp))
+        else:
+            activations = _offloaded_checkpoint_activations(job, arch, shapes, dt, task,
+                                                            layer_acts) / (tp * cp)
     logits_fwd, logits_bwd = _loss_buffers(job, arch, shapes, dt, task)
 
     w, g, o, cast, gathered, root_gathered, comm, notes = _per_gpu_params(job, params)
     ws = workspaces_bytes(job.runtime, runtime_gpu)
     inputs = shapes.input_bytes / cp
-    g_kept = g if job.grad_accum > 1 else 0.0
+    keeps_grads = job.keep_grads_between_steps and not job.optimizer_in_backward
+    g_kept = g if job.grad_accum > 1 or keeps_grads else 0.0
     step_temp = params.step_temp / (tp * job.parallel.shard_degree)
     if job.optimizer_in_backward:
         g = min(g, params.largest_block / (tp * job.parallel.shard_degree))
+        # one parameter is stepped at a time: no buffer spans all parameters
+        step_temp = min(step_temp, _largest_trainable_bytes(job, arch, task) / tp)
+    if job.offload.optimizer:
+        step_temp = 0.0  # the step runs on the CPU, next to the offloaded states
+    unified = _unified_state_bytes(job, arch, task) / (tp * job.parallel.shard_degree)
 
     recompute = dict(activations=0.0, cast=0.0)
     layers = sum(st.num_layers for st in arch.stacks)
-    if job.checkpointing in ("full", "selective") and layers:
-        # saved tensors of checkpointed blocks hold no weight copies; during backward one
-        # block at a time is recomputed, with its activations and weight copies
+    cast_fwd = cast  # autocast's cache keeps every copy until the forward ends
+    if job.checkpointing != "none" and layers:
+        # saved tensors of checkpointed blocks hold no weight copies, so those copies go
+        # when the forward ends; during backward one block at a time is recomputed, with
+        # its activations and weight copies
         block_cast = max(0.0, cast - params.cast_head / tp)
-        cast -= block_cast
+        cast -= block_cast * _checkpointed_share(job, arch)
         recompute = dict(activations=block_acts / (tp * cp), cast=block_cast / layers)
 
-    base = dict(weights=w, optimizer_states=o, inputs=inputs)
+    saved_inputs = (shapes.input_bytes - shapes.label_bytes) / cp  # what backward still holds
+    base = dict(weights=w, optimizer_states=o, inputs=saved_inputs)
     phases = {
-        "forward": dict(base, gradients=g_kept, activations=activations,
-                        temporary=cast + logits_fwd + gathered + comm + ws),
+        "forward": dict(base, inputs=inputs, gradients=g_kept, activations=activations,
+                        temporary=cast_fwd + logits_fwd + gathered + comm + ws),
         "backward": dict(base, gradients=g_kept, activations=activations,
                          temporary=cast + logits_bwd + gathered + comm + ws),
         # FSDP2 gathers the root again as backward starts (the blocks are resharded): its
@@ -126,28 +169,27 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
         "backward_recompute": dict(base, gradients=g_kept, activations=activations
                                    + recompute["activations"],
                                    temporary=cast + recompute["cast"] + gathered + comm + ws),
-        "backward_end": dict(base, gradients=g, activations=0.0,
+        "backward_end": dict(base, inputs=0.0, gradients=g, activations=0.0,
                              temporary=gathered + comm + ws + params.tied_grad_transient / tp),
-        "optimizer": dict(base, gradients=g, activations=0.0, temporary=step_temp + comm + ws),
+        "optimizer": dict(base, inputs=0.0, gradients=g, activations=0.0,
+                          temporary=step_temp + comm + ws),
     }
     totals = {name: sum(parts.values()) for name, parts in phases.items()}
     peak_name = max(totals, key=totals.get)
     at_peak = {k: int(round(v)) for k, v in phases[peak_name].items()}
     allocated = sum(at_peak.values())
-    if job.runtime.allocator_overhead is not None:  # measured: a share of the peak
-        at_peak["allocator_overhead"] = int(allocated * job.runtime.allocator_overhead)
-    else:  # reserved memory is the most the allocator held at any phase
-        reserved = max(totals[name] + _allocator_overhead(job, arch, name, parts)
-                       for name, parts in phases.items())
-        at_peak["allocator_overhead"] = max(0, int(round(reserved)) - allocated)
-    at_peak["runtime_context"] = job.runtime.cuda_context_bytes
+    # reserved memory is the most the allocator held at any phase, not only at the peak
+    reserved = max(totals[name] + _allocator_overhead(job, arch, name, totals[name], parts)
+                   for name, parts in phases.items())
+    at_peak["allocator_overhead"] = max(0, int(reserved) - allocated)  # whole bytes, down
+    at_peak["runtime_context"] = runtime_context_bytes(job.runtime, runtime_gpu)
     phase_peaks = {"forward": totals["forward"],
                    "backward": max(totals["backward"], totals["backward_recompute"],
                                    totals["backward_end"], totals["backward_gather"]),
                    "optimizer": totals["optimizer"]}
 
     report = MemoryReport(
-        engine="formula", job=job.model_dump(), model_name=arch.name,
+        engine="formula", job=job, model_name=arch.name,
         params_total=params.total, params_trainable=params.trainable,
         per_gpu_of=job.parallel.num_gpus,
         categories={c: at_peak[c] for c in CATEGORIES},
@@ -155,7 +197,9 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None) -> MemoryReport:
         peak_phase=peak_name.split("_")[0],
         runtime_gpu=runtime_gpu.name if runtime_gpu else None,
         tokens_per_step=shapes.tokens_per_sample * job.effective_batch,
-        notes=[*shapes.notes, *params.notes, *notes, *_technique_notes(job, arch)],
+        notes=[*shapes.notes, *params.notes, *notes, *_technique_notes(job, arch),
+               *_framework_notes(job, unified)],
+        unified_memory_bytes=int(round(unified)),
     )
     catalog = gpus if gpus is not None else ([runtime_gpu] if runtime_gpu else list_gpus())
     return report.model_copy(update={"fits": fit_table(report, job.runtime, catalog,
@@ -181,8 +225,8 @@ def _shapes(job: Job, arch: Architecture, task: str) -> Shapes:
             raise JobError(f"image_size {size} is not a multiple of {arch.name}'s patch size "
                            f"{arch.patch_size}")
         seq = (size // arch.patch_size) ** 2 + 1 if arch.patch_size else 0
-        pixels = 4 * b * arch.num_channels * size * size  # fp32 pixel_values
-        return Shapes(tuple(seq for _ in arch.stacks), 0, pixels + 8 * b, 1)
+        pixels = _float_bytes(job) * b * arch.num_channels * size * size  # pixel_values
+        return Shapes(tuple(seq for _ in arch.stacks), 0, pixels + 8 * b, 1, label_bytes=8 * b)
 
     seq = _text_len(job.seq_len, arch, "seq_len", notes)
     if arch.stacks[0].sequence == "audio":
@@ -194,17 +238,27 @@ def _shapes(job: Job, arch: Architecture, task: str) -> Shapes:
             notes.append(f"{arch.name} pads every clip to {frames / 100:g} s: memory is that "
                          "of a full-length clip")
         target = _text_len(job.target_len or job.seq_len, arch, "target_len", notes)
-        features = 4 * b * arch.num_mel_bins * frames
+        features = _float_bytes(job) * b * arch.num_mel_bins * frames
+        # input_features, then labels and decoder_input_ids (int64)
         return Shapes((frames // 2, target), b * target,
-                      features + 16 * b * target, target, tuple(notes))
+                      features + 16 * b * target, target, tuple(notes), label_bytes=8 * b * target)
     if arch.kind == "encoder-decoder":
         target = job.target_len or seq
-        # input_ids + attention_mask (encoder), labels + decoder_input_ids (decoder), int64
-        return Shapes((seq, target), b * target, 16 * b * seq + 16 * b * target, seq + target,
-                      tuple(notes))
+        # input_ids (encoder), labels + decoder_input_ids (decoder), int64; no attention
+        # mask: the synthetic batch has no padding, as a packed data loader's
+        return Shapes((seq, target), b * target, 8 * b * seq + 16 * b * target, seq + target,
+                      tuple(notes), label_bytes=8 * b * target)
     scored = b * seq if task in ("causal-lm", "masked-lm") else 0
-    # input_ids, attention_mask and labels, int64 each
-    return Shapes(tuple(seq for _ in arch.stacks), scored, 24 * b * seq, seq, tuple(notes))
+    labels = 8 * b * seq if scored else 8 * b  # a label per token, or one per sample
+    # input_ids and labels, int64 (no attention mask, as above)
+    return Shapes(tuple(seq for _ in arch.stacks), scored, 8 * b * seq + labels, seq,
+                  tuple(notes), label_bytes=labels)
+
+
+def _float_bytes(job: Job) -> int:
+    """Pixels and audio features as the data loader hands them over: bf16 when the whole
+    model is, else fp32 (autocast casts them inside the model)."""
+    return 2 if job.precision == "bf16-pure" else 4
 
 
 def _text_len(requested: int | None, arch: Architecture, field: str, notes: list[str]) -> int:
@@ -259,7 +313,11 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
         dt = Dtypes(adapter_bytes(job), adapter_bytes(job), dt.compute, dt.residual,
                     dt.autocast, dt.linear_saved)
     grads = trainable * dt.grad
-    optimizer = _optimizer_bytes(job, arch, trainable, dt.weight)
+    if job.optimizer in opt_states.PER_TENSOR_OPTIMIZERS:
+        optimizer, _ = opt_states.split_state_bytes(
+            job.optimizer, _trainable_tensors(job, arch, task), dt.weight)
+    else:
+        optimizer = _optimizer_bytes(job, arch, trainable, dt.weight)
     step_temp = optimizer_step_temp_copies(job) * trainable * dt.weight
     if job.optimizer_impl == "loop" or job.optimizer in ("sgd-momentum", "lion"):
         step_temp = max(step_temp, largest * dt.weight)  # one param's update at a time
@@ -391,8 +449,10 @@ def _activation_dtypes(job: Job) -> Dtypes:
 def _adapters(job: Job) -> act.Adapters:
     if job.peft is None:
         return act.Adapters()
+    dt = dtypes_for(job)
+    upcast = adapter_bytes(job) if not dt.autocast and adapter_bytes(job) > dt.compute else 0
     return act.Adapters(frozenset(job.peft.target_modules), job.peft.rank, job.peft.dropout,
-                        base_trainable=False)
+                        base_trainable=False, upcast_bytes=upcast)
 
 
 def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
@@ -403,7 +463,7 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
     adapters = _adapters(job)
     if job.peft and "all-linear" in job.peft.target_modules:
         adapters = act.Adapters(frozenset(ln.name for s in arch.stacks for ln in s.linears),
-                                adapters.rank, adapters.dropout, False)
+                                adapters.rank, adapters.dropout, False, adapters.upcast_bytes)
     for stack, seq in zip(arch.stacks, shapes.stack_seq):
         encoder_seq = shapes.stack_seq[0] if stack.cross_attention else 0
         saved = act.block_saved_tensors(
@@ -422,18 +482,25 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
         if job.checkpointing == "full":
             # each block keeps only its input; one block is recomputed at a time in backward
             total += stack.num_layers * dt.residual * job.batch_size * seq * stack.hidden_size
-        elif job.checkpointing == "selective":
-            kept = act.block_matmul_outputs(
-                stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
-                attention=_attention_impl(job, arch), adapters=adapters)
+        elif job.checkpointing in ("selective", "selective:torchtitan-op"):
+            policy = (act.block_matmul_outputs if job.checkpointing == "selective"
+                      else act.block_op_sac_outputs)
+            kept = policy(stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
+                          attention=_attention_impl(job, arch), adapters=adapters)
             # what selective keeps is a subset of what the block saves, and backward
             # recomputes only the rest of one block
             kept_bytes = min(sum(b for _, b in kept), block)
             total += stack.num_layers * kept_bytes
             recomputed = max(recomputed, block - kept_bytes)
+        elif job.checkpointing == "selective:every-2nd-layer":
+            # blocks 1, 3, 5, ... (from 0) are fully checkpointed, the others keep everything
+            checkpointed = stack.num_layers // 2
+            block_input = dt.residual * job.batch_size * seq * stack.hidden_size
+            total += checkpointed * block_input + (stack.num_layers - checkpointed) * block
         else:
             total += stack.num_layers * block
-    if job.checkpointing == "selective" and not job.activation_offload:
+    if job.checkpointing in ("selective", "selective:torchtitan-op") \
+            and not job.activation_offload:
         return total, recomputed
     return total, largest
 
@@ -498,12 +565,14 @@ ALLOCATOR_OVERHEAD = {"none": 0.06, "selective": 0.12, "full": 0.30}
 RECOMPUTE_PHASES = ("backward", "backward_recompute", "backward_gather")
 
 
-def _allocator_overhead(job: Job, arch: Architecture, phase: str,
+def _allocator_overhead(job: Job, arch: Architecture, phase: str, allocated: float,
                         parts: dict[str, float]) -> float:
+    if job.runtime.allocator_overhead is not None:
+        return allocated * job.runtime.allocator_overhead
     # checkpointing is ignored on a model without blocks (ResNet), and outside backward
     # nothing is recomputed: the optimizer step's temporaries fragment no more than usual
     recomputes = bool(arch.stacks) and phase in RECOMPUTE_PHASES
-    mode = job.checkpointing if recomputes else "none"
+    mode = job.checkpointing.split(":")[0] if recomputes else "none"
     return (parts["activations"] + parts["temporary"]) * ALLOCATOR_OVERHEAD[mode]
 
 
@@ -514,8 +583,10 @@ def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task
     if not t or not vocab:
         return 0.0, 0.0
     c, h = dt.compute, _hidden(arch)
+    if job.loss.startswith("chunked:torchtune"):
+        return _torchtune_loss_buffers(job, t, vocab, h, dt)
     if job.loss == "chunked":
-        # build.chunked_causal_lm_loss: each sequence chunk checkpointed, so forward keeps
+        # training.losses.chunked_causal_lm_loss: each sequence chunk checkpointed, so forward keeps
         # no logits; backward recomputes one chunk's bf16 logits, their fp32 copy and
         # log_softmax, then the nll and log_softmax gradients, beside the hidden states' grad
         tc = t / CHUNKED_LOSS_CHUNKS
@@ -566,4 +637,102 @@ def _technique_notes(job: Job, arch: Architecture) -> list[str]:
     if job.checkpointing != "none" and not arch.stacks:
         notes.append(f"{arch.name} has no transformer blocks to checkpoint (transformers does "
                      "not support gradient checkpointing for it): estimated without it")
+    return notes
+
+
+# --- framework behaviours (docs/frameworks.md) ------------------------------------------
+
+# torchtune's chunked losses split the scored tokens into 8 (num_output_chunks = 8)
+TORCHTUNE_LOSS_CHUNKS = 8
+# torchtune's OffloadActivations keeps the last max_fwd_stash_size = 5 offloaded tensors on
+# the GPU (training/_activation_offloading.py)
+TORCHTUNE_OFFLOAD_STASH = 5
+
+
+def _torchtune_loss_buffers(job: Job, t: float, vocab: float, h: int, dt: Dtypes):
+    """(forward, backward-start) bytes of torchtune's chunked losses, eager (uncompiled).
+
+    Per chunk both run logits.float() and cross_entropy, whose log_softmax saves its fp32
+    output: every chunk's stays until backward (4 bytes x tokens x vocab in all), and the
+    last chunk's 16-bit logits and fp32 copy are alive beside them. CEWithChunkedOutputLoss
+    also holds all 16-bit logit chunks the model returned until the loss ends. Backward
+    starts with the nll and log_softmax fp32 gradients and the 16-bit one of one chunk,
+    and the output head's gradient is accumulated over chunks: the chunk's own gradient
+    exists beside the running sum (two head-sized buffers) while the head trains."""
+    c, tc = dt.compute, t / TORCHTUNE_LOSS_CHUNKS
+    forward = 4 * t * vocab + (c + 4) * tc * vocab
+    if job.loss == "chunked:torchtune-output":
+        forward = (c + 4) * t * vocab + 4 * tc * vocab
+    backward = 4 * t * vocab + (8 + c) * tc * vocab
+    if job.peft is None:
+        backward += 2 * vocab * h * dt.grad
+    return forward, backward
+
+
+def _checkpointed_share(job: Job, arch: Architecture) -> float:
+    """Share of the blocks whose saved tensors are recomputed (so hold no weight copies)."""
+    if job.checkpointing != "selective:every-2nd-layer":
+        return 1.0
+    layers = sum(st.num_layers for st in arch.stacks)
+    return sum(st.num_layers // 2 for st in arch.stacks) / max(layers, 1)
+
+
+def _offloaded_checkpoint_activations(job: Job, arch: Architecture, shapes: Shapes,
+                                      dt: Dtypes, task: str, layer_acts: float) -> float:
+    """Activations left on the GPU when torchtune offloads them under checkpointing: the
+    saved tensors are the checkpointed blocks' inputs (full) or kept outputs (selective),
+    and the last TORCHTUNE_OFFLOAD_STASH of them stay on the GPU; the rest is on the host.
+    The head's input stays (the output layer runs outside the offload hooks)."""
+    stash = 0.0
+    for stack, seq in zip(arch.stacks, shapes.stack_seq):
+        block_input = dt.residual * job.batch_size * seq * stack.hidden_size
+        if job.checkpointing == "full":
+            largest = block_input
+        else:
+            encoder_seq = shapes.stack_seq[0] if stack.cross_attention else 0
+            kept = act.block_op_sac_outputs(
+                stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
+                attention=_attention_impl(job, arch), adapters=_adapters(job))
+            largest = max(b for _, b in kept)
+        stash = max(stash, largest)
+    on_gpu = min(layer_acts, TORCHTUNE_OFFLOAD_STASH * stash)
+    return on_gpu + _outside_block_activations(job, arch, shapes, dt, task)
+
+
+def _trainable_tensors(job: Job, arch: Architecture, task: str) -> opt_states.Tensors:
+    if job.peft is None:
+        return opt_states.full_model_tensors(arch, task)
+    head = arch.head_params[task] if task in CLASSIFIER_TASKS else 0
+    return opt_states.lora_tensors(arch, set(job.peft.target_modules), job.peft.rank, head)
+
+
+def _largest_trainable_bytes(job: Job, arch: Architecture, task: str) -> float:
+    """One step temporary of the largest trainable parameter (optimizer in backward)."""
+    largest = max((n for n, _ in _trainable_tensors(job, arch, task)), default=0)
+    per = dtypes_for(job).weight if job.peft is None else adapter_bytes(job)
+    return largest * per
+
+
+def _unified_state_bytes(job: Job, arch: Architecture, task: str) -> float:
+    """Paged optimizer states in CUDA unified memory (outside torch's allocator)."""
+    if job.optimizer not in ("paged-adamw", "paged-adamw-8bit"):
+        return 0.0
+    per = dtypes_for(job).weight if job.peft is None else adapter_bytes(job)
+    _, unified = opt_states.split_state_bytes(job.optimizer, _trainable_tensors(job, arch, task),
+                                              per)
+    return unified
+
+
+def _framework_notes(job: Job, unified: float) -> list[str]:
+    notes = []
+    if job.framework != "plain":
+        notes.append(f"{job.framework} defaults applied where the job sets nothing "
+                     "(vramplan/frameworks/profiles.toml)")
+    if unified:
+        notes.append(f"paged optimizer states: {format_bytes(int(unified))} in CUDA unified "
+                     "memory, outside peak_allocated/peak_reserved; they use GPU memory the "
+                     "step leaves free and page to the host when it is short")
+    if job.keep_grads_between_steps:
+        notes.append("gradients stay allocated between steps (zero_grad(set_to_none=False)): "
+                     "they are counted in the forward too")
     return notes

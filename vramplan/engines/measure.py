@@ -10,7 +10,7 @@ which search treats like a CUDA out-of-memory error.
     >>> report = measure(Job(model="llama-3.2-1b", batch_size=4, seq_len=256), steps=5)
     >>> report.peak_allocated, report.measured["step_time_median_s"]
 
-The model, optimizer, synthetic batch and the step itself come from vramplan.models.build,
+The model, optimizer, synthetic batch and the step itself come from vramplan.training,
 the same builders the trace engine runs, so measure and trace see the same step.
 """
 
@@ -26,14 +26,16 @@ from typing import Any
 
 import torch
 
-from vramplan.engines.report import CATEGORIES, MemoryReport
-from vramplan.errors import EngineError
+from vramplan.engines import runtime
+from vramplan.engines.report import CATEGORIES, Measured, MemoryReport, RankFigures
+from vramplan.errors import BudgetExceeded, EngineError
+from vramplan.hardware.nvml import NvmlSampler, nvml_used
 from vramplan.job import Job
-from vramplan.models.build import (MAX_GRAD_NORM, TrainingSetup, build_training_setup,
-                                   fully_shard_setup, train_step)
-from vramplan.search import BudgetExceeded, is_out_of_memory
-from vramplan.tracking import NvmlSampler, p90
-from vramplan.units import format_bytes
+from vramplan.search.oom import is_out_of_memory
+from vramplan.training.fsdp import fully_shard_setup
+from vramplan.training.saved import SavedTensorBytes
+from vramplan.training.setup import MAX_GRAD_NORM, TrainingSetup, build_training_setup, train_step
+from vramplan.units import format_bytes, p90
 
 CUDA_BLOCK = 512  # the caching allocator rounds every request up to 512 bytes
 
@@ -72,7 +74,7 @@ def measure(job: Job, *, steps: int = 5, warmup: int = 2, emulate_gpu: str | Non
 def measure_setup(setup: TrainingSetup, job: Job, *, steps: int = 5, warmup: int = 2,
                   emulate_gpu: str | None = None,
                   budget_bytes: int | None = None) -> MemoryReport:
-    """measure() for a setup already built (by build.py, or by hand)."""
+    """measure() for a setup already built (by vramplan.training, or by hand)."""
     if steps < 1 or warmup < 0:
         raise EngineError(f"need steps >= 1 and warmup >= 0 (got steps={steps}, "
                           f"warmup={warmup})")
@@ -84,6 +86,10 @@ def measure_setup(setup: TrainingSetup, job: Job, *, steps: int = 5, warmup: int
         probe.notes.append(f"--emulate-gpu {emulate_gpu} applies on CUDA only: ignored on "
                            "the CPU (use a budget)")
     run = _Run(steps=warmup + steps, warmup=warmup)
+    run.saved = SavedTensorBytes([*setup.model.parameters(), *setup.model.buffers()])
+    head = getattr(setup.model, "get_output_embeddings", lambda: None)()
+    if isinstance(head, torch.nn.Module):  # logits and loss buffers are temporaries
+        run.saved.stop_at(head)
     scaler = torch.amp.GradScaler(setup.device.type) if job.precision == "fp16-mixed" else None
     probe.watch_gradients(setup)
     probe.start()
@@ -115,26 +121,39 @@ class _Run:
     skipped: int = 0      # fp16 steps the GradScaler skipped (inf/NaN gradients)
     non_finite: int = 0   # steps whose loss was NaN or Inf
     stopped: str = ""     # why the run ended early
+    saved: SavedTensorBytes | None = None  # activations: what forward saves for backward
 
 
 def _timed_step(setup: TrainingSetup, grad_accum: int, scaler, run: _Run, probe) -> None:
-    """build.train_step (the step trace runs), with the loss captured; fp16-mixed adds the
+    """training.setup.train_step (the step trace runs), with the loss captured; fp16-mixed adds the
     GradScaler as the Hugging Face Trainer does."""
     losses: list[torch.Tensor] = []
     compute_loss = setup.compute_loss
 
     def capturing(model, batch):
+        if run.saved is not None:  # the batch is counted as inputs, not as activations
+            run.saved.exclude(batch.values() if isinstance(batch, dict) else
+                              batch if isinstance(batch, (list, tuple)) else [batch])
         loss = compute_loss(model, batch)
         losses.append(loss.detach())
         return scaler.scale(loss) if scaler else loss
 
+    def mark(phase: str | None) -> None:
+        if run.saved is not None and phase == "forward":
+            run.saved.reset()
+        elif run.saved is not None and phase == "backward":
+            run.saved.snapshot()
+        probe.mark(phase)
+
     start = time.perf_counter()
     setup.compute_loss = capturing
+    recording = run.saved.recording() if run.saved is not None else contextlib.nullcontext()
     try:
-        if scaler is None:
-            train_step(setup, grad_accum, mark=probe.mark)
-        else:
-            _fp16_step(setup, grad_accum, scaler, run, probe.mark)
+        with recording:
+            if scaler is None:
+                train_step(setup, grad_accum, mark=mark)
+            else:
+                _fp16_step(setup, grad_accum, scaler, run, mark)
     finally:
         setup.compute_loss = compute_loss
         probe.mark(None)
@@ -175,41 +194,56 @@ def _report(job: Job, setup: TrainingSetup, run: _Run, probe) -> MemoryReport:
     sizes = tensor_bytes(setup, round_to=CUDA_BLOCK if probe.device.type == "cuda" else 1)
     peak = probe.peak_allocated()
     categories = dict.fromkeys(CATEGORIES, 0)
+    in_backward = probe.peak_phase not in ("forward", "inputs")
+    inputs = {"optimizer": 0, "end": 0}.get(probe.peak_phase, sizes["inputs"] - (
+        sizes["labels"] if in_backward else 0))  # the loss has read the labels by backward
     categories.update(weights=sizes["weights"], optimizer_states=sizes["optimizer_states"],
-                      inputs=sizes["inputs"])
+                      inputs=inputs)
     categories["gradients"] = probe.peak_grads  # alive at the peak (gradient hooks)
     known = sum(categories.values())
-    categories["activations"] = max(0, peak - known)
+    rest = max(0, peak - known)
+    saved = run.saved.last_forward_bytes if run.saved is not None else rest
+    categories["activations"] = min(rest, saved) if probe.peak_phase in (
+        "forward", "backward") else 0
+    categories["temporary"] = rest - categories["activations"]
     if peak < known:  # the peak came before some of them existed (no step finished)
         categories.update(gradients=0, optimizer_states=0, inputs=0, activations=0,
-                          weights=peak)
+                          temporary=0, weights=peak)
     categories.update(probe.outside_allocator())
     notes = list(setup.notes) + probe.notes + [
         "weights, gradients, optimizer states and inputs are summed from tensor sizes; "
-        "activations are the rest of the measured peak (saved tensors and temporaries)"]
+        "activations are what forward saved for backward (saved-tensor hooks), at most the "
+        "rest of the measured peak; temporary is the remainder"]
+    if job.checkpointing != "none":
+        notes.append("checkpointing: what a block saves again while it is recomputed in "
+                     "backward counts as temporary here (the trace counts it as activations)")
     if run.stopped:
         notes.append(f"partial run: {run.stopped}")
     timed = probe.timing_steps(run.step_times, run.warmup)
     median = statistics.median(timed) if timed else None
     samples = job.batch_size * job.grad_accum
     tokens = sizes["tokens"] * job.grad_accum
-    measured = {
-        "device": probe.device_name,
-        "steps": len(run.losses), "warmup": run.warmup, "steps_planned": run.steps,
-        "complete": not run.stopped, "stopped": run.stopped,
-        "step_time_median_s": median, "step_time_p90_s": p90(timed),
-        "step_times_s": run.step_times,
-        "samples_per_s": samples / median if median else None,
-        "tokens_per_s": tokens / median if median and tokens else None,
-        "losses": run.losses, "non_finite_losses": run.non_finite, "skipped_steps": run.skipped,
-        "peak_allocated": peak, **probe.measured(),
-    }
-    return MemoryReport(
-        engine="measure", job=job.model_dump(mode="json"), model_name=setup.model_name,
+    measured = Measured(
+        source="measure", device=probe.device_name,
+        steps=len(run.losses), warmup=run.warmup, steps_planned=run.steps,
+        complete=not run.stopped, stopped=run.stopped,
+        step_time_median_s=median, step_time_p90_s=p90(timed), step_times_s=run.step_times,
+        samples_per_s=samples / median if median else None,
+        tokens_per_s=tokens / median if median and tokens else None,
+        losses=run.losses, non_finite_losses=run.non_finite, skipped_steps=run.skipped,
+        peak_allocated=peak, **probe.measured())
+    report = MemoryReport(
+        engine="measure", job=job, model_name=setup.model_name,
         params_total=setup.params_total, params_trainable=setup.params_trainable,
         categories=categories, phase_peaks=dict(probe.phase_peaks), peak_phase=probe.peak_phase,
         runtime_gpu=probe.runtime_gpu, tokens_per_step=tokens * job.parallel.data_parallel,
         notes=notes, measured=measured)
+    from vramplan.hardware import get_gpu
+    runtime_gpu = get_gpu(probe.runtime_gpu) if probe.runtime_gpu else None
+    # a CPU run has no cuBLAS workspaces: each GPU's are added to its fit
+    fits = runtime.fits_for_job(report, job, runtime_gpu,
+                                workspaces_included=probe.device.type == "cuda")
+    return report.model_copy(update={"fits": fits})
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -244,8 +278,10 @@ def tensor_bytes(setup: TrainingSetup, round_to: int = 1) -> dict[str, int]:
     values = list(batch.values()) if isinstance(batch, dict) else (
         list(batch) if isinstance(batch, (list, tuple)) else [batch])
     ids = batch.get("input_ids") if isinstance(batch, dict) else None
+    labels = batch.get("labels") if isinstance(batch, dict) else None
     return {"weights": weights, "gradients": gradients, "optimizer_states": states,
-            "inputs": total(values), "tokens": int(ids.numel()) if ids is not None else 0}
+            "inputs": total(values), "tokens": int(ids.numel()) if ids is not None else 0,
+            "labels": labels.untyped_storage().nbytes() if labels is not None else 0}
 
 
 # --- what the device says: a probe per device type -------------------------------------------
@@ -446,7 +482,7 @@ class _CudaProbe(_Probe):
             # The cap applies to the caching allocator; the context lives outside it. It
             # grows as kernels load during the step, so the job's planned context is the
             # floor (1382 MiB at the first step on an H200 against 1234 MiB at this point).
-            context = max(context_bytes, (_nvml_used(self.device) or 0)
+            context = max(context_bytes, (nvml_used(self.device) or 0)
                           - torch.cuda.memory_reserved(self.device))
             cap = min(cap or usable, usable - context)
             self.notes.append(
@@ -514,13 +550,6 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _nvml_used(device: torch.device) -> int | None:
-    try:
-        return int(torch.cuda.device_memory_used(device))
-    except Exception:  # noqa: BLE001 - pynvml missing or no NVML
-        return None
-
-
 # --- several processes (torchrun): shard the job, measure each rank, aggregate on rank 0 --------
 
 
@@ -564,9 +593,9 @@ def _aggregate(report: MemoryReport) -> MemoryReport:
 
     mine = {"rank": dist.get_rank(), "peak_allocated": report.peak_allocated,
             "peak_reserved": report.peak_reserved, "device_total": report.device_total,
-            "step_time_median_s": report.measured.get("step_time_median_s"),
-            "samples_per_s": report.measured.get("samples_per_s"),
-            "tokens_per_s": report.measured.get("tokens_per_s"),
+            "step_time_median_s": report.measured.step_time_median_s,
+            "samples_per_s": report.measured.samples_per_s,
+            "tokens_per_s": report.measured.tokens_per_s,
             "report": report.model_dump(mode="json")}
     ranks: list = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)
@@ -575,13 +604,12 @@ def _aggregate(report: MemoryReport) -> MemoryReport:
     worst = max(ranks, key=lambda r: r["device_total"])
     base = MemoryReport.model_validate(worst["report"])
     peaks = [r["peak_allocated"] for r in ranks]
-    measured = dict(base.measured or {})
-    measured.update(
-        ranks=[{k: v for k, v in r.items() if k != "report"} for r in ranks],
+    measured = base.measured.model_copy(update=dict(
+        ranks=[RankFigures(**{k: v for k, v in r.items() if k != "report"}) for r in ranks],
         world_size=len(ranks), worst_rank=worst["rank"],
         peak_allocated_max=max(peaks), peak_allocated_min=min(peaks),
         samples_per_s=sum(r["samples_per_s"] or 0 for r in ranks) or None,
-        tokens_per_s=sum(r["tokens_per_s"] or 0 for r in ranks) or None)
+        tokens_per_s=sum(r["tokens_per_s"] or 0 for r in ranks) or None))
     notes = [*base.notes, f"{len(ranks)} ranks; categories are rank {worst['rank']}'s (the "
              "largest peak); throughput is the sum over ranks"]
     return base.model_copy(update={"measured": measured, "notes": notes,

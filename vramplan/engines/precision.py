@@ -57,8 +57,13 @@ def frozen_base_bytes(job: Job) -> int:
 
 
 def adapter_bytes(job: Job) -> int:
-    """peft upcasts adapter weights to fp32 by default (autocast_adapter_dtype=True)."""
-    return 4
+    """Bytes per element of LoRA adapters (and their gradients): fp32 as peft upcasts them
+    (autocast_adapter_dtype=True), or the model's dtype as torchtune builds them. Unset, a
+    bf16-pure job keeps them in bf16 (as vramplan.training.peft asks peft to)."""
+    dtype = job.peft.adapter_dtype if job.peft else None
+    if dtype is None:
+        dtype = "model" if job.precision == "bf16-pure" else "fp32"
+    return 4 if dtype == "fp32" else frozen_base_bytes(job)
 
 
 # Optimizer state per trainable element, in units of the parameter's own bytes ("x param")
@@ -72,6 +77,10 @@ STATE_COPIES = {  # number of param-sized state tensors
     "adafactor": 0,      # factored: see optimizer_state_bytes
     "adamw-8bit": 0,     # fixed bytes: see optimizer_state_bytes
     "paged-adamw-8bit": 0,
+    # per tensor (block layouts, paging thresholds): see engines/optimizer_states.py
+    "paged-adamw": 0,
+    "adamw-4bit": 0,
+    "adamw-fp8": 0,
 }
 
 
@@ -86,7 +95,10 @@ def optimizer_step_temp_copies(job: Job) -> float:
     """Param-sized temporaries the optimizer step allocates, as a fraction of all trainable
     params. foreach Adam materialises sqrt(exp_avg_sq) for every param at once
     (torch/optim/adam.py _multi_tensor_adam); fused kernels and 8-bit optimizers do not."""
-    if job.optimizer in ("adamw-8bit", "paged-adamw-8bit") or job.optimizer_impl == "fused":
+    # bitsandbytes' kernels and torchao's compiled per-parameter step (torchao/optim/adam.py)
+    # allocate no all-parameter buffer
+    if job.optimizer in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw", "adamw-4bit",
+                         "adamw-fp8") or job.optimizer_impl == "fused":
         return 0.0
     if job.optimizer_impl == "foreach" and job.optimizer in ("adam", "adamw", "adafactor"):
         return 1.0

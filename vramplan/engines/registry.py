@@ -81,7 +81,7 @@ def run_engine(job: Job, engine: str = "formula", **options: Any) -> MemoryRepor
 
 
 register_engine(LazyEngine(
-    "formula", False, "vramplan.engines.formula", "estimate", frozenset({"gpus"}),
+    "formula", False, "vramplan.engines.formula", "estimate", frozenset({"gpus", "model_config"}),
     "closed form from the architecture: instant, any size, no torch"))
 register_engine(LazyEngine(
     "trace", True, "vramplan.engines.trace", "trace", frozenset({"time_limit_s", "model_config"}),

@@ -6,24 +6,30 @@ versioned document: `schema_version` changes whenever a field changes meaning or
     peak_allocated = weights + gradients + optimizer_states + activations + inputs + temporary
     peak_reserved  = peak_allocated + allocator_overhead        (torch max_memory_reserved)
     device_total   = peak_reserved + runtime_context            (what nvidia-smi shows)
+
+unified_memory_bytes is apart from all three: optimizer states a paged optimizer
+(bitsandbytes PagedAdamW, PagedAdamW8bit) keeps in CUDA unified memory (cudaMallocManaged),
+outside torch's caching allocator. The driver moves their pages to the GPU while the
+optimizer step uses them, into memory the step leaves free, and back to the host under
+pressure: they never make a step run out of memory, but when device_total +
+unified_memory_bytes exceeds the GPU, each step pages them over PCIe (slower, not failed).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
-SCHEMA_VERSION = "1.0"
+from vramplan.job import Job
+
+SCHEMA_VERSION = "2.0"  # 2.0: job is the full Job, measured is typed, peaks are fields
 
 # Categories in the order they are shown. The first six are tensors the caching allocator
 # hands out; the last two are what the process holds on top of them.
 TENSOR_CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "inputs",
                      "temporary")
 CATEGORIES = TENSOR_CATEGORIES + ("allocator_overhead", "runtime_context")
-
-# sums of the categories that the JSON document repeats (see MemoryReport.to_json_dict)
-DERIVED_FIGURES = ("peak_allocated", "peak_reserved", "device_total")
 
 CATEGORY_HELP = {
     "weights": "model parameters (trainable and frozen), per GPU",
@@ -44,11 +50,17 @@ class _Frozen(BaseModel):
 class GpuFit(_Frozen):
     """Does the job fit on one GPU of the catalog?"""
 
-    gpu: str
-    usable_bytes: int     # what the driver reports as total memory
-    required_bytes: int   # device_total for this GPU (its runtime context differs by arch)
-    headroom_bytes: int   # usable - required; negative when it does not fit
-    fits: bool
+    gpu: str = Field(description="catalog name of the GPU")
+    usable_bytes: int = Field(description="memory the driver reports as total (the datasheet's "
+                              "figure less what the driver keeps)")
+    required_bytes: int = Field(description="device_total on this GPU (its cuBLAS workspace "
+                                "size may differ from the report's)")
+    headroom_bytes: int = Field(description="usable - required; negative when it does not fit")
+    fits: bool = Field(description="required <= usable, and the GPU runs the job's precision")
+    supported: bool = Field(True, description="false when the GPU cannot run the job's "
+                            "precision (bf16 on T4/V100, fp8 before Ada/Hopper); fits is then "
+                            "false whatever the memory")
+    problem: str = Field("", description="why the GPU cannot run the job's precision, or ''")
 
     @property
     def headroom_fraction(self) -> float:
@@ -58,78 +70,182 @@ class GpuFit(_Frozen):
 class ModuleUsage(_Frozen):
     """A module or op responsible for memory at the peak (trace and measure engines)."""
 
-    name: str
-    bytes: int
-    category: str
+    name: str = Field(description="module path or op name")
+    bytes: int = Field(description="bytes it holds at the peak")
+    category: str = Field(description="the category those bytes are counted in")
+
+
+class RankFigures(_Frozen):
+    """One rank's figures in a multi-process (torchrun) measurement."""
+
+    rank: int
+    peak_allocated: int
+    peak_reserved: int
+    device_total: int
+    step_time_median_s: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+
+
+class Measured(_Frozen):
+    """What a real run saw: `measure` puts it in MemoryReport.measured, and `track()` writes
+    it on its own (source "track"). Fields a device or run cannot give are null."""
+
+    source: Literal["measure", "track"] = Field(description="who measured")
+    device: str = Field(description="the device, e.g. cuda, cpu, or the GPU's name")
+    device_name: str | None = Field(None, description="the GPU's name (CUDA)")
+    complete: bool = Field(description="every planned step ran")
+    stopped: str = Field("", description="why the run ended early (error, Ctrl-C); empty when "
+                         "complete")
+    steps: int = Field(description="optimizer steps that ran")
+    warmup: int = Field(0, description="steps run before timing")
+    steps_planned: int | None = Field(None, description="steps asked for (measure)")
+    elapsed_s: float | None = Field(None, description="wall time of the run (track)")
+    step_time_median_s: float | None = Field(None, description="median step time after warm-up")
+    step_time_p90_s: float | None = Field(None, description="90th percentile step time")
+    step_times_s: list[float] = Field(default_factory=list, description="every step's time")
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    losses: list[float] = Field(default_factory=list, description="loss of each step")
+    non_finite_losses: int = Field(0, description="NaN or Inf losses")
+    skipped_steps: int = Field(0, description="fp16 steps the grad scaler skipped")
+    peak_allocated: int | None = Field(None, description="torch.cuda.max_memory_allocated(), or "
+                                       "the CPU allocator's peak")
+    peak_reserved: int | None = Field(None, description="torch.cuda.max_memory_reserved()")
+    nvml_used_max: int | None = Field(None, description="largest NVML used memory seen (the "
+                                      "whole device's)")
+    context_overhead: int | None = Field(None, description="nvml_used_max - peak_reserved: "
+                                         "memory outside torch's allocator")
+    gpu_util_mean: float | None = Field(None, description="NVML GPU utilization, percent")
+    gpu_util_max: float | None = None
+    mem_bandwidth_util_mean: float | None = Field(None, description="NVML memory utilization, "
+                                                  "percent")
+    nvml_samples: int | None = None
+    process_peak_rss: int | None = Field(None, description="CPU: the process's peak resident "
+                                         "memory (track)")
+    process_rss_at_start: int | None = None
+    peak_rss_increase: int | None = None
+    world_size: int | None = Field(None, description="ranks measured (torchrun)")
+    worst_rank: int | None = None
+    peak_allocated_max: int | None = None
+    peak_allocated_min: int | None = None
+    ranks: list[RankFigures] = Field(default_factory=list)
 
 
 class MemoryReport(_Frozen):
-    schema_version: str = SCHEMA_VERSION
-    engine: Literal["formula", "trace", "measure"]
-    job: dict  # the Job that produced it, as Job.model_dump()
-    model_name: str
-    params_total: int
-    params_trainable: int
-    per_gpu_of: int = 1  # number of GPUs the job runs on; every byte figure is per GPU
-    categories: dict[str, int]  # category -> bytes at the peak, keys = CATEGORIES
-    phase_peaks: dict[str, int] = Field(default_factory=dict)  # forward/backward/optimizer
-    peak_phase: str = ""
-    runtime_gpu: str | None = None  # the GPU whose runtime context `categories` assumes
-    fits: list[GpuFit] = Field(default_factory=list)
-    top_modules: list[ModuleUsage] = Field(default_factory=list)
-    timeline: list[tuple[str, int]] = Field(default_factory=list)  # (event, live bytes)
-    tokens_per_step: int = 0  # tokens (or samples for vision) per optimizer step, all GPUs
-    notes: list[str] = Field(default_factory=list)
-    measured: dict | None = None  # step time, throughput, utilization (measure engine)
+    """Per-GPU memory of one training step, by category, from one engine."""
 
+    schema_version: str = Field(SCHEMA_VERSION, description="changes when a field changes "
+                                "meaning or goes away")
+    engine: str = Field(description="the engine that produced it: formula, trace, measure")
+    job: Job = Field(description="the Job that produced it, every field filled in")
+    model_name: str = Field(description="catalog name, config path or factory")
+    params_total: int = Field(description="parameters of the whole model (not per GPU)")
+    params_trainable: int = Field(description="trainable parameters of the whole model")
+    per_gpu_of: int = Field(1, description="GPUs the job runs on; every byte figure is per GPU")
+    categories: dict[str, int] = Field(description="bytes at the peak per category: "
+                                       + ", ".join(CATEGORIES))
+    phase_peaks: dict[str, int] = Field(default_factory=dict, description="peak allocated in "
+                                        "each phase: forward, backward, optimizer")
+    peak_phase: str = Field("", description="the phase where the peak falls")
+    runtime_gpu: str | None = Field(None, description="the GPU whose runtime figures the "
+                                    "categories assume (null: a Hopper GPU)")
+    fits: list[GpuFit] = Field(default_factory=list, description="the fit on each GPU checked")
+    top_modules: list[ModuleUsage] = Field(default_factory=list, description="what holds the "
+                                           "most memory at the peak (trace, measure)")
+    timeline: list[tuple[str, int]] = Field(default_factory=list, description="(event, live "
+                                            "bytes) over the step (trace, measure)")
+    tokens_per_step: int = Field(0, description="tokens (or samples for vision) per optimizer "
+                                 "step over all GPUs")
+    notes: list[str] = Field(default_factory=list, description="assumptions and warnings; "
+                             "nothing is guessed silently")
+    measured: Measured | None = Field(None, description="what a real run saw (measure)")
+    unified_memory_bytes: int = Field(0, description="paged optimizer states in CUDA unified "
+                                      "memory, per GPU, outside every category and peak: they "
+                                      "use GPU memory the step leaves free and page to the "
+                                      "host when it is short (never an out-of-memory error)")
+    performance: Performance | None = Field(None, description="predicted time and cost on "
+                                            "one GPU type (estimate with a GPU)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_derived(cls, data: Any) -> Any:
+        """A report read back from its own JSON carries the derived peaks: drop them."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if k not in _DERIVED}
+        return data
+
+    @computed_field(description="weights + gradients + optimizer_states + activations + "
+                    "inputs + temporary: torch.cuda.max_memory_allocated()")
     @property
     def peak_allocated(self) -> int:
         return sum(self.categories[c] for c in TENSOR_CATEGORIES)
 
+    @computed_field(description="peak_allocated + allocator_overhead: "
+                    "torch.cuda.max_memory_reserved()")
     @property
     def peak_reserved(self) -> int:
         return self.peak_allocated + self.categories["allocator_overhead"]
 
+    @computed_field(description="peak_reserved + runtime_context: what nvidia-smi shows")
     @property
     def device_total(self) -> int:
         return self.peak_reserved + self.categories["runtime_context"]
 
-    @field_validator("job")
-    @classmethod
-    def _job_as_in_json(cls, job: dict) -> dict:
-        """Tuples (LoRA target_modules) as lists, as JSON reads them back."""
-        def plain(value):
-            if isinstance(value, dict):
-                return {k: plain(v) for k, v in value.items()}
-            if isinstance(value, (list, tuple)):
-                return [plain(v) for v in value]
-            return value
-        return plain(job)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _derived_figures(cls, data):
-        """The JSON document (to_json_dict) repeats three sums for readers; reading it back
-        checks them against the categories and drops them."""
-        if not isinstance(data, dict) or not set(data) & set(DERIVED_FIGURES):
-            return data
-        data = dict(data)
-        given = {k: data.pop(k) for k in DERIVED_FIGURES if k in data}
-        categories = data.get("categories")
-        if isinstance(categories, dict) and all(
-                isinstance(categories.get(c), int) for c in CATEGORIES):
-            sums = {"peak_allocated": sum(categories[c] for c in TENSOR_CATEGORIES)}
-            sums["peak_reserved"] = sums["peak_allocated"] + categories["allocator_overhead"]
-            sums["device_total"] = sums["peak_reserved"] + categories["runtime_context"]
-            wrong = [k for k, v in given.items() if v != sums[k]]
-            if wrong:
-                raise ValueError(f"{', '.join(wrong)} disagree with the categories' sums")
-        return data
-
     def to_json_dict(self) -> dict:
-        """The documented JSON document (see docs/report-schema.md)."""
-        data = self.model_dump(mode="json")
-        data["peak_allocated"] = self.peak_allocated
-        data["peak_reserved"] = self.peak_reserved
-        data["device_total"] = self.device_total
-        return data
+        """The documented JSON document (docs/report-schema.md), derived peaks included."""
+        return self.model_dump(mode="json")
+
+
+_DERIVED = ("peak_allocated", "peak_reserved", "device_total")
+
+
+# --- time and cost (vramplan/plan/performance.py fills it) -----------------------------------
+
+Bound = Literal["compute", "memory", "communication", "host"]
+
+
+class PhaseTime(_Frozen):
+    """One phase of a step on one GPU: its time and what bounds it."""
+
+    phase: str = Field(description="forward, backward, recompute, optimizer, communication")
+    time_s: float = Field(description="seconds per occurrence (forward, backward, recompute: "
+                          "per micro-batch)")
+    per_step: int = Field(description="occurrences per optimizer step")
+    bound: Bound = Field(description="what bounds it: compute, memory, communication, host")
+    flops: float = Field(0.0, description="matmul FLOPs executed on one GPU")
+    bytes: float = Field(0.0, description="bytes moved by memory-bound work on one GPU")
+    kernels: float = Field(0.0, description="kernel launches (host time)")
+
+
+class Performance(_Frozen):
+    """Predicted speed of the job on one GPU type and, when the amount of training is known,
+    its time and cost; null where a figure cannot be computed."""
+
+    gpu: str = Field(description="the GPU type")
+    num_gpus: int = Field(description="GPUs the job runs on")
+    compute_dtype: str = Field(description="the tensor-core rate used: bf16, fp16, fp8, fp32")
+    step_time_s: float = Field(description="one optimizer step: all micro-batches, the "
+                               "optimizer and exposed communication")
+    tokens_per_step: int = Field(description="tokens (samples for vision) per step, all GPUs")
+    samples_per_step: int = Field(description="samples per step, all GPUs")
+    tokens_per_s: float = Field(description="tokens per second, all GPUs")
+    tokens_per_s_per_gpu: float = Field(description="tokens per second per GPU")
+    samples_per_s: float = Field(description="samples per second, all GPUs")
+    mfu: float = Field(description="model FLOPs utilisation: forward and backward matmul "
+                       "FLOPs (no recomputation) / (step time x dense peak), per GPU")
+    flops_per_step: float = Field(description="executed matmul FLOPs per step, all GPUs")
+    bound: Bound = Field(description="what bounds the largest part of the step")
+    phases: list[PhaseTime] = Field(default_factory=list, description="time per phase")
+    communication_s: float = Field(0.0, description="communication per step not hidden "
+                                   "behind compute")
+    steps: float | None = Field(None, description="optimizer steps to train the given amount")
+    training_time_s: float | None = Field(None, description="wall time to train the amount")
+    gpu_hours: float | None = Field(None, description="training time x GPUs")
+    price_per_hour: float | None = Field(None, description="USD per GPU-hour used for the cost")
+    cost_usd: float | None = Field(None, description="gpu_hours x price_per_hour")
+    factors: str = Field("", description="where the efficiency factors come from")
+    notes: list[str] = Field(default_factory=list, description="assumptions of the prediction")
+
+
+MemoryReport.model_rebuild()  # resolves its `performance: Performance | None` field

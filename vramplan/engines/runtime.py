@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from vramplan.engines.report import GpuFit, MemoryReport
+from vramplan.errors import JobError
 from vramplan.hardware.gpu import GPU
-from vramplan.job import Runtime
+from vramplan.job import Job, Runtime
 from vramplan.units import KiB, MiB
 
 CUBLAS_WORKSPACE_HOPPER = 32 * MiB                # 32 MiB on sm90 and newer
@@ -30,14 +31,77 @@ def workspaces_bytes(runtime: Runtime, gpu: GPU | None) -> int:
     return runtime.cublas_workspaces * cublas_workspace_bytes(gpu)
 
 
+# The runtime context, per GPU. Measured on one GPU so far: an H200 (sm90, driver 580, CUDA
+# 13.0, torch 2.11; benchmarks/results/gpu_runtime_probe.json): before CUDA starts NVML
+# already counts 644,939,776 bytes (615 MiB) as used, the driver's reservation, out of a
+# 150,754,820,096-byte total; a training step's CUDA context and loaded kernels bring it to
+# 1390 MiB (Runtime's default), so they are the other 775 MiB. The rule for every other GPU,
+# until each is
+# measured: the driver's reservation is the same share of the device's memory (it holds
+# per-page bookkeeping), and the context is the same 775 MiB (the same torch kernels, loaded
+# lazily). A job's own runtime.cuda_context_bytes (calibrate, measure, --cuda-context)
+# replaces the rule on every GPU.
+H200_DRIVER_RESERVED = 644_939_776
+H200_TOTAL = 150_754_820_096
+DEFAULT_RUNTIME_CONTEXT = Runtime.model_fields["cuda_context_bytes"].default
+CONTEXT_AND_KERNELS = DEFAULT_RUNTIME_CONTEXT - H200_DRIVER_RESERVED
+
+
+def runtime_context_bytes(runtime: Runtime, gpu: GPU | None) -> int:
+    """CUDA context + kernels + driver reservation on `gpu` (None: the H200's figure)."""
+    if gpu is None or runtime.cuda_context_bytes != DEFAULT_RUNTIME_CONTEXT:
+        return runtime.cuda_context_bytes
+    return int(H200_DRIVER_RESERVED * gpu.usable_bytes / H200_TOTAL) + CONTEXT_AND_KERNELS
+
+
+# The dtype whose matmuls a precision setting needs; gpus.toml lists a dtype under a GPU's
+# tflops only when its tensor (matrix) units run it (no bf16 on T4/V100, fp8 from Ada/Hopper)
+PRECISION_MATMUL_DTYPE = {"bf16-mixed": "bf16", "bf16-pure": "bf16", "fp8": "fp8",
+                          "fp16-mixed": "fp16"}
+
+
+def precision_problem(precision: str, gpu: GPU) -> str:
+    """Why `gpu` cannot run `precision` ("" when it can)."""
+    needed = PRECISION_MATMUL_DTYPE.get(precision)
+    if needed is None or needed in gpu.tflops:
+        return ""
+    capability = f" (compute capability {gpu.compute_capability})" if gpu.compute_capability \
+        else ""
+    fallback = "bf16-mixed" if needed == "fp8" and "bf16" in gpu.tflops else "fp16-mixed or fp32"
+    return f"{gpu.name}{capability} has no {needed} tensor cores: use {fallback}"
+
+
+def check_precision_supported(job: Job, gpu: GPU) -> None:
+    problem = precision_problem(job.precision, gpu)
+    if problem:
+        raise JobError(f"precision {job.precision} on {problem}")
+
+
 def fit_table(report: MemoryReport, runtime: Runtime, gpus: Iterable[GPU],
-              runtime_gpu: GPU | None) -> list[GpuFit]:
-    """Fit of the report on each GPU, moving the cuBLAS workspaces to that GPU's size."""
+              runtime_gpu: GPU | None, *, workspaces_included: bool = True) -> list[GpuFit]:
+    """Fit of the report on each GPU, moving the cuBLAS workspaces and the runtime context
+    to that GPU's size; a GPU that cannot run the job's precision does not fit.
+    workspaces_included=False: the report has none (a CPU measurement): add each GPU's."""
     fits = []
+    precision = report.job.precision
+    included = workspaces_bytes(runtime, runtime_gpu) if workspaces_included else 0
     for gpu in gpus:
-        delta = workspaces_bytes(runtime, gpu) - workspaces_bytes(runtime, runtime_gpu)
+        delta = (workspaces_bytes(runtime, gpu) - included
+                 + runtime_context_bytes(runtime, gpu) - report.categories["runtime_context"])
         required = report.device_total + delta
         headroom = gpu.usable_bytes - required
+        problem = precision_problem(precision, gpu)
         fits.append(GpuFit(gpu=gpu.name, usable_bytes=gpu.usable_bytes, required_bytes=required,
-                           headroom_bytes=headroom, fits=headroom >= 0))
+                           headroom_bytes=headroom, fits=headroom >= 0 and not problem,
+                           supported=not problem, problem=problem))
     return fits
+
+
+def fits_for_job(report: MemoryReport, job: Job, runtime_gpu: GPU | None, *,
+                 workspaces_included: bool = True) -> list[GpuFit]:
+    """The fit table every engine fills: the job's GPU, else every catalog GPU."""
+    from vramplan.hardware import get_gpu, list_gpus
+
+    gpus = [get_gpu(job.gpu)] if job.gpu else list_gpus()
+    return fit_table(report, job.runtime, gpus, runtime_gpu,
+                     workspaces_included=workspaces_included)

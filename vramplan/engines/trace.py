@@ -2,7 +2,7 @@
 
     report = trace(job)                       # MemoryReport, engine="trace"
 
-How: the model, optimizer and batches come from vramplan.models.build (the same builders
+How: the model, optimizer and batches come from vramplan.training (the same builders
 the measure engine uses) and run two optimizer steps under FakeTensorMode on a fake "cpu"
 device (fake "cuda" cannot run on a CPU-only torch). A TorchDispatchMode sees every new
 untyped storage, notes the phase and module that created it, and a weakref.finalize on the
@@ -22,40 +22,39 @@ Sizes are rounded to 512 B as the CUDA caching allocator does; the alloc/free se
 replayed through engines/allocator.py for reserved memory. Sharded jobs (ddp, zero1-3,
 fsdp, hybrid-shard) are traced as rank 0 of a fake process group (engines/trace_shard.py).
 
-`cpu_profiler_peak(job)` runs the same steps for real on the CPU and returns the peak from
-torch.profiler's allocator memory events: the independent ground truth used by the tests
-and benchmarks/trace_accuracy.py.
+`vramplan.validation.cpu_profiler_peak(job)` runs the same steps for real on the CPU and
+returns the peak from torch.profiler's allocator memory events: the independent ground
+truth used by the tests and benchmarks/trace_accuracy.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import re
-import tempfile
 import time
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensorMode,
-    UnsupportedOperatorException,
-)
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
-from torch.utils._pytree import tree_leaves
 
 from vramplan.engines import runtime
 from vramplan.engines.allocator import CachingAllocator, round_size
 from vramplan.engines.report import CATEGORIES, MemoryReport, ModuleUsage
+from vramplan.engines.trace_shard import sharding
 from vramplan.errors import EngineError, VramplanError
 from vramplan.job import Job
-from vramplan.engines.trace_shard import sharding
-from vramplan.models.build import TrainingSetup, build_training_setup, train_step
+from vramplan.training.patches import transformers_quirks
+from vramplan.training.private_api import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    TorchDispatchMode,
+    UnsupportedOperatorException,
+    is_traceable_wrapper_subclass,
+    tree_leaves,
+)
+from vramplan.training.setup import TrainingSetup, build_training_setup, train_step
 
 STEPS = 2          # step 1 creates optimizer state; step 2 is the steady state, reported
 TIMELINE_POINTS = 2000
@@ -243,7 +242,7 @@ def _head_modules(model: torch.nn.Module) -> set[str]:
     (for a causal LM: PeftModel > LoraModel > LlamaForCausalLM, and lm_head). None for
     models without an output embedding: their top module's own ops are real layers."""
     root = type(model).__name__
-    for name, module in model.named_modules():
+    for module in model.modules():
         getter = getattr(module, "get_output_embeddings", None)
         head = getter() if callable(getter) else None
         if isinstance(head, torch.nn.Module):
@@ -252,24 +251,6 @@ def _head_modules(model: torch.nn.Module) -> set[str]:
                 parts = head_name.split(".")
                 return {".".join(parts[:i]) or root for i in range(len(parts) + 1)}
     return set()
-
-
-@contextlib.contextmanager
-def _transformers_quirks():
-    """transformers treats every FakeTensor as 'tracing' and then builds masks the real run
-    does not: its packed-sequence detection builds a [B, 1, L, L] mask. Our synthetic batches
-    hold unpacked sequences, so the detection's real answer is 'none'."""
-    try:
-        import transformers.masking_utils as masking
-    except ImportError:
-        yield
-        return
-    original = masking.find_packed_sequence_indices
-    masking.find_packed_sequence_indices = lambda *args, **kwargs: None
-    try:
-        yield
-    finally:
-        masking.find_packed_sequence_indices = original
 
 
 # --- the trace ----------------------------------------------------------------------------------
@@ -345,7 +326,7 @@ class TraceResult:
                      "GPU's capacity it frees cached blocks and retries, so the real "
                      "allocator_overhead can be smaller there")
         report = MemoryReport(
-            engine="trace", job=job.model_dump(), model_name=self.model_name,
+            engine="trace", job=job, model_name=self.model_name,
             params_total=self.params_total, params_trainable=self.params_trainable,
             per_gpu_of=job.parallel.num_gpus, categories=categories,
             phase_peaks={k: v + workspaces for k, v in phase_peaks.items()},
@@ -353,8 +334,7 @@ class TraceResult:
             top_modules=[ModuleUsage(name=n, bytes=b, category=c) for (n, c), b in top],
             timeline=_downsample([(e, b + workspaces) for e, b in timeline]),
             tokens_per_step=job.effective_batch * max(self.tokens_per_sample, 1), notes=notes)
-        fits = _fits(report, job, gpu)
-        return report.model_copy(update={"fits": fits}) if fits else report
+        return report.model_copy(update={"fits": runtime.fits_for_job(report, job, gpu)})
 
 
 def run_trace(job: Job, *, time_limit_s: float = 300,
@@ -372,7 +352,7 @@ def run_trace(job: Job, *, time_limit_s: float = 300,
     # tensors of full size; better to stop and say which op
     fake = FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False)
     try:
-        with sharding(job, tracker) as shard, fake, tracker, _transformers_quirks():
+        with sharding(job, tracker) as shard, fake, tracker, transformers_quirks():
             setup = build_training_setup(job, "cpu", model_config=model_config, empty=True)
             shard(setup)
             tracker.head_modules = _head_modules(setup.model)
@@ -455,64 +435,4 @@ def _runtime_gpu(job: Job):
     return get_gpu(job.gpu)
 
 
-def _fits(report: MemoryReport, job: Job, gpu) -> list:
-    try:
-        from vramplan.hardware import get_gpu, list_gpus
-    except ImportError:
-        return []
-    gpus = [get_gpu(job.gpu)] if job.gpu else list_gpus()
-    return runtime.fit_table(report, job.runtime, gpus, gpu)
-
-
-# --- ground truth on the CPU --------------------------------------------------------------------
-
-def cpu_profiler_peak(job: Job, *, model_config: dict | None = None, seed: int = 0,
-                      onednn: bool = False) -> int:
-    """Run the job's STEPS for real on the CPU; the peak live bytes of step STEPS from
-    torch.profiler's allocator memory events (unrounded: the CPU allocator does not round).
-
-    Parameters and buffers exist before profiling starts; their bytes are added. oneDNN
-    is off by default: its bf16 matmul and convolution kernels allocate scratch buffers
-    that no CUDA kernel has (CUDA's own library workspaces are a separate, noted gap)."""
-    torch.manual_seed(seed)
-    with _transformers_quirks(), torch.backends.mkldnn.flags(enabled=onednn):
-        setup = build_training_setup(job, "cpu", model_config=model_config)
-        base = _storage_bytes(list(setup.model.parameters()) + list(setup.model.buffers()))
-        from torch.profiler import ProfilerActivity, profile, record_function
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            for step in range(1, STEPS + 1):
-                with record_function(f"vramplan_step_{step}"):
-                    train_step(setup, job.grad_accum)
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as handle:
-            events = json.load(handle)["traceEvents"]
-    window = next(e for e in events if e.get("name") == f"vramplan_step_{STEPS}")
-    t0, t1 = window["ts"], window["ts"] + window["dur"]
-    sizes: dict[int, int] = {}
-    live, peak = 0, 0
-    for event in sorted((e for e in events if e.get("name") == "[memory]"),
-                        key=lambda e: e["ts"]):
-        args = event["args"]
-        if args.get("Device Type", 0) != 0:  # CPU only
-            continue
-        addr, nbytes = args["Addr"], args["Bytes"]
-        if nbytes > 0:
-            sizes[addr] = nbytes
-            live += nbytes
-        elif addr in sizes:
-            live -= sizes.pop(addr)
-        if t0 <= event["ts"] <= t1:
-            peak = max(peak, live)
-    return base + peak
-
-
-def _storage_bytes(tensors) -> int:
-    seen = {}
-    for t in tensors:
-        seen[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
-    return sum(seen.values())
-
-
-__all__ = ["TraceResult", "cpu_profiler_peak", "run_trace", "trace"]
+__all__ = ["TraceResult", "run_trace", "trace"]

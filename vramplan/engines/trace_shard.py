@@ -20,7 +20,8 @@ import torch
 
 from vramplan.errors import EngineError
 from vramplan.job import Job
-from vramplan.models.build import TrainingSetup, fully_shard_setup
+from vramplan.training.fsdp import fully_shard_setup
+from vramplan.training.setup import TrainingSetup
 
 if TYPE_CHECKING:
     from vramplan.engines.trace import _Tracker
@@ -58,11 +59,12 @@ def sharding(job: Job, tracker: _Tracker):
 @contextlib.contextmanager
 def _fake_process_group(world_size: int):
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from vramplan.training.private_api import fake_store
     if dist.is_initialized():
         raise EngineError("a torch.distributed process group is already initialised in this "
                           "process: the sharded trace needs its own fake one")
-    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=fake_store())
     try:
         yield
     finally:
@@ -71,7 +73,8 @@ def _fake_process_group(world_size: int):
 
 @contextlib.contextmanager
 def _storage_resizes_reported(tracker: _Tracker):
-    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    from vramplan.training.private_api import fsdp_storage_modules
+    _fsdp_param, _fsdp_param_group = fsdp_storage_modules()
     originals = (_fsdp_param.alloc_storage, _fsdp_param.free_storage,
                  _fsdp_param_group.alloc_storage)
 
@@ -97,7 +100,7 @@ def _zero1(setup: TrainingSetup, job: Job, tracker: _Tracker) -> None:
     of the optimizer state (it broadcasts updated parameters after each step)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    from vramplan.models.build import build_optimizer
+    from vramplan.training.optimizers import build_optimizer
     _ddp_buckets(setup, tracker)
     setup.optimizer = ZeroRedundancyOptimizer(
         setup.trainable, optimizer_class=lambda params, **_: build_optimizer(job, params, []))

@@ -5,15 +5,15 @@
     list_gpus(vendor=..., min_memory_bytes=..., name_contains=...) -> [GPU, ...]
 
 The user file has the same layout as gpus.toml. It comes from the `extra_file`
-argument, else the VRAMPLAN_GPUS_FILE environment variable, else
-~/.config/vramplan/gpus.toml when that exists. An entry whose name (or alias) is
+argument, else the VRAMPLAN_GPUS_FILE environment variable, else gpus.toml in the user
+config folder (vramplan.config.user_config_dir(): ~/.config/vramplan on Linux) when it
+exists. An entry whose name (or alias) is
 already in the catalog overrides only the keys it gives; a new name adds a GPU and
 needs every required key. Units are described at the top of gpus.toml.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import functools
 import os
 import re
@@ -23,35 +23,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from vramplan.config import user_config_dir
 from vramplan.errors import UnknownNameError, VramplanError
-from vramplan.hardware.gpu import GPU
-from vramplan.units import parse_bytes
+from vramplan.hardware.gpu import GPU, GpuEntry
 
 ENV_VAR = "VRAMPLAN_GPUS_FILE"
-DEFAULT_USER_FILE = Path("~/.config/vramplan/gpus.toml")
-
-VENDORS = ("nvidia", "amd", "intel")
-DTYPES = ("fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "fp6", "fp4", "int8")
-
-# key in the TOML -> (required for a new GPU, accepted types, description for messages)
-_FIELDS: dict[str, tuple[bool, tuple[type, ...], str]] = {
-    "vendor": (True, (str,), "one of " + ", ".join(VENDORS)),
-    "memory": (True, (str, int), "a size with a unit, e.g. \"80 GiB\", or a number of bytes"),
-    "usable": (True, (str, int), "a size with a unit, e.g. \"81559 MiB\", or a number of bytes"),
-    "usable_estimated": (False, (bool,), "true or false"),
-    "memory_type": (True, (str,), "a string such as \"HBM3\""),
-    "bandwidth_gb_s": (True, (int, float), "a positive number of decimal GB/s"),
-    "interconnect": (True, (str,), "a string such as \"NVLink 4\""),
-    "interconnect_gb_s": (True, (int, float), "a positive number of decimal GB/s, one direction"),
-    "compute_capability": (False, (str,), "a string such as \"9.0\" (\"\" for AMD)"),
-    "price_per_hour": (False, (int, float), "a positive number of USD per GPU-hour"),
-    "price_date": (True, (str, _dt.date), "a date written YYYY-MM-DD"),
-    "price_provider": (False, (str,), "a string"),
-    "aliases": (False, (list,), "a list of strings"),
-    "notes": (False, (str,), "a string"),
-    "tflops": (True, (dict,), "a table of dtype = dense TFLOP/s"),
-    "sources": (False, (dict,), "a table of fact = URL"),
-}
 
 _SEPARATORS = re.compile(r"[-_\s]+")
 # Vendor words that device names carry ("NVIDIA GeForce RTX 4090", "AMD Instinct MI300X").
@@ -111,93 +89,25 @@ def _entries(data: Mapping[str, Any], source: _Source) -> dict[str, Any]:
     return gpus
 
 
-def _check_fields(name: str, entry: Mapping[str, Any], source: _Source, *, new: bool) -> None:
-    unknown = sorted(set(entry) - set(_FIELDS))
-    if unknown:
-        raise source.error(name, f"unknown key(s) {', '.join(unknown)}; "
-                                 f"allowed: {', '.join(_FIELDS)}")
-    if new:
-        missing = [k for k, (req, _, _) in _FIELDS.items() if req and k not in entry]
-        if missing:
-            raise source.error(name, f"missing required key(s) {', '.join(missing)} "
-                                     "(a GPU not in the built-in catalog needs all of them)")
-    for key, value in entry.items():
-        _, types, what = _FIELDS[key]
-        # bool is an int subclass: reject true/false where a number is wanted.
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise source.error(name, f"{key} must be {what} (got {value!r})")
-
-
-def _positive(name: str, key: str, value: Any, source: _Source) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise source.error(name, f"{key} must be a positive number (got {value!r})")
-    return float(value)
-
-
-def _bytes(name: str, key: str, value: Any, source: _Source) -> int:
+def _build(name: str, raw: Mapping[str, Any], source: _Source) -> GPU:
+    """Validate a complete merged entry into a GPU; the first problem names its key."""
     try:
-        n = parse_bytes(value)
-    except VramplanError as e:
-        raise source.error(name, f"{key}: {e}") from None
-    if n <= 0:
-        raise source.error(name, f"{key} must be more than 0 bytes (got {value!r})")
-    return n
-
-
-def _build(name: str, raw: Mapping[str, Any], source: _Source) -> dict[str, Any]:
-    """Validate a complete merged entry and return GPU keyword arguments."""
-    vendor = raw["vendor"].lower()
-    if vendor not in VENDORS:
-        raise source.error(name, f"vendor must be one of {', '.join(VENDORS)} (got {raw['vendor']!r})")
-    memory = _bytes(name, "memory", raw["memory"], source)
-    usable = _bytes(name, "usable", raw["usable"], source)
-    if usable > memory:
-        raise source.error(name, f"usable ({raw['usable']}) is more than memory ({raw['memory']}); "
-                                 "memory is the nominal size, usable what the driver reports")
-    tflops: dict[str, float] = {}
-    for dtype, value in raw["tflops"].items():
-        if dtype not in DTYPES:
-            raise source.error(name, f"tflops has unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
-        tflops[dtype] = _positive(name, f"tflops.{dtype}", value, source)
-    if not tflops:
-        raise source.error(name, "tflops is empty; give at least fp32")
-    price = raw.get("price_per_hour")
-    if price is not None:
-        price = _positive(name, "price_per_hour", price, source)
-    date = raw["price_date"]
-    if isinstance(date, _dt.datetime):
-        date = date.date()
-    if isinstance(date, _dt.date):
-        date = date.isoformat()
-    try:
-        _dt.date.fromisoformat(date)
-    except ValueError:
-        raise source.error(name, f"price_date must be a date written YYYY-MM-DD (got {date!r})") from None
-    aliases = raw.get("aliases", [])
-    if not all(isinstance(a, str) and a.strip() for a in aliases):
-        raise source.error(name, "aliases must be a list of non-empty strings")
-    sources = raw.get("sources", {})
-    if not all(isinstance(v, str) for v in sources.values()):
-        raise source.error(name, "sources must map each fact to a string (a URL or a description)")
-    return dict(
-        name=name,
-        vendor=vendor,
-        memory_bytes=memory,
-        usable_bytes=usable,
-        memory_type=raw["memory_type"],
-        bandwidth_bytes_s=_positive(name, "bandwidth_gb_s", raw["bandwidth_gb_s"], source) * 1e9,
-        tflops=tflops,
-        interconnect_bytes_s=_positive(name, "interconnect_gb_s", raw["interconnect_gb_s"], source) * 1e9,
-        interconnect=raw["interconnect"],
-        compute_capability=raw.get("compute_capability", ""),
-        price_per_hour=price,
-        price_date=date,
-        aliases=tuple(aliases),
-        sources=dict(sources),
-        usable_estimated=bool(raw.get("usable_estimated", False)),
-        price_provider=raw.get("price_provider", ""),
-        notes=raw.get("notes", ""),
-    )
+        return GpuEntry.model_validate(raw).gpu(name)
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        if first["type"] == "extra_forbidden":
+            message = f"unknown key {key!r}; allowed: {', '.join(GpuEntry.model_fields)}"
+        elif first["type"] == "missing":
+            missing = [".".join(str(p) for p in e["loc"]) for e in error.errors()
+                       if e["type"] == "missing"]
+            message = (f"missing required key(s) {', '.join(missing)} (a GPU not in the "
+                       "built-in catalog needs all of them)")
+        else:
+            got = first.get("input")
+            message = (f"{key}: {first['msg'].removeprefix('Value error, ')}"
+                       + ("" if isinstance(got, dict) else f" (got {got!r})"))
+        raise source.error(name, message) from None
 
 
 def _index(raws: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
@@ -213,7 +123,6 @@ def _merge(raws: dict[str, dict[str, Any]], user: Mapping[str, Any], source: _So
     index = _index(raws)
     for name, entry in user.items():
         target = name if name in raws else index.get(_key(name))
-        _check_fields(name, entry, source, new=target is None)
         if target is None:
             raws[name] = {**entry, "_source": source}
             index.setdefault(_key(name), name)
@@ -223,18 +132,19 @@ def _merge(raws: dict[str, dict[str, Any]], user: Mapping[str, Any], source: _So
             if key in ("tflops", "sources"):  # tables merge key by key
                 merged[key] = {**merged.get(key, {}), **value}
             elif key == "aliases":  # aliases are added to the built-in ones
-                merged[key] = [*merged.get(key, []), *(a for a in value if a not in merged.get(key, []))]
+                known = merged.get(key, [])
+                merged[key] = [*known, *(a for a in value if a not in known)]
             else:
                 merged[key] = value
         merged["_source"] = source
         raws[target] = merged
 
 
-def _check_keys(gpus: Mapping[str, dict[str, Any]]) -> None:
+def _check_keys(gpus: Mapping[str, GPU]) -> None:
     """Two GPUs must not answer to the same look-up key."""
     seen: dict[str, str] = {}
-    for name, kw in gpus.items():
-        for label in (name, *kw["aliases"]):
+    for name, gpu in gpus.items():
+        for label in (name, *gpu.aliases):
             k = _key(label)
             if seen.setdefault(k, name) != name:
                 raise VramplanError(
@@ -253,19 +163,18 @@ def _builtin_raw() -> dict[str, dict[str, Any]]:
     path = _builtin_path()
     source = _Source(str(path))
     raws = _read_toml(path, source)
-    for name, entry in raws.items():
-        _check_fields(name, entry, source, new=True)
     return {name: {**entry, "_source": source} for name, entry in raws.items()}
 
 
 @functools.lru_cache(maxsize=8)
-def _load(user_path: str | None, _mtime_ns: int | None) -> dict[str, dict[str, Any]]:
-    """GPU keyword arguments by name; cached per user file and its modification time."""
+def _load(user_path: str | None, _mtime_ns: int | None) -> dict[str, GPU]:
+    """GPUs by name; cached per user file and its modification time."""
     raws = {name: dict(raw) for name, raw in _builtin_raw().items()}
     if user_path is not None:
         source = _Source(user_path)
         _merge(raws, _read_toml(Path(user_path), source), source)
-    gpus = {name: _build(name, raw, raw["_source"]) for name, raw in raws.items()}
+    gpus = {name: _build(name, {k: v for k, v in raw.items() if k != "_source"},
+                          raw["_source"]) for name, raw in raws.items()}
     _check_keys(gpus)
     return gpus
 
@@ -276,7 +185,7 @@ def _user_file(extra_file: str | Path | None) -> Path | None:
     env = os.environ.get(ENV_VAR, "").strip()
     if env:
         return Path(env).expanduser()
-    default = DEFAULT_USER_FILE.expanduser()
+    default = user_config_dir() / "gpus.toml"
     return default if default.is_file() else None
 
 
@@ -290,9 +199,10 @@ def load_gpus(extra_file: str | Path | None = None) -> dict[str, GPU]:
         except OSError:
             mtime = None  # _read_toml reports the missing/unreadable file with its name
     gpus = _load(str(path) if path is not None else None, mtime)
-    # Fresh objects each call: callers may not mutate the cached dicts.
-    return {name: GPU(**{**kw, "tflops": dict(kw["tflops"]), "sources": dict(kw["sources"])})
-            for name, kw in gpus.items()}
+    # Fresh dicts each call: a caller that edits a GPU's tables must not edit the cache.
+    return {name: gpu.model_copy(update={"tflops": dict(gpu.tflops),
+                                         "sources": dict(gpu.sources)})
+            for name, gpu in gpus.items()}
 
 
 def _all_labels(gpus: Mapping[str, GPU]) -> list[str]:

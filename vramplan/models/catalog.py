@@ -111,8 +111,9 @@ def list_models(family: str | None = None, name_contains: str | None = None,
     for e in _entries():
         if family is not None and e.family.lower() != family.lower():
             continue
-        if name_contains is not None and not (
-                name_contains.lower() in e.name.lower() or name_contains.lower() in e.hf_id.lower()):
+        needle = (name_contains or "").lower()
+        if name_contains is not None and not (needle in e.name.lower()
+                                              or needle in e.hf_id.lower()):
             continue
         if min_params is not None and e.params < min_params:
             continue

@@ -11,9 +11,8 @@ cross-attention "q"); like peft, a target name selects all of them.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import math
@@ -383,7 +382,8 @@ def _whisper(c: _Cfg) -> Architecture:
                 _lin("out_proj", d, d, True)]
 
     enc_lin = tuple(attn() + [_lin("fc1", d, enc_ffn, True), _lin("fc2", enc_ffn, d, True)])
-    dec_lin = tuple(attn() + attn() + [_lin("fc1", d, dec_ffn, True), _lin("fc2", dec_ffn, d, True)])
+    dec_lin = tuple(attn() + attn()
+                    + [_lin("fc1", d, dec_ffn, True), _lin("fc2", dec_ffn, d, True)])
     enc = Stack(role="encoder", num_layers=enc_layers, hidden_size=d, num_heads=enc_heads,
                 num_kv_heads=enc_heads, head_dim=d // enc_heads if enc_heads else 0, intermediate_size=enc_ffn,
                 mlp="gelu", norm="layernorm", linears=enc_lin,

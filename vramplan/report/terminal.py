@@ -18,25 +18,30 @@ def _size(n: float, unit: str) -> str:
 def job_summary(report: MemoryReport) -> str:
     """One line with the job's arithmetic, e.g. '4 batch x 2048 tokens x 2 accum x 8 GPUs'."""
     job = report.job
-    par = job["parallel"]
-    dp = par["num_gpus"] // (par["tensor_parallel"] * par["context_parallel"])
-    per_sample = report.tokens_per_step // max(1, job["batch_size"] * job["grad_accum"] * dp)
+    par = job.parallel
+    dp = par.data_parallel
+    per_sample = report.tokens_per_step // max(1, job.batch_size * job.grad_accum * dp)
     what = f"{per_sample} tokens" if per_sample > 1 else "1 sample"
-    line = (f"{job['batch_size']} batch x {what} x {job['grad_accum']} accum x {dp} data-parallel"
+    line = (f"{job.batch_size} batch x {what} x {job.grad_accum} accum x {dp} data-parallel"
             f" = {report.tokens_per_step:,} {'tokens' if per_sample > 1 else 'samples'} per step")
-    techniques = [job["precision"], job["optimizer"], f"attention {job['attention']}"]
-    if job["checkpointing"] != "none":
-        techniques.append(f"{job['checkpointing']} checkpointing")
-    if job["peft"]:
-        techniques.append(f"{job['peft']['method']} r={job['peft']['rank']}")
-    if par["strategy"] != "none":
-        techniques.append(f"{par['strategy']} over {par['num_gpus']} GPUs")
-    if par["tensor_parallel"] > 1:
-        techniques.append(f"TP={par['tensor_parallel']}")
-    if par["context_parallel"] > 1:
-        techniques.append(f"CP={par['context_parallel']}")
-    if job["loss"] == "chunked":
-        techniques.append("chunked loss")
+    techniques = [job.precision, job.optimizer, f"attention {job.attention}"]
+    if job.framework != "plain":
+        techniques.insert(0, f"{job.framework} defaults")
+    if job.checkpointing != "none":
+        techniques.append(f"{job.checkpointing} checkpointing")
+    if job.peft:
+        dtype = f" {job.peft.adapter_dtype} adapters" if job.peft.adapter_dtype else ""
+        techniques.append(f"{job.peft.method} r={job.peft.rank}{dtype}")
+    if job.keep_grads_between_steps:
+        techniques.append("gradients kept between steps")
+    if par.strategy != "none":
+        techniques.append(f"{par.strategy} over {par.num_gpus} GPUs")
+    if par.tensor_parallel > 1:
+        techniques.append(f"TP={par.tensor_parallel}")
+    if par.context_parallel > 1:
+        techniques.append(f"CP={par.context_parallel}")
+    if job.loss.startswith("chunked"):
+        techniques.append(f"{job.loss} loss")
     return line + "\n" + ", ".join(techniques)
 
 
@@ -65,6 +70,9 @@ def print_report(report: MemoryReport, console: Console, unit: str = "GiB",
                   "torch.cuda.max_memory_reserved()")
     table.add_row("[bold]device total[/]", f"[bold]{_size(report.device_total, unit)}[/]", "",
                   "what nvidia-smi shows")
+    if report.unified_memory_bytes:
+        table.add_row("paged (unified memory)", _size(report.unified_memory_bytes, unit), "",
+                      "paged optimizer states, outside the allocator; page to the host if short")
     console.print(table)
     if report.phase_peaks:
         phases = ", ".join(f"{p} {_size(report.phase_peaks[p], unit)}" for p in _PHASE_ORDER
@@ -90,8 +98,12 @@ def print_fits(report: MemoryReport, console: Console, unit: str, highlight: str
         table.add_column(col, justify=justify)
     for fit in sorted(report.fits, key=lambda f: (f.usable_bytes, f.gpu)):
         mark = "[green]yes[/]" if fit.fits else "[red]no[/]"
+        if not fit.supported:  # the GPU cannot run the job's precision, whatever the memory
+            mark = "[red]no: precision[/]"
         style = "bold" if highlight and fit.gpu.lower() == highlight.lower() else None
         table.add_row(fit.gpu, _size(fit.usable_bytes, unit), _size(fit.required_bytes, unit),
                       _size(fit.headroom_bytes, unit), f"{100 * fit.headroom_fraction:.0f}%",
                       mark, style=style)
     console.print(table)
+    for problem in sorted({fit.problem for fit in report.fits if fit.problem}):
+        console.print(f"[dim]precision:[/] {problem}")

@@ -1,0 +1,25 @@
+"""What every benchmark shares: where results go and whether to run quickly.
+
+`make bench` (benchmarks/run_all.py) runs each benchmark in full and rewrites
+benchmarks/results/. CI runs them with --quick: a few cases each, written to a temporary
+folder (VRAMPLAN_BENCH_OUT), so that a benchmark cannot rot unnoticed."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+QUICK = os.environ.get("VRAMPLAN_BENCH_QUICK") == "1"
+
+
+def results_dir() -> Path:
+    folder = Path(os.environ.get("VRAMPLAN_BENCH_OUT") or Path(__file__).parent / "results")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def machine_line() -> str:
+    """The machine, in one line, for a result's header."""
+    return (f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs, "
+            f"Python {platform.python_version()}")

@@ -1,0 +1,160 @@
+"""Time accuracy: predicted against measured step time on our own GPU runs.
+
+The runs are the H200 jobs of benchmarks/results/gpu_validation.json (benchmarks/
+gpu_validation.py: the measure engine's median step of 3 timed steps after 1 warm-up, each
+step = synthetic batch, forward, backward, clip_grad_norm, optimizer step, zero_grad, and
+a device sync for the loss).
+
+The performance model's efficiency factors (matmul, memory, host time per kernel) are
+fitted on these same runs, so two errors are reported:
+
+  * out of sample: leave-one-out, each run predicted with factors fitted on the others;
+  * in sample: every run predicted with the factors fitted on all of them (the ones
+    shipped in vramplan/plan/efficiency.toml).
+
+Runs whose measured time is that of a CPU-side stand-in kernel, not of the real one, are
+listed but not scored (the memory engines emulate bitsandbytes and float8 kernels with
+plain torch code of the same memory, and the stand-ins' speed says nothing about the real
+kernels): the 8-bit AdamW runs and the fp8 run.
+
+    PYTHONPATH=. python benchmarks/time_accuracy.py            # score, write results
+    PYTHONPATH=. python benchmarks/time_accuracy.py --fit      # also print the fit to ship
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from common import QUICK, results_dir  # benchmarks/common.py
+
+from vramplan.hardware import get_gpu
+from vramplan.job import Job
+from vramplan.plan.calibrate import fit
+from vramplan.plan.efficiency import factors_for
+from vramplan.plan.performance import step_terms, step_time
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def stand_in(job: dict) -> str:
+    """Why a run's measured time is not the real kernels' (empty when it is)."""
+    if job.get("optimizer") in ("adamw-8bit", "paged-adamw-8bit"):
+        return "8-bit AdamW stand-in (vramplan/training/emulate/), not bitsandbytes"
+    if job.get("precision") == "fp8":
+        return "fp8 stand-in: casts to float8 and back, bf16 matmuls (not fp8 kernels)"
+    return ""
+
+
+def load_runs(path: Path) -> tuple[dict, list[dict]]:
+    data = json.loads(path.read_text())
+    runs = []
+    for row in data["rows"]:
+        measured = (row.get("measured") or {}).get("step_time_median_s")
+        if measured:
+            runs.append({"job": row["job"], "measured_s": measured,
+                         "excluded": stand_in(row["job"])})
+    return data["machine"], runs
+
+
+def _summary(errors: list[float]) -> dict:
+    ordered = sorted(abs(e) for e in errors)
+    p90 = ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
+    return {"median_abs": statistics.median(ordered), "p90_abs": p90, "max_abs": ordered[-1],
+            "runs": len(ordered)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=Path, default=RESULTS / "gpu_validation.json")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--fit", action="store_true", help="print the all-runs fit to ship")
+    args = parser.parse_args()
+    args.out = args.out or results_dir()
+    machine, runs = load_runs(args.runs)
+    gpu = get_gpu(machine["gpu"])
+    shipped = factors_for(gpu, calibrated=False)  # efficiency.toml, not a user's calibration
+    for run in runs:
+        run["terms"] = step_terms(Job.model_validate(run["job"]), gpu)
+    scored = [r for r in runs if not r["excluded"]]
+    started = time.perf_counter()
+
+    # in sample: factors fitted on every scored run
+    all_fit = fit(shipped, [r["terms"] for r in scored], [r["measured_s"] for r in scored])
+    # out of sample: leave one out
+    for i, run in enumerate(scored):
+        if QUICK and i >= 2:  # CI: two folds show the script works
+            break
+        others = scored[:i] + scored[i + 1:]
+        factors = fit(shipped, [r["terms"] for r in others], [r["measured_s"] for r in others])
+        run["loo_factors"] = [factors.matmul, factors.memory, factors.kernel_us]
+        run["loo_s"] = step_time(run["terms"], factors)
+    for run in runs:
+        run["in_sample_s"] = step_time(run["terms"], all_fit)
+        run["shipped_s"] = step_time(run["terms"], shipped)
+
+    def err(run, key):
+        return run[key] / run["measured_s"] - 1 if key in run else 0.0
+
+    result = {
+        "machine": {"runs_measured_on": machine, "scored_on": f"{platform.machine()} "
+                    f"{platform.system()}, Python {platform.python_version()}, "
+                    "2-core VM (the CPU side; the runs were measured on the GPU above)"},
+        "fit_all_runs": all_fit.model_dump(include={"matmul", "attention", "memory",
+                                                    "kernel_us"}),
+        "shipped_factors": shipped.model_dump(),
+        "out_of_sample_leave_one_out": _summary([err(r, "loo_s") for r in scored
+                                                 if "loo_s" in r]),
+        "in_sample_fit_all_runs": _summary([err(r, "in_sample_s") for r in scored]),
+        "in_sample_shipped_factors": _summary([err(r, "shipped_s") for r in scored]),
+        "fit_seconds": time.perf_counter() - started,
+        "rows": [{k: v for k, v in r.items() if k != "terms"} for r in runs],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "time_accuracy.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    (args.out / "time_accuracy.md").write_text(markdown(result))
+    print(markdown(result))
+    if args.fit:
+        print("fit on all runs (ship in efficiency.toml):", result["fit_all_runs"])
+
+
+def markdown(result: dict) -> str:
+    m = result["machine"]["runs_measured_on"]
+    lines = [f"# Step-time accuracy on {m['gpu']}", "",
+             f"Runs: benchmarks/results/gpu_validation.json, measured on one {m['gpu']} "
+             f"(driver {m.get('driver')}, CUDA {m['cuda']}, torch {m['torch']}). Scored on "
+             f"{result['machine']['scored_on']}.", "",
+             "Error = predicted / measured - 1. **Out of sample** = leave-one-out (factors "
+             "fitted on the other runs); **in sample** = factors fitted on all scored runs "
+             "(those shipped in vramplan/plan/efficiency.toml).", ""]
+    for key, label in (("out_of_sample_leave_one_out", "out of sample (leave-one-out)"),
+                       ("in_sample_fit_all_runs", "in sample (fit on all runs)"),
+                       ("in_sample_shipped_factors", "in sample (shipped efficiency.toml)")):
+        s = result[key]
+        lines.append(f"* {label}: median |error| {100 * s['median_abs']:.1f}%, p90 "
+                     f"{100 * s['p90_abs']:.1f}%, max {100 * s['max_abs']:.1f}% over "
+                     f"{s['runs']} runs")
+    f = result["fit_all_runs"]
+    lines += ["", f"Fit on all runs: matmul {f['matmul']:.3f}, attention {f['attention']:.3f}, "
+              f"memory {f['memory']:.3f}, host {f['kernel_us']:.1f} us per kernel.", "",
+              "| job | measured s | out of sample s | error | in sample s | error | note |",
+              "|---|---:|---:|---:|---:|---:|---|"]
+    for r in result["rows"]:
+        job = ", ".join(f"{k}={v}" for k, v in r["job"].items())
+        loo = r.get("loo_s")
+        cells = [job, f"{r['measured_s']:.3f}",
+                 f"{loo:.3f}" if loo else "-",
+                 f"{100 * (loo / r['measured_s'] - 1):+.1f}%" if loo else "-",
+                 f"{r['in_sample_s']:.3f}",
+                 f"{100 * (r['in_sample_s'] / r['measured_s'] - 1):+.1f}%",
+                 f"not scored: {r['excluded']}" if r["excluded"] else ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Exact answers for small jobs, worked out by hand, so that a one-line change to the
+formula, the fit table or the report's categories fails a test (mutation testing found
+each of these unpinned: benchmarks/results/mutation_testing.md)."""
+
+import pytest
+
+from vramplan import Job
+from vramplan.engines import activations as act
+from vramplan.engines import formula
+from vramplan.hardware import get_gpu
+from vramplan.models import architecture_from_config
+
+MiB = 2**20
+# A tiny Llama: hidden 64, 4 heads of 16 (2 key/value heads), MLP 128, 2 blocks, vocab 256
+TINY = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+            max_position_embeddings=512, hidden_act="silu")
+# batch 8 x 256 tokens: N = 2048 tokens; one fp32 [N, 64] tensor is 2048 * 64 * 4 = 524,288 B
+JOB = Job(model="tiny", batch_size=8, seq_len=256, precision="fp32")
+NH = 524_288
+
+
+def test_a_llama_block_saves_these_tensors():
+    arch = architecture_from_config(TINY, "tiny")
+    stack = arch.stacks[0]
+    saved = act.block_saved_tensors(
+        stack, act.BlockShape(8, 256, None), formula._activation_dtypes(JOB), attention="sdpa",
+        hidden_dropout=0.0, attention_dropout=0.0, activation="silu",
+        adapters=formula._adapters(JOB), norms_per_block=2, upcast_softmax=True,
+        score_softcap=False, norm_scales_input=False, trained_bias=False, rotary=True,
+        sdpa_query_contiguous=False)
+    assert dict(saved) == {
+        "attn norm": 2 * NH,          # RMSNorm keeps its fp32 input and the normalised x
+        "attn in": NH,                # q/k/v projections' input (norm output x weight)
+        "self q,k,v": NH + 2 * NH // 2,  # q [N, 64] + k, v [N, 32] after rotary
+        "self sdpa out": NH,          # flash output, also o_proj's input
+        "self logsumexp": 8 * 4 * 256 * 4,  # b x heads x s fp32
+        "mlp norm": 2 * NH, "mlp in": NH,
+        "gate/up/act": 3 * 4 * NH // 2,   # gate, up, silu(gate): [N, 128] each
+        "mlp mid": 2 * NH,            # silu(gate) * up, down_proj's input [N, 128]
+    }
+
+
+def test_activations_runtime_and_overhead_of_a_tiny_step():
+    report = formula.estimate(JOB, model_config=TINY)
+    block = 2 * NH + NH + 2 * NH + NH + 32_768 + 2 * NH + NH + 6 * NH + 2 * NH  # as above
+    outside = 2 * NH + NH  # final RMSNorm (input + normalised) and the LM head's input
+    assert report.peak_phase == "backward"
+    assert report.categories["activations"] == 2 * block + outside == 19_464_192
+    assert report.categories["inputs"] == 8 * 2048  # input ids (int64) saved by the embedding
+    # logits, log-probabilities and their gradient, fp32 [N, 256]: 3 x 2 MiB; two cuBLAS
+    # workspaces of 32 MiB (Hopper, the default GPU)
+    assert report.categories["temporary"] == 3 * 2048 * 256 * 4 + 2 * 32 * MiB
+    # the caching allocator's overhead without checkpointing: 6% of what the step allocates
+    # on top of the model's state (activations + temporaries)
+    transient = report.categories["activations"] + report.categories["temporary"]
+    assert report.categories["allocator_overhead"] == int(0.06 * transient)
+    # outside the allocator: an H200's measured 1390 MiB
+    assert report.categories["runtime_context"] == 1390 * MiB
+
+
+def test_fit_is_judged_against_usable_not_nominal_memory():
+    l4 = get_gpu("L4")
+    base = formula.estimate(JOB.with_changes(gpu="L4", runtime={"cuda_context_bytes": 0}),
+                            model_config=TINY)
+    # a context that makes the job need exactly one byte more than the L4's usable memory
+    context = l4.usable_bytes - base.device_total + 1
+    report = formula.estimate(JOB.with_changes(
+        gpu="L4", runtime={"cuda_context_bytes": context}), model_config=TINY)
+    (fit,) = report.fits
+    assert fit.required_bytes == l4.usable_bytes + 1 < l4.memory_bytes
+    assert fit.headroom_bytes == -1 and not fit.fits
+    exact = formula.estimate(JOB.with_changes(
+        gpu="L4", runtime={"cuda_context_bytes": context - 1}), model_config=TINY)
+    assert exact.fits[0].headroom_bytes == 0 and exact.fits[0].fits  # exactly full still fits
+
+
+@pytest.mark.parametrize("checkpointing", ["full"])
+def test_the_trace_counts_a_recomputed_block_as_activations(checkpointing):
+    pytest.importorskip("torch")
+    from vramplan.engines.trace import trace
+    report = trace(JOB.with_changes(checkpointing=checkpointing), model_config=TINY)
+    kept = 2 * NH + 3 * NH  # the two blocks' inputs + final norm and head input
+    block = 2 * NH + NH + 2 * NH + NH + 32_768 + 2 * NH + NH + 6 * NH + 2 * NH
+    # at the backward peak one block is being recomputed: most of its saved tensors are
+    # alive, and they are activations (the step saved them for backward), not temporaries
+    assert report.peak_phase == "backward"
+    assert report.categories["activations"] > kept + block // 2

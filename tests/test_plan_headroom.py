@@ -1,0 +1,64 @@
+"""Headroom: the largest knob values that fit, larger models, what-if comparisons."""
+
+from __future__ import annotations
+
+import pytest
+
+from vramplan.engines.formula import estimate as formula
+from vramplan.errors import JobError
+from vramplan.hardware import get_gpu
+from vramplan.job import Job, Peft
+from vramplan.plan.amount import TrainingAmount
+from vramplan.plan.headroom import headroom, parse_changes, what_if
+
+L4 = get_gpu("L4")
+
+
+def _fits(job: Job) -> bool:
+    fit = formula(job, gpus=[L4]).fits[0]
+    return fit.required_bytes <= 0.95 * fit.usable_bytes
+
+
+def test_each_knob_stops_exactly_where_memory_runs_out():
+    job = Job(model="llama-3.2-1b", batch_size=1, seq_len=1024, peft=Peft(rank=8))
+    room = headroom(job, L4)
+    knobs = {k.name: k for k in room.knobs}
+    b = knobs["batch_size"].largest
+    assert _fits(job.with_changes(batch_size=b)) and not _fits(job.with_changes(batch_size=b + 1))
+    s = knobs["seq_len"].largest
+    assert _fits(job.with_changes(seq_len=s)) and not _fits(job.with_changes(seq_len=s + 1))
+    rank = knobs["peft.rank"]  # Peft allows ranks up to 4096: the search stops there
+    assert rank.largest == 4096 and rank.at_search_limit
+    assert _fits(job.with_changes(peft=Peft(rank=4096)))
+    larger = [m.model for m in room.larger_models]
+    assert larger[0] == "llama-3.2-3b" and "llama-3.1-405b" in larger
+
+
+def test_a_job_that_does_not_fit_gets_the_largest_smaller_value():
+    job = Job(model="llama-3.2-1b", batch_size=64, seq_len=2048)
+    knob = headroom(job, L4).knobs[0]
+    assert knob.current == 64 and (knob.largest is None or knob.largest < 64)
+
+
+def test_what_if_compares_memory_time_and_cost():
+    job = Job(model="llama-3.2-1b", batch_size=2, seq_len=1024)
+    result = what_if(job, get_gpu("H100-SXM"), "seq_len=4096,peft.method=lora",
+                     TrainingAmount(tokens=10**9))
+    assert result.after.job.seq_len == 4096 and result.after.job.peft.method == "lora"
+    assert result.before.required_bytes != result.after.required_bytes
+    assert result.before.cost_usd > 0 and result.after.training_time_s > 0
+
+
+def test_parse_changes():
+    assert parse_changes("seq_len=8192, model=llama-3.1-70b,peft.rank=64") == {
+        "seq_len": 8192, "model": "llama-3.1-70b", "peft": {"rank": 64}}
+    with pytest.raises(JobError, match="KEY=VALUE"):
+        parse_changes("seq_len")
+
+
+def test_headroom_cli(run_cli):
+    code, out, err = run_cli("headroom", "llama-3.2-1b", "-b", "2", "--gpu", "L4")
+    assert code == 0, err
+    assert "batch_size: 2 now, up to" in out
+    code, _, err = run_cli("headroom", "llama-3.2-1b")
+    assert code == 2 and "--gpu" in err

@@ -1,0 +1,131 @@
+"""Planner invariants, make-it-fit, and the techniques table."""
+
+from __future__ import annotations
+
+import pytest
+
+from vramplan.engines.formula import estimate as formula
+from vramplan.errors import JobError, UnknownNameError
+from vramplan.hardware import get_gpu
+from vramplan.job import Job, Parallel
+from vramplan.plan.flops import step_flops
+from vramplan.plan.make_fit import make_it_fit
+from vramplan.plan.planner import plan
+from vramplan.plan.techniques import ALLOW_NAMES, TECHNIQUES, allowed
+
+JOB = Job(model="llama-3.2-1b", seq_len=2048)
+GPUS = ["L4", "A100-80GB", "H100-SXM", "RTX-4090"]
+
+
+@pytest.fixture(scope="module")
+def result():
+    return plan(JOB, tokens=1_000_000_000, gpus=GPUS, max_gpus=16, top=50)
+
+
+def test_every_row_fits_its_gpu_with_the_margin(result):
+    assert result.status == "ok" and result.candidates
+    for c in result.candidates:
+        fit = formula(c.job, gpus=[get_gpu(c.gpu)]).fits[0]
+        assert fit.required_bytes == c.device_total_bytes
+        assert fit.required_bytes <= 0.95 * fit.usable_bytes
+
+
+def test_no_row_on_the_front_is_dominated(result):
+    for c in result.front:
+        assert not any(o.cost_usd <= c.cost_usd and o.training_time_s <= c.training_time_s
+                       and (o.cost_usd < c.cost_usd or o.training_time_s < c.training_time_s)
+                       for o in result.candidates)
+    costs = [c.cost_usd for c in result.front]
+    assert costs == sorted(costs)
+
+
+def test_picks_and_reasons(result):
+    assert result.fastest.candidate.training_time_s == min(
+        c.training_time_s for c in result.candidates)
+    assert result.cheapest.candidate.cost_usd == min(c.cost_usd for c in result.candidates)
+    assert result.recommended.candidate in result.front
+    for choice in (result.cheapest, result.fastest, result.recommended):
+        assert choice.reason and choice.candidate.gpu in choice.reason
+
+
+def test_by_default_only_changes_that_keep_the_maths(result):
+    for c in result.candidates:
+        assert c.job.peft is None and c.job.precision == JOB.precision
+        assert c.job.optimizer == JOB.optimizer and not c.job.offload.optimizer
+
+
+def test_more_gpus_never_fewer_total_flops():
+    job = JOB.with_changes(batch_size=4)
+    totals = [step_flops(job).total * n for n in (1, 2, 4, 8)]
+    sharded = [step_flops(job.with_changes(parallel=Parallel(strategy="fsdp", num_gpus=n)))
+               .total * n for n in (1, 2, 4, 8)]
+    assert totals == sorted(totals) and sharded == totals
+
+
+def test_global_batch_is_kept():
+    result = plan(JOB, tokens=10**9, gpus=["H100-SXM"], max_gpus=8, global_batch=32)
+    for c in result.candidates:
+        assert c.job.effective_batch == 32
+
+
+def test_nothing_fits_is_an_answer_with_the_closest_miss_and_a_way_to_fit():
+    result = plan(Job(model="llama-3.1-70b", seq_len=2048), tokens=10**9, gpus=["L4"],
+                  max_gpus=4)
+    assert result.status == "nothing-fits" and not result.candidates
+    assert result.closest_miss.startswith("L4:")
+    assert result.ruled_out[0].gpu == "L4" and "does not fit" in result.ruled_out[0].reason
+    assert result.to_fit  # e.g. QLoRA or offloading, which were not allowed
+
+
+def test_constraints_nobody_meets():
+    result = plan(JOB, tokens=10**9, gpus=["H100-SXM"], max_gpus=8, max_cost=0.01)
+    assert result.status == "constraints-unmet" and "fastest" in result.closest_miss
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(tokens=0), JobError, "tokens"),
+    (dict(tokens=10, allow=("lora", "magic")), JobError, "magic"),
+    (dict(tokens=10, gpus=["H1OO"]), UnknownNameError, "H1OO"),
+    (dict(tokens=10, margin=0.9), JobError, "margin"),
+    (dict(tokens=10, deadline_s=-1), JobError, "deadline"),
+])
+def test_bad_input(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        plan(JOB, **kwargs)
+
+
+def test_make_it_fit_keeps_the_maths_first_and_gives_numbers():
+    job = Job(model="llama-3.2-1b", batch_size=8, seq_len=2048)
+    l4 = get_gpu("L4")
+    assert not formula(job, gpus=[l4]).fits[0].fits
+    fixes = make_it_fit(job, l4)
+    assert fixes
+    for fix in fixes:
+        fit = formula(fix.job, gpus=[l4]).fits[0]
+        assert fit.required_bytes <= 0.95 * fit.usable_bytes
+        assert not fix.changes_maths and "GiB" in fix.summary and fix.flags.startswith("--")
+
+
+def test_techniques_table():
+    names = [t.name for t in TECHNIQUES]
+    assert len(names) == len(set(names))
+    assert set(ALLOW_NAMES) == {"8bit", "fp8", "lora", "offload", "qlora"}
+    assert all(not t.changes_maths for t in allowed(()))
+    assert {t.name for t in TECHNIQUES if t.changes_maths} == {
+        "LoRA", "QLoRA", "8-bit AdamW", "fp8 training"}
+
+
+def test_min_gpus_is_the_smallest_count_that_fits():
+    from vramplan.plan.planner import min_gpus
+
+    h100 = get_gpu("H100-SXM")
+    job = Job(model="llama-3.1-8b", seq_len=2048, checkpointing="full")
+    found = min_gpus(job, h100)
+    n = found.parallel.num_gpus
+    assert n > 1 and found.parallel.strategy == "fsdp"
+    fit = formula(found, gpus=[h100]).fits[0]
+    assert fit.required_bytes <= 0.95 * fit.usable_bytes
+    half = job.with_changes(parallel=Parallel(strategy="fsdp", num_gpus=n // 2))
+    fit = formula(half, gpus=[h100]).fits[0]
+    assert fit.required_bytes > 0.95 * fit.usable_bytes
+    assert min_gpus(Job(model="llama-3.1-405b"), get_gpu("L4"), max_gpus=4) is None

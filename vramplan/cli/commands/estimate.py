@@ -1,0 +1,143 @@
+"""`vramplan estimate`: peak memory of one training step, by category, and where it fits.
+
+    vramplan estimate llama-3.1-8b -b 4 -s 2048 --peft qlora --gpu L4
+    vramplan estimate --job job.yaml --json
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Literal, Optional
+
+import typer
+
+from vramplan.cli.options import (
+    EXIT_DOES_NOT_FIT,
+    AsJson,
+    EngineName,
+    HtmlOut,
+    Out,
+    check_writable,
+    console,
+    job_command,
+    print_json,
+    write_html,
+    write_or_print,
+)
+from vramplan.engines.report import MemoryReport
+from vramplan.job import Job
+
+
+@job_command
+def estimate(
+    job: Job,
+    engine: EngineName = "formula",
+    as_json: AsJson = False,
+    out: Out = None,
+    unit: Annotated[Literal["GiB", "GB"], typer.Option(help="GiB (binary) or GB (decimal)")]
+    = "GiB",
+    time_limit: Annotated[float, typer.Option(
+        min=0.1, help="trace: stop after this many seconds")] = 300.0,
+    html: HtmlOut = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        "--plot", help="write the figures: PATH (.png, .svg or .pdf) gets the memory by "
+        "phase; PATH-fit and PATH-timeline (trace) go beside it")] = None,
+    tokens: Annotated[Optional[str], typer.Option(
+        help="with --gpu: tokens to train on (e.g. 2B) for time and cost")] = None,
+    samples: Annotated[Optional[str], typer.Option(
+        help="with --gpu: samples to train on")] = None,
+    epochs: Annotated[Optional[float], typer.Option(
+        help="with --gpu: passes over --dataset-samples")] = None,
+    dataset_samples: Annotated[Optional[str], typer.Option(
+        help="samples in one epoch")] = None,
+    price_per_hour: Annotated[Optional[float], typer.Option(
+        help="USD per GPU-hour (default: the catalog's)")] = None,
+    sort: Annotated[Optional[str], typer.Option(
+        help="without --gpu: add step time and cost per GPU type, sorted by cost, time or "
+             "headroom")] = None,
+) -> None:
+    """Peak GPU memory of one training step, by category, and where it fits.
+
+    Exit code 1 when the job does not fit the --gpu asked for.
+
+    Example: vramplan estimate llama-3.1-8b -b 4 -s 2048 --peft qlora --gpu L4
+    """
+    from vramplan.engines.registry import run_engine
+
+    check_writable(out, html, plot)
+    report = run_engine(job, engine, time_limit_s=time_limit)
+    if job.gpu:  # time and cost on the GPU asked about (vramplan/plan/performance.py)
+        from vramplan.plan.amount import parse_count
+        from vramplan.plan.performance import performance_for
+
+        report = report.model_copy(update={"performance": performance_for(
+            job, job.gpu, tokens=parse_count(tokens) if tokens else None,
+            samples=parse_count(samples, "samples") if samples else None, epochs=epochs,
+            dataset_samples=parse_count(dataset_samples, "dataset samples")
+            if dataset_samples else None, price_per_hour=price_per_hour)})
+    show(report, job, as_json=as_json, unit=unit)
+    if not job.gpu and (sort or tokens or samples or epochs) and not as_json:
+        from vramplan.plan.amount import TrainingAmount, parse_count
+        from vramplan.plan.performance import per_gpu
+        from vramplan.report.plan_view import print_per_gpu
+
+        amount = TrainingAmount(
+            tokens=parse_count(tokens) if tokens else None,
+            samples=parse_count(samples, "samples") if samples else None, epochs=epochs,
+            dataset_samples=parse_count(dataset_samples, "dataset samples")
+            if dataset_samples else None, price_per_hour=price_per_hour)
+        print_per_gpu(per_gpu(job, report.fits, amount, sort or "time"), console)
+    if out:
+        write_or_print(out, json.dumps(report.to_json_dict(), indent=2) + "\n")
+    write_views(report, job, html=html, plot=plot,
+                extra=() if engine == "formula" else ("--engine", engine))
+    exit_for_fit(report, job)
+
+
+def write_views(report: MemoryReport, job: Job, *, html: Path | None, plot: Path | None,
+                command: str = "estimate", extra: tuple[str, ...] = ()) -> None:
+    """--html: the self-contained report; --plot: its figures as image files."""
+    if html:
+        from vramplan.report.command import cli_command
+        from vramplan.report.html import report_html
+
+        write_html(html, report_html(report, command=cli_command(job, command, extra)))
+    if plot:
+        from vramplan.report.charts import save_report_figures
+
+        save_report_figures(report, plot)
+
+
+def show(report: MemoryReport, job: Job, *, as_json: bool, unit: str = "GiB") -> None:
+    if as_json:
+        print_json(report.to_json_dict())
+        return
+    from vramplan.report.terminal import print_report
+
+    print_report(report, console, unit=unit, highlight_gpu=job.gpu)
+    if report.performance is not None:
+        from vramplan.report.plan_view import print_performance
+
+        print_performance(report.performance, console)
+    if job.gpu and report.fits and not any(f.fits for f in report.fits):
+        from vramplan.hardware import get_gpu
+        from vramplan.plan.make_fit import make_it_fit
+        from vramplan.plan.techniques import ALLOW_NAMES
+
+        fixes = make_it_fit(job, get_gpu(job.gpu), allow=ALLOW_NAMES, margin=0.0)
+        if fixes:
+            console.print(f"\nTo make it fit on {job.gpu}:")
+        for fix in fixes:
+            maths = " (changes the maths of training)" if fix.changes_maths else ""
+            console.print(f"  {fix.flags}: {fix.summary}{maths}", soft_wrap=True)
+
+
+def exit_for_fit(report: MemoryReport, job: Job) -> None:
+    """Exit code 1 when a GPU was named and the job does not fit it."""
+    if job.gpu and report.fits and not any(f.fits for f in report.fits):
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("estimate")(estimate)

@@ -1,0 +1,93 @@
+"""`vramplan plan`: which GPU, how many, which techniques, how long, how much.
+
+    vramplan plan llama-3.1-70b -s 2048 --tokens 10B
+    vramplan plan llama-3.1-8b --tokens 2B --gpus L4,A100-80GB --allow lora,qlora --json
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+
+from vramplan.cli.options import (
+    EXIT_BAD_INPUT,
+    EXIT_DOES_NOT_FIT,
+    AsJson,
+    Out,
+    check_writable,
+    console,
+    job_command,
+    print_json,
+    write_or_print,
+)
+from vramplan.job import Job
+
+
+@job_command
+def plan(
+    job: Job,
+    tokens: Annotated[Optional[str], typer.Option(
+        help="tokens to train on, e.g. 2B, 500M")] = None,
+    samples: Annotated[Optional[str], typer.Option(help="samples to train on")] = None,
+    epochs: Annotated[Optional[float], typer.Option(
+        help="passes over a dataset of --dataset-samples")] = None,
+    dataset_samples: Annotated[Optional[str], typer.Option(
+        help="samples in one epoch")] = None,
+    gpus: Annotated[Optional[str], typer.Option(
+        help="comma-separated GPU types to consider (default: the whole catalog)")] = None,
+    max_gpus: Annotated[int, typer.Option(help="most GPUs in one job")] = 512,
+    max_cost: Annotated[Optional[float], typer.Option(help="most USD to spend")] = None,
+    deadline: Annotated[Optional[str], typer.Option(
+        help="longest training time, e.g. 24h, 3d")] = None,
+    allow: Annotated[Optional[str], typer.Option(
+        help="changes to the maths of training you accept: lora,qlora,8bit,fp8,offload")]
+    = None,
+    global_batch: Annotated[Optional[int], typer.Option(
+        help="samples per optimizer step to keep (default: free)")] = None,
+    price_per_hour: Annotated[Optional[float], typer.Option(
+        help="USD per GPU-hour (default: the catalog's)")] = None,
+    top: Annotated[int, typer.Option(help="rows to show")] = 10,
+    margin: Annotated[float, typer.Option(help="memory to keep free, fraction")] = 0.05,
+    as_json: AsJson = False,
+    out: Out = None,
+) -> None:
+    """Search GPU types, counts and techniques for the configurations that fit, and show
+    the cost/time front with the cheapest, fastest and recommended one.
+
+    Exit code 1 when nothing fits; 2 for bad input or a cost or deadline nobody meets.
+
+    Example: vramplan plan llama-3.1-70b -s 2048 --tokens 10B --max-gpus 64
+    """
+    from vramplan.plan.amount import parse_count, parse_duration
+    from vramplan.plan.planner import plan as make_plan
+
+    check_writable(out)
+    result = make_plan(
+        job, tokens=parse_count(tokens) if tokens else None,
+        samples=parse_count(samples, "samples") if samples else None, epochs=epochs,
+        dataset_samples=parse_count(dataset_samples, "dataset samples")
+        if dataset_samples else None,
+        gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus else None,
+        max_gpus=max_gpus, max_cost=max_cost,
+        deadline_s=parse_duration(deadline) if deadline else None,
+        allow=tuple(a.strip() for a in allow.split(",") if a.strip()) if allow else (),
+        global_batch=global_batch, top=top, margin=margin, price_per_hour=price_per_hour)
+    data = result.model_dump(mode="json")
+    if as_json:
+        print_json(data)
+    else:
+        from vramplan.report.plan_view import print_plan
+
+        print_plan(result, console)
+    if out:
+        write_or_print(out, json.dumps(data, indent=2) + "\n")
+    if result.status == "nothing-fits":
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
+    if result.status == "constraints-unmet":
+        raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan)

@@ -1,0 +1,264 @@
+"""`vramplan search batch-size|seq-len` and `vramplan sweep`: thin shells over vramplan.search.
+
+    vramplan search batch-size llama-3.2-1b -s 2048 --gpu L4
+    vramplan search seq-len llama-3.2-1b -b 4 --budget 40GiB --engine trace
+    vramplan sweep llama-3.2-1b --batch-sizes 1,2,4,8 --seq-lens 512,1024 --gpu L4 --plot m.png
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from vramplan import search as _search
+from vramplan.cli.options import (
+    EXIT_DOES_NOT_FIT,
+    AsJson,
+    EngineName,
+    HtmlOut,
+    Out,
+    check_writable,
+    console,
+    job_command,
+    print_json,
+    write_html,
+    write_or_print,
+)
+from vramplan.errors import JobError
+from vramplan.job import Job
+from vramplan.search.oracle import budget_of, explaining_engine, oracle_for
+from vramplan.units import GiB, MiB
+
+search_app = typer.Typer(help="Largest batch size or sequence length that fits.",
+                         no_args_is_help=True)
+
+Budget = Annotated[Optional[str], typer.Option(
+    help="memory to fit in, e.g. 24GiB (default: the usable memory of --gpu)")]
+Margin = Annotated[float, typer.Option(help="safety margin: fit in budget x (1 - margin)")]
+Device = Annotated[Optional[str], typer.Option(help="measure only: cuda or cpu (default: "
+                                               "cuda when available)")]
+
+
+# --- views ---------------------------------------------------------------------------------
+
+
+def _unit(*sizes: int | None) -> tuple[str, int]:
+    """GiB, or MiB when everything is under 1 GiB (tiny test models)."""
+    return ("GiB", GiB) if max((n or 0 for n in sizes), default=0) >= GiB else ("MiB", MiB)
+
+
+def _size(n: int | None, unit: tuple[str, int]) -> str:
+    return "-" if n is None else f"{n / unit[1]:,.2f}"
+
+
+def print_search(result: _search.SearchResult, what: str,
+                 cap_reason: str = "the maximum asked for; more may fit") -> None:
+    name = result.parameter.replace("_", " ")
+    unit = _unit(result.budget_bytes)
+    table = Table(title=f"{name} search", caption=(
+        f"fits iff peak <= {_size(result.limit_bytes, unit)} {unit[0]} = {what} "
+        f"{_size(result.budget_bytes, unit)} {unit[0]} x (1 - {result.margin:g} margin)"))
+    for col in ("trial", name, f"peak {unit[0]}", "fits"):
+        table.add_column(col, justify="right")
+    for i, t in enumerate(result.trials, 1):
+        verdict = "yes" if t.fits else ("OOM" if t.peak is None else "no")
+        table.add_row(str(i), str(t.value), _size(t.peak, unit), verdict)
+    console.print(table)
+    if result.best is not None:
+        capped = f" ({cap_reason})" if result.capped else ""
+        console.print(f"[bold]largest {name} that fits: {result.best}[/]{capped}, "
+                      f"found in {len(result.trials)} trials")
+        if result.limited_by:
+            console.print(f"  larger values are refused: {result.limited_by}")
+        return
+    smallest = result.trials[0].value
+    console.print(f"[bold red]does not fit even at {name} {smallest}[/]"
+                  + (f": {result.largest_category.replace('_', ' ')} fill most of the memory"
+                     if result.largest_category else ""))
+    for s in result.suggestions:
+        console.print(f"  try: {s}")
+
+
+# --- search batch-size / seq-len ----------------------------------------------------------------
+
+
+@search_app.command("batch-size")
+@job_command
+def batch_size(
+    job: Job, engine: EngineName = "formula", budget: Budget = None, margin: Margin = 0.05,
+    maximum: Annotated[Optional[int], typer.Option(help="largest batch size to try")] = None,
+    device: Device = None, as_json: AsJson = False, out: Out = None, html: HtmlOut = None,
+) -> None:
+    """Largest micro-batch size that fits (exact), by doubling then bisection.
+
+    Example: vramplan search batch-size llama-3.2-1b -s 2048 --gpu L4
+    """
+    check_writable(out, html)
+    limit, what = budget_of(job, budget)
+    result = _search.max_batch_size(
+        job, oracle_for(engine, budget_bytes=limit, device=device), limit, margin=margin,
+        maximum=maximum, explain=explaining_engine(engine))
+    _write_html(html, result, job, "search batch-size", engine)
+    _finish(result, what, as_json, out)
+
+
+@search_app.command("seq-len")
+@job_command
+def seq_len(
+    job: Job, engine: EngineName = "formula", budget: Budget = None, margin: Margin = 0.05,
+    granularity: Annotated[int, typer.Option(help="answer is a multiple of this")] = 64,
+    maximum: Annotated[Optional[int], typer.Option(help="longest sequence to try")] = None,
+    device: Device = None, as_json: AsJson = False, out: Out = None, html: HtmlOut = None,
+) -> None:
+    """Longest sequence (a multiple of --granularity) that fits at the job's batch size.
+
+    Example: vramplan search seq-len llama-3.2-1b -b 4 --gpu A100-40GB --engine trace
+    """
+    check_writable(out, html)
+    limit, what = budget_of(job, budget)
+    positions = None if maximum else _max_positions(job)
+    result = _search.max_seq_len(
+        job, oracle_for(engine, budget_bytes=limit, device=device), limit, margin=margin,
+        granularity=granularity, maximum=maximum or positions, explain=explaining_engine(engine))
+    _write_html(html, result, job, "search seq-len", engine)
+    _finish(result, what, as_json, out,
+            f"the longest the model accepts: {positions} positions" if positions else None)
+
+
+def _finish(result: _search.SearchResult, what: str, as_json: bool, out: Path | None,
+            cap_reason: str | None = None) -> None:
+    """Print (and write) a search result; exit code 1 when even the smallest value fails."""
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        print_search(result, what, *([cap_reason] if cap_reason else []))
+    if out:
+        write_or_print(out, json.dumps(result.to_dict(), indent=2) + "\n")
+    if not result.fits:
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+def _write_html(path: Path | None, result: _search.SearchResult, job: Job, command: str,
+                engine: str) -> None:
+    if path:
+        from vramplan.report.command import cli_command
+        from vramplan.report.html import search_html
+
+        extra = () if engine == "formula" else ("--engine", engine)
+        write_html(path, search_html(result.to_dict(), job=job,
+                                     command=cli_command(job, command, extra)))
+
+
+def _max_positions(job: Job) -> int | None:
+    """The model's length (its learned table or training length), when the catalog knows it."""
+    try:
+        from vramplan.models import load_architecture
+        return load_architecture(job.model).max_positions
+    except Exception:  # noqa: BLE001 - a factory model or unknown config: no limit known
+        return None
+
+
+# --- sweep ------------------------------------------------------------------------------------
+
+
+def _ints(text: str | None, option: str) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise JobError(f"{option} takes comma-separated whole numbers, e.g. 1,2,4,8 "
+                       f"(got {text!r})") from None
+
+
+@job_command
+def sweep(
+    job: Job,
+    batch_sizes: Annotated[Optional[str], typer.Option(help="e.g. 1,2,4,8")] = None,
+    seq_lens: Annotated[Optional[str], typer.Option(help="e.g. 512,1024,2048")] = None,
+    engine: EngineName = "formula", budget: Budget = None, margin: Margin = 0.05,
+    steps: Annotated[int, typer.Option(help="measure only: timed steps per point")] = 3,
+    device: Device = None,
+    out: Out = None,
+    plot_out: Annotated[Optional[Path], typer.Option("--plot", help="write a plot (.png or "
+                                                     ".svg)")] = None,
+    html: HtmlOut = None,
+    as_json: AsJson = False,
+) -> None:
+    """Peak memory (and step time, throughput, loss when measuring) over a grid.
+
+    Example: vramplan sweep llama-3.2-1b --batch-sizes 1,2,4,8 --seq-lens 512,1024 --gpu L4
+    --plot memory.png
+    """
+    check_writable(out, plot_out, html)
+    batches = _ints(batch_sizes, "--batch-sizes") or [job.batch_size]
+    seqs = _ints(seq_lens, "--seq-lens") or [job.seq_len]
+    limit, what = budget_of(job, budget) if (budget or job.gpu) else (None, "")
+    oracle = oracle_for(engine, budget_bytes=limit, device=device, steps=steps, warmup=1)
+    total = len(batches) * len(seqs)
+    if as_json or total == 1:
+        rows = _search.sweep(job, oracle, batches, seqs, budget_bytes=limit, margin=margin)
+    else:
+        from rich.progress import Progress
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task(f"{engine}: {total} points", total=total)
+            rows = _search.sweep(job, oracle, batches, seqs, budget_bytes=limit, margin=margin,
+                                 on_row=lambda row: progress.advance(task))
+    if out:
+        write_or_print(out, _search.rows_csv(rows) if out.suffix == ".csv"
+                       else json.dumps(rows, indent=2) + "\n")
+    if plot_out:
+        _search.plot(rows, plot_out, limit_bytes=limit, limit_label=what or "limit",
+                     title=f"{job.model}: peak memory ({engine})")
+    if html:
+        from vramplan.report.command import cli_command
+        from vramplan.report.html import sweep_html
+
+        words = ["--batch-sizes", ",".join(map(str, batches))]
+        words += ["--seq-lens", ",".join(map(str, seqs))] if seq_lens else []
+        words += ["--engine", engine] if engine != "formula" else []
+        words += ["--budget", budget] if budget else []
+        limits = {job.gpu or "budget": int(limit * (1 - margin))} if limit else {}
+        write_html(html, sweep_html(rows, job=job, limits=limits, engine=engine,
+                                    command=cli_command(job, "sweep", tuple(words))))
+    if as_json:
+        print_json(rows)
+        return
+    _print_rows(rows, limit, what)
+    for path in (out, plot_out):
+        if path:
+            console.print(f"wrote {path}")
+
+
+def _print_rows(rows: list[dict], limit: int | None, what: str) -> None:
+    title = "sweep" + (f" (fits: peak <= {what} x (1 - margin))" if limit else "")
+    table = Table(title=title)
+    measured = any(r["step_time_s"] is not None for r in rows)
+    unit = _unit(limit, *(r["device_total"] for r in rows))
+    cols = ["batch", "seq len", f"peak alloc {unit[0]}", f"device {unit[0]}", "fits"]
+    cols += ["step s", "samples/s", "tokens/s", "final loss"] if measured else []
+    for col in cols:
+        table.add_column(col, justify="right")
+    for r in rows:
+        fits = "OOM" if r["error"] else {True: "yes", False: "no", None: "-"}[r["fits"]]
+        cells = [str(r["batch_size"]), str(r["seq_len"]), _size(r["peak_allocated"], unit),
+                 _size(r["device_total"], unit), fits]
+        if measured:
+            cells += [_num(r["step_time_s"], ".3f"), _num(r["samples_per_s"], ",.1f"),
+                      _num(r["tokens_per_s"], ",.0f"), _num(r["final_loss"], ".4f")]
+        table.add_row(*cells)
+    console.print(table)
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(search_app, name="search")
+    app.command("sweep")(sweep)
+

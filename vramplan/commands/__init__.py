@@ -1,1 +1,0 @@
-"""CLI commands beyond cli.py's own, each module a thin shell with a `register(app)`."""

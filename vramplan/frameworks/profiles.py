@@ -1,0 +1,123 @@
+"""Framework profiles: load profiles.toml and apply a profile's defaults to a job's data.
+
+A profile sets Job fields the job leaves unset (explicit fields win) and says which values
+of some fields the framework supports. Torch-free, and free of vramplan.job (job.py calls
+into here while it validates, so this module must not import it).
+
+    >>> from vramplan.frameworks import get_profile
+    >>> get_profile("torchtitan").settings["checkpointing"].value
+    'selective:torchtitan-op'
+"""
+
+from __future__ import annotations
+
+import tomllib
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from vramplan.errors import UnknownNameError, VramplanError
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Setting(_Frozen):
+    """One default of a framework and where in its code it comes from."""
+
+    value: Any
+    source: str
+
+
+class Allowed(_Frozen):
+    """The values of one Job field the framework supports."""
+
+    values: tuple[Any, ...]
+    source: str
+
+
+class Profile(_Frozen):
+    name: str
+    description: str
+    settings: dict[str, Setting] = {}  # dotted Job field -> its default in this framework
+    allowed: dict[str, Allowed] = {}   # dotted Job field -> the values it supports
+
+
+class ProfileFileError(VramplanError):
+    """profiles.toml is malformed (a packaging bug, not a user error)."""
+
+
+@lru_cache(maxsize=1)
+def load_profiles() -> dict[str, Profile]:
+    text = resources.files("vramplan.frameworks").joinpath("profiles.toml").read_text()
+    try:
+        raw = tomllib.loads(text)["profiles"]
+        return {name: Profile(name=name, **body) for name, body in raw.items()}
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValidationError) as error:
+        raise ProfileFileError(f"vramplan/frameworks/profiles.toml is malformed: {error}") from None
+
+
+def framework_names() -> tuple[str, ...]:
+    return tuple(load_profiles())
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return load_profiles()[name]
+    except KeyError:
+        raise UnknownNameError("framework", name, load_profiles()) from None
+
+
+def apply_profile(data: dict[str, Any]) -> dict[str, Any]:
+    """The job data with its framework's defaults filled in where the data sets nothing.
+
+    `data` is what a Job is validated from (keyword arguments, a job file, CLI flags);
+    nested parts may be dicts or already-built models. Unknown frameworks are left for the
+    Job's own validation to report.
+    """
+    profile = load_profiles().get(data.get("framework", "plain"))
+    if profile is None:
+        return data
+    data = dict(data)
+    for dotted, setting in profile.settings.items():
+        _set_default(data, dotted.split("."), setting.value)
+    return data
+
+
+def _set_default(data: dict[str, Any], path: list[str], value: Any) -> None:
+    key = path[0]
+    if len(path) == 1:
+        data.setdefault(key, value)
+        return
+    part = data.get(key)
+    if part is None and key != "parallel":
+        return  # e.g. peft.adapter_dtype on a job without peft
+    if part is None:
+        part = {}
+    if isinstance(part, BaseModel):
+        if path[1] not in part.model_fields_set:
+            data[key] = part.model_copy(update={path[1]: value})
+        return
+    if isinstance(part, dict):
+        part = dict(part)
+        _set_default(part, path[1:], value)
+        data[key] = part
+
+
+def profile_problems(framework: str, fields: dict[str, Any]) -> list[str]:
+    """What the job asks that its framework does not support, one line each.
+
+    `fields` maps dotted Job fields to the job's values (None: the part is absent)."""
+    profile = load_profiles().get(framework)
+    if profile is None:
+        return []
+    problems = []
+    for dotted, allowed in profile.allowed.items():
+        value = fields.get(dotted)
+        if value is not None and value not in allowed.values:
+            problems.append(f"{framework} does not support {dotted}={value!r}: it supports "
+                            f"{', '.join(map(str, allowed.values))} ({allowed.source})")
+    return problems

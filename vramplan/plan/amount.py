@@ -1,0 +1,86 @@
+"""How much training a job is to do: tokens, samples, or epochs of a dataset; and the price.
+
+    >>> TrainingAmount(tokens=2_000_000_000)
+    >>> TrainingAmount(epochs=3, dataset_samples=50_000, price_per_hour=2.1)
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class TrainingAmount(BaseModel):
+    """One of tokens, samples, or epochs (with the dataset's size); an optional price."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tokens: int | None = Field(None, gt=0)           # tokens to train on, all GPUs
+    samples: int | None = Field(None, gt=0)          # samples (sequences, images, clips)
+    epochs: float | None = Field(None, gt=0)         # passes over the dataset
+    dataset_samples: int | None = Field(None, gt=0)  # samples in one epoch
+    dataset_tokens: int | None = Field(None, gt=0)   # or tokens in one epoch
+    price_per_hour: float | None = Field(None, gt=0)  # USD per GPU-hour (overrides catalog)
+
+    @model_validator(mode="after")
+    def _one_amount(self) -> TrainingAmount:
+        given = [k for k in ("tokens", "samples", "epochs") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of tokens, samples or epochs, not {' and '.join(given)}")
+        if self.epochs is not None and not (self.dataset_samples or self.dataset_tokens):
+            raise ValueError("epochs needs the dataset's size: dataset_samples or dataset_tokens")
+        return self
+
+    @property
+    def given(self) -> bool:
+        return any(v is not None for v in (self.tokens, self.samples, self.epochs))
+
+    def steps(self, tokens_per_step: int, samples_per_step: int) -> float | None:
+        """Optimizer steps to train this amount, or None when no amount was given."""
+        if self.tokens is not None:
+            return self.tokens / tokens_per_step
+        if self.samples is not None:
+            return self.samples / samples_per_step
+        if self.epochs is not None:
+            if self.dataset_samples:
+                return self.epochs * self.dataset_samples / samples_per_step
+            return self.epochs * self.dataset_tokens / tokens_per_step
+        return None
+
+
+_COUNT_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+_DURATION_SUFFIX = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def _split(text: str) -> tuple[float, str]:
+    text = text.strip().lower().replace("_", "").replace(",", "")
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz ")
+    try:
+        return float(number), text[len(number):].strip()
+    except ValueError:
+        return float("nan"), text
+
+
+def parse_count(text: str | int, what: str = "tokens") -> int:
+    """'2B' -> 2_000_000_000, '500k' -> 500_000, '1.5M' -> 1_500_000 (decimal suffixes)."""
+    from vramplan.errors import JobError
+
+    if isinstance(text, int):
+        return text
+    value, suffix = _split(str(text))
+    if suffix not in _COUNT_SUFFIX or value != value or value <= 0:
+        raise JobError(f"{what}: {text!r} is not a positive count; write e.g. 2B, 500M, 10k "
+                       "or a plain number")
+    return int(round(value * _COUNT_SUFFIX[suffix]))
+
+
+def parse_duration(text: str | float) -> float:
+    """'24h' -> 86400.0, '3d', '90m', '45min', '600' (seconds)."""
+    from vramplan.errors import JobError
+
+    if isinstance(text, (int, float)):
+        return float(text)
+    value, suffix = _split(str(text))
+    if suffix not in _DURATION_SUFFIX or value != value or value <= 0:
+        raise JobError(f"deadline: {text!r} is not a positive duration; write e.g. 24h, 3d, "
+                       "90m or a number of seconds")
+    return value * _DURATION_SUFFIX[suffix]

@@ -1,0 +1,115 @@
+"""Communication of one training step: which collectives run, how many bytes each GPU
+sends, over which link, and with which compute they can overlap.
+
+Ring collectives over n ranks (NCCL's ring algorithm; NCCL docs, "Performance: busBw"):
+each rank sends (n - 1) / n of the buffer for a reduce-scatter or an all-gather, and twice
+that for an all-reduce. A group that fits in one node runs over the GPU interconnect
+(NVLink / PCIe); a group that spans nodes is limited by the network share of each GPU.
+
+  ddp         all-reduce of the gradients once per optimizer step (no_sync while
+              accumulating), overlapped with the last micro-batch's backward (buckets)
+  zero1/2     reduce-scatter of gradients (overlapped with backward), all-gather of the
+              updated parameters after the step (not overlapped)
+  zero3/fsdp  per micro-batch: all-gather of 16-bit parameters in forward and again in
+              backward (prefetched: overlapped), reduce-scatter of gradients (overlapped)
+  hybrid      fsdp inside a node, plus an all-reduce of the gradient shards between nodes
+  tensor par. 2 all-reduces of the activations per block in forward, 2 in backward
+              (Megatron-LM), on the critical path
+  context     ring attention: each rank passes its k and v chunk around the ring,
+              forward and (with their gradients) backward, overlapped with attention
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramplan.engines.formula import _activation_dtypes, _param_memory, _shapes, _task
+from vramplan.engines.precision import dtypes_for
+from vramplan.hardware.gpu import GPU
+from vramplan.job import Job
+from vramplan.models import Architecture
+
+
+@dataclass(frozen=True)
+class Collective:
+    name: str            # e.g. "gradient all-reduce (ddp)"
+    bytes_per_gpu: float  # bytes each GPU sends, per occurrence
+    per: str             # "step" or "micro-batch"
+    overlaps: str        # the phase it can hide behind: "backward", "forward", "" (none)
+    link: str            # "interconnect" or "network"
+    group: int           # ranks in the collective
+
+
+def ring_bytes(kind: str, buffer: float, n: int) -> float:
+    """Bytes one rank sends in a ring collective of `buffer` bytes over n ranks."""
+    if n <= 1:
+        return 0.0
+    share = (n - 1) / n * buffer
+    return 2 * share if kind == "all-reduce" else share
+
+
+def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
+    """Every collective of one step of `job` on GPUs of kind `gpu`."""
+    par = job.parallel
+    task = _task(job, arch)
+    params = _param_memory(job, arch, task)
+    tp, cp, dp = par.tensor_parallel, par.context_parallel, par.data_parallel
+    grads = params.gradients / tp  # bytes of gradients per model-parallel rank
+    per_node = gpu.gpus_per_node
+    out: list[Collective] = []
+
+    def link(group: int, stride: int) -> str:
+        # ranks of a group sit `stride` apart; the group stays in a node if it fits there
+        return "interconnect" if group * stride <= per_node else "network"
+
+    model_parallel = tp * cp
+    if dp > 1:
+        strategy = par.strategy
+        dp_link = link(dp, model_parallel)
+        if strategy == "ddp":
+            out.append(Collective("gradient all-reduce (ddp)", ring_bytes("all-reduce", grads, dp),
+                                  "step", "backward", dp_link, dp))
+        elif strategy in ("zero1", "zero2"):
+            weights16 = params.trainable * dtypes_for(job).compute / tp
+            out.append(Collective(f"gradient reduce-scatter ({strategy})",
+                                  ring_bytes("reduce-scatter", grads, dp), "step", "backward",
+                                  dp_link, dp))
+            out.append(Collective(f"parameter all-gather ({strategy})",
+                                  ring_bytes("all-gather", weights16, dp), "step", "", dp_link,
+                                  dp))
+        else:  # zero3, fsdp, hybrid-shard: the whole model is gathered per micro-batch
+            shard = par.shard_degree
+            gathered = params.total * dtypes_for(job).compute / tp
+            if job.peft is not None:
+                gathered = params.weights / tp  # frozen base stays in its stored dtype
+            shard_link = link(shard, model_parallel)
+            for phase in ("forward", "backward"):
+                out.append(Collective(f"parameter all-gather, {phase} ({strategy})",
+                                      ring_bytes("all-gather", gathered, shard), "micro-batch",
+                                      phase, shard_link, shard))
+            out.append(Collective(f"gradient reduce-scatter ({strategy})",
+                                  ring_bytes("reduce-scatter", grads, shard), "micro-batch",
+                                  "backward", shard_link, shard))
+            replicas = dp // shard
+            if replicas > 1:
+                out.append(Collective("gradient all-reduce between replicas (hybrid)",
+                                      ring_bytes("all-reduce", grads / shard, replicas), "step",
+                                      "backward", "network", replicas))
+    if tp > 1:
+        dt = _activation_dtypes(job)
+        shapes = _shapes(job, arch, task)
+        activations = sum(4 * s.num_layers * job.batch_size * seq * s.hidden_size * dt.compute
+                          for s, seq in zip(arch.stacks, shapes.stack_seq)) / cp
+        out.append(Collective("activation all-reduces (tensor parallel)",
+                              ring_bytes("all-reduce", activations, tp), "micro-batch", "",
+                              link(tp, 1), tp))
+    if cp > 1:
+        dt = _activation_dtypes(job)
+        shapes = _shapes(job, arch, task)
+        # each rank's k and v chunk goes round the ring (cp - 1 hops) forward; backward
+        # sends k, v and their gradients: 3x the forward volume in all
+        kv = sum(s.num_layers * 2 * job.batch_size * seq / cp * s.num_kv_heads * s.head_dim
+                 * dt.compute for s, seq in zip(arch.stacks, shapes.stack_seq))
+        out.append(Collective("k/v ring exchange (context parallel)", 3 * (cp - 1) * kv / tp,
+                              "micro-batch", "both", link(cp, tp), cp))
+    return out

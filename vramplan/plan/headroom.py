@@ -1,0 +1,214 @@
+"""Room to grow: how far each knob of a job can go on one GPU type before it stops fitting,
+the larger models of its family that still fit, and what-if comparisons (memory, time,
+cost before and after any Job change). Memory from the formula engine.
+
+    >>> room = headroom(Job(model="llama-3.2-1b", batch_size=2), get_gpu("L4"))
+    >>> [(k.name, k.current, k.largest) for k in room.knobs]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from vramplan.engines.registry import get_engine
+from vramplan.errors import JobError, VramplanError
+from vramplan.hardware.gpu import GPU
+from vramplan.job import Job, job_from_dict
+from vramplan.models import list_models, load_architecture
+from vramplan.plan.amount import TrainingAmount
+from vramplan.plan.performance import predict
+
+SEARCH_LIMITS = {"batch_size": 4096, "seq_len": 1_048_576, "peft.rank": 4096}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Knob(_Frozen):
+    name: str                  # batch_size, seq_len, peft.rank
+    current: int
+    largest: int | None        # None: even the current value does not fit
+    at_search_limit: bool = False  # the search stopped at its limit, not at memory
+
+
+class ModelFit(_Frozen):
+    model: str
+    params: int
+    fits: bool
+    required_bytes: int
+    usable_bytes: int
+
+
+class Headroom(_Frozen):
+    gpu: str
+    fits: bool
+    required_bytes: int
+    usable_bytes: int
+    knobs: list[Knob]
+    larger_models: list[ModelFit]  # the next sizes of the model's family, smallest first
+
+
+class Side(_Frozen):
+    job: Job
+    required_bytes: int | None = None
+    fits: bool | None = None
+    step_time_s: float | None = None
+    tokens_per_s: float | None = None
+    training_time_s: float | None = None
+    cost_usd: float | None = None
+    error: str = ""  # why this side could not be estimated
+
+
+class WhatIf(_Frozen):
+    gpu: str
+    changes: dict[str, Any]
+    before: Side
+    after: Side
+
+
+def _required(job: Job, gpu: GPU) -> tuple[int, int]:
+    fit = get_engine("formula").run(job, gpus=[gpu]).fits[0]
+    return fit.required_bytes, fit.usable_bytes
+
+
+def _fits(job: Job, gpu: GPU, margin: float) -> bool:
+    need, usable = _required(job, gpu)
+    return need <= (1 - margin) * usable
+
+
+def _with(job: Job, knob: str, value: int) -> Job:
+    if knob == "peft.rank":
+        return job.with_changes(peft=job.peft.model_copy(update={"rank": value}))
+    return job.with_changes(**{knob: value})
+
+
+def largest(job: Job, knob: str, gpu: GPU, margin: float = 0.05) -> Knob:
+    """The largest value of `knob` that fits, by doubling then bisection (memory grows
+    with each of these knobs)."""
+    current = job.peft.rank if knob == "peft.rank" else getattr(job, knob)
+    if knob == "seq_len" and current is None:
+        current = load_architecture(job.model).max_positions or 2048
+        current = min(current, 2048)
+    limit = SEARCH_LIMITS[knob]
+    if knob == "seq_len":
+        limit = min(limit, _position_limit(job) or limit)
+
+    def ok(value: int) -> bool:
+        try:
+            return _fits(_with(job, knob, value), gpu, margin)
+        except (JobError, ValueError):
+            return False
+
+    if not ok(current):
+        low = 0
+        high = current
+        while high - low > 1:  # the largest smaller value that fits
+            mid = (low + high) // 2
+            low, high = (mid, high) if ok(mid) else (low, mid)
+        return Knob(name=knob, current=current, largest=low or None)
+    low, high = current, current * 2
+    while high <= limit and ok(high):
+        low, high = high, high * 2
+    if high > limit:
+        if ok(limit):
+            return Knob(name=knob, current=current, largest=limit, at_search_limit=True)
+        high = limit
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if ok(mid) else (low, mid)
+    return Knob(name=knob, current=current, largest=low)
+
+
+def _position_limit(job: Job) -> int | None:
+    from vramplan.models.families import LEARNED_POSITIONS
+    arch = load_architecture(job.model)
+    return arch.max_positions if arch.model_type in LEARNED_POSITIONS else None
+
+
+def headroom(job: Job, gpu: GPU, margin: float = 0.05) -> Headroom:
+    """How far batch size, sequence length and LoRA rank can grow on `gpu`, and which
+    larger models of the same family still fit."""
+    arch = load_architecture(job.model)
+    knobs = [largest(job, "batch_size", gpu, margin)]
+    if arch.kind not in ("cnn", "vision"):
+        knobs.append(largest(job, "seq_len", gpu, margin))
+    if job.peft is not None:
+        knobs.append(largest(job, "peft.rank", gpu, margin))
+    need, usable = _required(job, gpu)
+    return Headroom(gpu=gpu.name, fits=need <= (1 - margin) * usable, required_bytes=need,
+                    usable_bytes=usable, knobs=knobs,
+                    larger_models=_larger_models(job, gpu, margin))
+
+
+def _larger_models(job: Job, gpu: GPU, margin: float) -> list[ModelFit]:
+    models = list_models()
+    own = next((m for m in models if m.name == job.model), None)
+    if own is None:
+        return []
+    out = []
+    for entry in sorted((m for m in models if m.family == own.family and m.params > own.params),
+                        key=lambda m: m.params):
+        try:
+            need, usable = _required(job.with_changes(model=entry.name), gpu)
+        except VramplanError:
+            continue
+        out.append(ModelFit(model=entry.name, params=entry.params,
+                            fits=need <= (1 - margin) * usable, required_bytes=need,
+                            usable_bytes=usable))
+    return out
+
+
+def parse_changes(text: str) -> dict[str, Any]:
+    """'seq_len=8192,model=llama-3.1-70b,peft.rank=64' -> nested Job changes."""
+    changes: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise JobError(f"what-if takes KEY=VALUE pairs separated by commas, e.g. "
+                           f"seq_len=8192,model=llama-3.1-70b (got {part!r})")
+        target = changes
+        *parents, leaf = key.strip().split(".")
+        for name in parents:
+            target = target.setdefault(name, {})
+        target[leaf] = yaml.safe_load(value) if value.strip() else None
+    return changes
+
+
+def _merge(base: dict, changes: dict) -> dict:
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = (_merge(out[key], value) if isinstance(value, dict)
+                    and isinstance(out.get(key), dict) else value)
+    return out
+
+
+def what_if(job: Job, gpu: GPU, changes: dict[str, Any] | str,
+            amount: TrainingAmount | None = None) -> WhatIf:
+    """Memory, time and cost of `job` and of `job` with `changes`, side by side."""
+    if isinstance(changes, str):
+        changes = parse_changes(changes)
+    dumped = job.model_dump()
+    if changes.get("peft") and dumped.get("peft") is None:
+        dumped["peft"] = {}
+    after_job = job_from_dict(_merge(dumped, changes), origin="what-if")
+    return WhatIf(gpu=gpu.name, changes=changes, before=_side(job, gpu, amount),
+                  after=_side(after_job, gpu, amount))
+
+
+def _side(job: Job, gpu: GPU, amount: TrainingAmount | None) -> Side:
+    try:
+        need, usable = _required(job, gpu)
+    except VramplanError as error:
+        return Side(job=job, error=str(error))
+    side = dict(job=job, required_bytes=need, fits=need <= usable)
+    try:
+        perf = predict(job, gpu, amount)
+        side.update(step_time_s=perf.step_time_s, tokens_per_s=perf.tokens_per_s,
+                    training_time_s=perf.training_time_s, cost_usd=perf.cost_usd)
+    except VramplanError as error:
+        side["error"] = str(error)
+    return Side(**side)

@@ -1,0 +1,322 @@
+"""Step time, throughput, MFU, training time and cost of a job on a GPU type.
+
+The step, per GPU, is modelled phase by phase (a roofline per phase):
+
+  forward, backward, recompute   (x grad_accum)
+      device = matmul FLOPs / (peak of the compute dtype x matmul efficiency)
+             + attention FLOPs / (peak x attention efficiency)
+             + memory-bound bytes / (HBM bandwidth x memory efficiency)
+      host   = kernel launches x host time per launch      (eager PyTorch dispatch)
+      time   = max(device, host); the bound is the larger term
+  optimizer (once)   clip + optimizer step bytes, or the CPU step when offloaded
+  communication      each collective's bytes / (link bandwidth x collective efficiency);
+                     the part that overlaps a phase hides behind `overlap` of that
+                     phase's time, the rest is exposed and added
+
+Peaks and bandwidths come from the GPU catalog; efficiencies from efficiency.toml (with
+their sources). fp8 matmuls run at the fp8 rate only on GPUs that list one.
+
+    >>> from vramplan import Job
+    >>> from vramplan.hardware import get_gpu
+    >>> perf = predict(Job(model="llama-3.2-1b", batch_size=4, seq_len=2048), get_gpu("H200"))
+    >>> perf.step_time_s, perf.tokens_per_s
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramplan.engines.formula import _param_memory, _task
+from vramplan.engines.report import Performance, PhaseTime
+from vramplan.hardware.gpu import GPU
+from vramplan.job import Job
+from vramplan.models import Architecture, load_architecture
+from vramplan.plan.amount import TrainingAmount
+from vramplan.plan.comm import collectives
+from vramplan.plan.efficiency import Factors, factors_for
+from vramplan.plan.flops import step_flops
+from vramplan.plan.traffic import step_traffic
+
+MICRO_PHASES = ("forward", "backward", "recompute")
+
+
+def compute_dtype(job: Job, gpu: GPU) -> tuple[str, list[str]]:
+    """The tensor-core rate the job's matmuls run at on `gpu`, and why when it differs."""
+    notes: list[str] = []
+    wanted = {"fp32": "fp32", "fp16-mixed": "fp16", "bf16-mixed": "bf16", "bf16-pure": "bf16",
+              "fp8": "fp8"}[job.precision]
+    if wanted == "fp32":
+        notes.append("fp32 matmuls at the plain fp32 rate (torch leaves TF32 off by default)")
+    if wanted == "fp8" and "fp8" not in gpu.tflops:
+        notes.append(f"{gpu.name} has no fp8 tensor cores: fp8 matmuls timed at the bf16 rate")
+        wanted = "bf16"
+    if wanted not in gpu.tflops:
+        fallback = "fp16" if wanted == "bf16" and "fp16" in gpu.tflops else "fp32"
+        notes.append(f"{gpu.name} has no {wanted} tensor cores: timed at the {fallback} rate")
+        wanted = fallback
+    return wanted, notes
+
+
+@dataclass(frozen=True)
+class PhaseTerms:
+    """One phase's work on one GPU, as seconds at 100% efficiency (factors divide them)."""
+
+    phase: str
+    per_step: int         # occurrences per optimizer step
+    matmul_s: float       # matmul FLOPs / peak
+    attention_s: float    # attention FLOPs / peak
+    memory_s: float       # memory-bound bytes / bandwidth
+    kernels: float        # kernel launches
+    flops: float = 0.0
+    bytes: float = 0.0
+    offload_bytes: float = 0.0   # optimizer offload: bytes over PCIe
+    offload_params: float = 0.0  # optimizer offload: elements the CPU updates
+
+
+@dataclass(frozen=True)
+class CollectiveTerms:
+    name: str
+    link_s: float         # bytes / link bandwidth, per occurrence, at 100% efficiency
+    times: int            # occurrences per step
+    overlaps: str         # phase(s) it can hide behind
+    crosses_nodes: bool
+
+
+@dataclass(frozen=True)
+class StepTerms:
+    """Everything about a step that does not depend on the efficiency factors."""
+
+    phases: tuple[PhaseTerms, ...]
+    collectives: tuple[CollectiveTerms, ...]
+    sdpa: bool
+    peak: float
+    dtype: str
+    tokens_per_step: int
+    samples_per_step: int
+    model_flops_gpu: float   # per GPU per step, without recomputation
+    flops_per_step: float    # executed, all GPUs
+    notes: tuple[str, ...] = ()
+
+
+_WORK: dict[Job, tuple] = {}  # job -> (flops, traffic): the same for every GPU type
+_WORK_LIMIT = 4096
+
+
+def _work(job: Job, arch: Architecture):
+    """FLOPs and bytes of the job's step, memoised: the planner asks for one job on many
+    GPU types (an Architecture is the job's model's, so the job is the key)."""
+    work = _WORK.get(job)
+    if work is None:
+        if len(_WORK) >= _WORK_LIMIT:
+            _WORK.clear()
+        work = _WORK[job] = (step_flops(job, arch), step_traffic(job, arch), {})
+    return work
+
+
+def _collectives(job: Job, arch: Architecture, gpu: GPU):
+    """collectives(), memoised with the job's work: they depend on the GPU only through
+    how many GPUs share a node."""
+    memo = _work(job, arch)[2]
+    key = gpu.gpus_per_node
+    if key not in memo:
+        memo[key] = collectives(job, arch, gpu)
+    return memo[key]
+
+
+def _per_gpu_work(job: Job, arch: Architecture) -> dict:
+    """The GPU-independent part of step_terms: FLOPs and bytes per phase on one GPU."""
+    memo = _work(job, arch)[2]
+    if "unit" in memo:
+        return memo["unit"]
+    flops, traffic, _ = _work(job, arch)
+    par = job.parallel
+    split = par.tensor_parallel * par.context_parallel  # model-parallel ranks share the work
+    phases = []
+    for phase in MICRO_PHASES:
+        mm = sum(getattr(flops.by_class[c], phase) for c in ("linear", "lora", "head",
+                                                             "frontend")) / split
+        attention = getattr(flops.by_class["attention"], phase) / split
+        moved = traffic.bytes[phase] / split
+        if mm or attention or moved:
+            phases.append((phase, mm, attention, moved, traffic.kernels[phase]))
+    shards = par.tensor_parallel * par.shard_degree
+    trainable = (_param_memory(job, arch, _task(job, arch)).trainable / shards
+                 if job.offload.optimizer else 0.0)
+    dp = par.data_parallel
+    memo["unit"] = unit = dict(
+        phases=phases, optimizer_bytes=traffic.bytes["optimizer"] / shards,
+        optimizer_kernels=traffic.kernels["optimizer"], offload_params=trainable,
+        tokens_per_step=flops.tokens * job.grad_accum * dp,
+        samples_per_step=flops.samples * job.grad_accum * dp,
+        model_flops_gpu=flops.model_flops * job.grad_accum / split,
+        flops_per_step=flops.total * job.grad_accum * dp, notes=list(flops.notes))
+    return unit
+
+
+def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerms:
+    """The step's work per GPU and phase, before efficiency factors (fitting reuses it)."""
+    arch = arch or load_architecture(job.model)
+    dtype, notes = compute_dtype(job, gpu)
+    peak = gpu.tflops[dtype] * 1e12
+    bandwidth = gpu.bandwidth_bytes_s
+    unit = _per_gpu_work(job, arch)
+    phases = [PhaseTerms(phase, job.grad_accum, mm / peak, attention / peak, moved / bandwidth,
+                         kernels, mm + attention, moved)
+              for phase, mm, attention, moved, kernels in unit["phases"]]
+    if job.offload.optimizer:
+        # gradients down and updated fp32 weights up over PCIe, the update on the CPU
+        trainable = unit["offload_params"]
+        phases.append(PhaseTerms("optimizer", 1, 0.0, 0.0, 0.0, unit["optimizer_kernels"],
+                                 bytes=trainable * 8, offload_bytes=trainable * 8,
+                                 offload_params=trainable))
+        notes.append("optimizer step on the CPU (offloaded): PCIe copies and CPU Adam")
+    else:
+        phases.append(PhaseTerms("optimizer", 1, 0.0, 0.0, unit["optimizer_bytes"] / bandwidth,
+                                 unit["optimizer_kernels"], bytes=unit["optimizer_bytes"]))
+    comms = []
+    for c in _collectives(job, arch, gpu):
+        rate = gpu.interconnect_bytes_s if c.link == "interconnect" else gpu.network_bytes_s
+        comms.append(CollectiveTerms(c.name, c.bytes_per_gpu / rate,
+                                     job.grad_accum if c.per == "micro-batch" else 1,
+                                     c.overlaps, c.link == "network"))
+        if c.link == "network":
+            notes.append(f"{c.name} crosses nodes: {gpu.network_bytes_s / 1e9:g} GB/s per GPU")
+    return StepTerms(tuple(phases), tuple(comms), job.attention == "sdpa", peak, dtype,
+                     tokens_per_step=unit["tokens_per_step"],
+                     samples_per_step=unit["samples_per_step"],
+                     model_flops_gpu=unit["model_flops_gpu"],
+                     flops_per_step=unit["flops_per_step"],
+                     notes=tuple(dict.fromkeys(notes + unit["notes"])))
+
+
+def phase_times(terms: StepTerms, factors: Factors) -> tuple[list[PhaseTime], float]:
+    """Each phase's time and bound, and the exposed communication per step."""
+    out = []
+    for p in terms.phases:
+        attention_eff = factors.attention if terms.sdpa else factors.matmul
+        compute = p.matmul_s / factors.matmul + p.attention_s / attention_eff
+        memory = p.memory_s / factors.memory
+        host = p.kernels * factors.kernel_us * 1e-6
+        if p.offload_params:
+            host += (p.offload_bytes / (factors.host_link_gb_s * 1e9)
+                     + p.offload_params / factors.cpu_adam_params_per_s)
+        device = compute + memory
+        bound = "host" if host > device else ("compute" if compute >= memory else "memory")
+        out.append(PhaseTime(phase=p.phase, time_s=max(device, host), per_step=p.per_step,
+                             bound=bound, flops=p.flops, bytes=p.bytes, kernels=p.kernels))
+    by_phase = {p.phase: p.time_s for p in out}
+    exposed = 0.0
+    for c in terms.collectives:
+        seconds = c.link_s / factors.collective
+        if c.overlaps == "both":
+            hide = by_phase.get("forward", 0.0) + by_phase.get("backward", 0.0)
+        else:
+            hide = by_phase.get(c.overlaps, 0.0)
+        exposed += c.times * max(seconds - factors.overlap * hide,
+                                 (1 - factors.overlap) * seconds)
+    return out, exposed
+
+
+def step_time(terms: StepTerms, factors: Factors) -> float:
+    phases, comm = phase_times(terms, factors)
+    return sum(p.time_s * p.per_step for p in phases) + comm
+
+
+def predict(job: Job, gpu: GPU, amount: TrainingAmount | None = None, *,
+            arch: Architecture | None = None, factors: Factors | None = None) -> Performance:
+    """Predicted step time, throughput, MFU and (with `amount`) training time and cost of
+    `job` on `job.parallel.num_gpus` GPUs of type `gpu`."""
+    factors = factors or factors_for(gpu)
+    terms = step_terms(job, gpu, arch)
+    phases, comm_s = phase_times(terms, factors)
+    step = sum(p.time_s * p.per_step for p in phases) + comm_s
+    if comm_s:
+        phases.append(PhaseTime(phase="communication", time_s=comm_s, per_step=1,
+                                bound="communication"))
+    by_time = max(phases, key=lambda p: p.time_s * p.per_step)
+    n = job.parallel.num_gpus
+    perf = dict(
+        gpu=gpu.name, num_gpus=n, compute_dtype=terms.dtype, step_time_s=step,
+        tokens_per_step=terms.tokens_per_step, samples_per_step=terms.samples_per_step,
+        tokens_per_s=terms.tokens_per_step / step,
+        tokens_per_s_per_gpu=terms.tokens_per_step / step / n,
+        samples_per_s=terms.samples_per_step / step,
+        mfu=terms.model_flops_gpu / (step * terms.peak), flops_per_step=terms.flops_per_step,
+        bound=by_time.bound, phases=phases, communication_s=comm_s, factors=factors.source,
+        notes=list(terms.notes))
+    return Performance(**perf, **_training(amount, gpu, step, terms.tokens_per_step,
+                                           terms.samples_per_step, n))
+
+
+def performance_for(job: Job, gpu: str | GPU, *, tokens: int | None = None,
+                    samples: int | None = None, epochs: float | None = None,
+                    dataset_samples: int | None = None,
+                    price_per_hour: float | None = None) -> Performance | None:
+    """predict() from plain arguments (the API's and CLI's); None for models whose step
+    time is not modelled (CNNs). Bad amounts raise JobError."""
+    from pydantic import ValidationError
+
+    from vramplan.errors import JobError
+    from vramplan.hardware import get_gpu
+
+    try:
+        amount = TrainingAmount(tokens=tokens, samples=samples, epochs=epochs,
+                                dataset_samples=dataset_samples, price_per_hour=price_per_hour)
+    except ValidationError as error:
+        raise JobError("training amount: " + "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}".lstrip(": ").replace(
+                "Value error, ", "") for e in error.errors())) from None
+    arch = load_architecture(job.model)
+    if arch.kind == "cnn":
+        return None
+    return predict(job, gpu if isinstance(gpu, GPU) else get_gpu(gpu), amount, arch=arch)
+
+
+def _training(amount: TrainingAmount | None, gpu: GPU, step: float, tokens_per_step: int,
+              samples_per_step: int, num_gpus: int) -> dict:
+    """Training time, GPU-hours and cost for `amount`; None where not computable."""
+    price = (amount.price_per_hour if amount and amount.price_per_hour else gpu.price_per_hour)
+    out: dict = {"price_per_hour": price}
+    steps = amount.steps(tokens_per_step, samples_per_step) if amount else None
+    if steps is None:
+        return out
+    seconds = steps * step
+    hours = seconds * num_gpus / 3600
+    out.update(steps=steps, training_time_s=seconds, gpu_hours=hours,
+               cost_usd=hours * price if price is not None else None)
+    return out
+
+
+SORT_KEYS = ("cost", "time", "headroom")
+
+
+def per_gpu(job: Job, fits: list, amount: TrainingAmount | None = None,
+            sort: str = "time") -> list[tuple[object, Performance | None]]:
+    """(GpuFit, Performance or None) for each GPU of a report's fit table, the GPUs that fit
+    first, sorted by cost, time or headroom (estimate's table without --gpu)."""
+    from vramplan.errors import JobError
+    from vramplan.hardware import get_gpu
+
+    if sort not in SORT_KEYS:
+        raise JobError(f"sort must be one of {', '.join(SORT_KEYS)} (got {sort!r})")
+    arch = load_architecture(job.model)
+    rows = []
+    for fit in fits:
+        perf = None
+        if arch.kind != "cnn":
+            perf = predict(job, get_gpu(fit.gpu), amount, arch=arch)
+        rows.append((fit, perf))
+
+    def key(row):
+        fit, perf = row
+        if sort == "headroom":
+            return (not fit.fits, -fit.headroom_bytes / fit.usable_bytes)
+        if perf is None:
+            return (not fit.fits, float("inf"))
+        if sort == "cost":
+            value = perf.cost_usd if perf.cost_usd is not None else (
+                perf.price_per_hour / perf.tokens_per_s if perf.price_per_hour else None)
+            return (not fit.fits, value if value is not None else float("inf"))
+        return (not fit.fits, perf.step_time_s / perf.tokens_per_step)
+
+    return sorted(rows, key=key)

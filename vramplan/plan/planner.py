@@ -1,0 +1,496 @@
+"""The planner: which GPU, how many, which techniques, how long, how much.
+
+It searches GPU type x GPU count (1, 2, 4, 8, then whole nodes) x data-parallel strategy
+x tensor / context parallel degree x checkpointing x micro-batch (with accumulation to
+reach a global batch when one is given), asks the formula engine whether each fits with
+the safety margin, and the performance model how fast it runs. By default it changes only
+what keeps the maths of training (techniques.py); `allow` opens LoRA, QLoRA, 8-bit
+optimizers, fp8 and offloading.
+
+Pruning keeps it fast: memory is GPU-independent (one formula call gives the fit on every
+GPU), a configuration that does not fit at micro-batch 1 needs no larger one, and for one
+GPU type and count only the fastest configuration is kept (it is also the cheapest).
+
+    >>> p = plan(Job(model="llama-3.1-8b", seq_len=2048), tokens=2_000_000_000)
+    >>> p.recommended.reason
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from vramplan.engines.registry import get_engine
+from vramplan.errors import JobError
+from vramplan.hardware import get_gpu, list_gpus
+from vramplan.hardware.gpu import GPU
+from vramplan.job import Job, Offload, Parallel, Peft
+from vramplan.models import load_architecture
+from vramplan.plan.amount import TrainingAmount
+from vramplan.plan.efficiency import factors_for
+from vramplan.plan.performance import performance_for, step_terms, step_time
+from vramplan.plan.techniques import ALLOW_NAMES
+
+SMALL_COUNTS = (1, 2, 4, 8)
+DEFAULT_MAX_GPUS = 512
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32)  # tried when no global batch is given
+LONG_SEQUENCE = 16384                  # from here context parallelism is tried
+GiB = 2**30
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Candidate(_Frozen):
+    """One configuration that fits its GPU with the margin."""
+
+    gpu: str
+    num_gpus: int
+    job: Job
+    changes: list[str] = Field(description="what differs from the job asked for")
+    flags: str = Field(description="CLI flags that give this configuration")
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    training_time_s: float | None = None
+    gpu_hours: float | None = None
+    cost_usd: float | None = None
+    cost_per_million_tokens: float | None = None
+    device_total_bytes: int
+    usable_bytes: int
+
+    @property
+    def headroom_fraction(self) -> float:
+        return 1 - self.device_total_bytes / self.usable_bytes
+
+
+class Choice(_Frozen):
+    label: Literal["cheapest", "fastest", "recommended"]
+    candidate: Candidate
+    reason: str
+
+
+class RuledOut(_Frozen):
+    gpu: str
+    reason: str
+
+
+class Plan(_Frozen):
+    """The planner's answer: candidates, the cost/time Pareto front, three picks with the
+    reason each wins, and what was ruled out. status says whether anything fits."""
+
+    model: str
+    status: Literal["ok", "nothing-fits", "constraints-unmet"]
+    amount: TrainingAmount
+    candidates: list[Candidate] = Field(default_factory=list)  # best per GPU type and count
+    front: list[Candidate] = Field(default_factory=list)       # Pareto front, by cost
+    cheapest: Choice | None = None
+    fastest: Choice | None = None
+    recommended: Choice | None = None
+    ruled_out: list[RuledOut] = Field(default_factory=list)
+    closest_miss: str | None = None
+    to_fit: list[str] = Field(default_factory=list)  # what would make it fit
+    configurations: int = 0  # memory checks made
+    notes: list[str] = Field(default_factory=list)
+
+
+def plan(job: Job, *, tokens: int | None = None, samples: int | None = None,
+         epochs: float | None = None, dataset_samples: int | None = None,
+         gpus: list[str] | None = None, max_gpus: int | None = None,
+         max_cost: float | None = None, deadline_s: float | None = None,
+         allow: tuple[str, ...] | list[str] = (), global_batch: int | None = None,
+         top: int = 10, margin: float = 0.05,
+         price_per_hour: float | None = None) -> Plan:
+    """Search GPUs and techniques for `job`; see the module docstring."""
+    amount = _amount(tokens, samples, epochs, dataset_samples, price_per_hour)
+    _check_arguments(allow, max_gpus, max_cost, deadline_s, global_batch, top, margin)
+    catalog = [get_gpu(name) for name in gpus] if gpus else list_gpus()
+    arch = load_architecture(job.model)
+    if arch.kind == "cnn":
+        raise JobError(f"{arch.name}: the planner needs step times, which are not modelled "
+                       "for CNNs yet; use `vramplan estimate` for its memory")
+    search = _Search(job, catalog, amount, margin, allow, global_batch,
+                     max_gpus or DEFAULT_MAX_GPUS)
+    search.run()
+    return search.answer(max_cost, deadline_s, top)
+
+
+def _amount(tokens, samples, epochs, dataset_samples, price_per_hour) -> TrainingAmount:
+    from pydantic import ValidationError
+    try:
+        return TrainingAmount(tokens=tokens, samples=samples, epochs=epochs,
+                              dataset_samples=dataset_samples, price_per_hour=price_per_hour)
+    except ValidationError as error:
+        raise JobError("training amount: " + "; ".join(
+            (f"{e['loc'][0]}: " if e["loc"] else "") + e["msg"].replace("Value error, ", "")
+            for e in error.errors())) from None
+
+
+def _check_arguments(allow, max_gpus, max_cost, deadline_s, global_batch, top, margin) -> None:
+    problems = []
+    unknown = sorted(set(allow) - set(ALLOW_NAMES))
+    if unknown:
+        problems.append(f"--allow {','.join(unknown)}: unknown; allowed: "
+                        f"{', '.join(ALLOW_NAMES)}")
+    for name, value in (("max_gpus", max_gpus), ("max_cost", max_cost),
+                        ("deadline", deadline_s), ("global_batch", global_batch)):
+        if value is not None and value <= 0:
+            problems.append(f"{name} must be more than 0 (got {value})")
+    if top < 1:
+        problems.append(f"top must be at least 1 (got {top})")
+    if not 0 <= margin < 0.5:
+        problems.append(f"margin is a fraction of the GPU's memory, 0 to 0.5 (got {margin})")
+    if problems:
+        raise JobError("; ".join(problems))
+
+
+# --- the search ---------------------------------------------------------------------------
+
+
+class _Search:
+    def __init__(self, job: Job, catalog: list[GPU], amount: TrainingAmount, margin: float,
+                 allow, global_batch: int | None, max_gpus: int):
+        self.job, self.catalog, self.amount, self.margin = job, catalog, amount, margin
+        self.allow, self.global_batch, self.max_gpus = tuple(allow), global_batch, max_gpus
+        self.arch = load_architecture(job.model)
+        self.best: dict[tuple[str, int], tuple[float, Job, int]] = {}  # (gpu, n) -> fastest
+        self.closest: dict[str, tuple[float, Job]] = {}  # gpu -> smallest required/usable
+        self.checks = 0
+        self.gpus = {g.name: g for g in catalog}
+        self.factors = {g.name: factors_for(g) for g in catalog}
+        self.formula = get_engine("formula")
+
+    def memory(self, job: Job, gpus: tuple[GPU, ...]):
+        """The formula's report: GPU-independent figures and the fit on each of `gpus`."""
+        return self.formula.run(job, gpus=list(gpus))
+
+    def counts(self) -> list[int]:
+        node = max((g.gpus_per_node for g in self.catalog), default=8)
+        counts = [n for n in SMALL_COUNTS if n <= self.max_gpus]
+        n = 2 * node
+        while n <= self.max_gpus:
+            counts.append(n)
+            n *= 2
+        return counts
+
+    def variants(self) -> list[dict]:
+        """Job changes the user allowed (each a dict for Job.with_changes)."""
+        base = {}
+        if self.job.optimizer not in ("adafactor", "lion") and self.job.optimizer_impl != "fused" \
+                and self.job.optimizer not in ("adamw-8bit", "paged-adamw-8bit"):
+            base["optimizer_impl"] = "fused"  # same maths, faster, no step temporaries
+        out = [base]
+        if self.job.peft is None:
+            if "lora" in self.allow:
+                out.append({**base, "peft": Peft(method="lora")})
+            if "qlora" in self.allow and self.job.precision != "fp8":
+                out.append({**base, "peft": Peft(method="qlora")})
+        if "8bit" in self.allow and self.job.optimizer in ("adam", "adamw"):
+            out += [{**v, "optimizer": "adamw-8bit", "optimizer_impl": "foreach"}
+                    for v in list(out)]
+        if "fp8" in self.allow and self.job.precision in ("bf16-mixed", "fp16-mixed"):
+            out += [{**v, "precision": "fp8"} for v in list(out)
+                    if not (v.get("peft") and v["peft"].method == "qlora")]
+        if "offload" in self.allow and not self.job.offload.optimizer:
+            out += [{**v, "offload": Offload(optimizer=True)} for v in list(out)
+                    if v.get("optimizer") != "paged-adamw-8bit"]
+        return out
+
+    def parallel_layouts(self, n: int) -> list[Parallel]:
+        seq = self.job.seq_len or 0
+        heads = [(s.num_heads, s.num_kv_heads) for s in self.arch.stacks]
+        layouts = []
+        for tp in (1, 2, 4, 8):
+            if tp > n or any(h % tp or (kv % tp and kv >= tp) for h, kv in heads):
+                continue
+            for cp in ((1, 2, 4) if seq >= LONG_SEQUENCE and self.arch.kind == "decoder"
+                       else (1,)):
+                if tp * cp > n or n % (tp * cp):
+                    continue
+                dp = n // (tp * cp)
+                strategies = ["none"] if dp == 1 else ["ddp", "zero2", "fsdp"] + (
+                    ["hybrid-shard"] if dp > 8 else [])
+                layouts += [Parallel(strategy=s, num_gpus=n, tensor_parallel=tp,
+                                     context_parallel=cp) for s in strategies]
+        return layouts
+
+    def micro_batches(self, dp: int) -> list[tuple[int, int]]:
+        """(micro-batch, accumulation) pairs to try, smallest micro-batch first."""
+        if self.global_batch is None:
+            return [(b, 1) for b in MICRO_BATCHES]
+        if self.global_batch % dp:
+            return []
+        per_rank = self.global_batch // dp
+        return [(b, per_rank // b) for b in range(1, per_rank + 1)
+                if per_rank % b == 0 and (b & (b - 1) == 0 or b == per_rank)][:8]
+
+    def run(self) -> None:
+        for variant in self.variants():
+            for n in self.counts():
+                for layout in self.parallel_layouts(n):
+                    for ckpt in ("full", "selective", "none"):
+                        if not self.configuration(variant, layout, ckpt):
+                            break  # less checkpointing needs more memory: stop here
+
+    def configuration(self, variant: dict, layout: Parallel, ckpt: str) -> bool:
+        """Try growing micro-batches; remember the largest that fits each GPU. False when
+        nothing fits even at the smallest micro-batch."""
+        in_play = tuple(self.catalog)
+        fitted: dict[str, Job] = {}
+        for b, accum in self.micro_batches(layout.data_parallel):
+            try:
+                job = self.job.with_changes(**variant, batch_size=b, grad_accum=accum,
+                                            checkpointing=ckpt, parallel=layout, gpu=None)
+                report = self.memory(job, in_play)
+            except (JobError, ValueError):
+                return False
+            self.checks += 1
+            still = []
+            for fit in report.fits:
+                gpu = self.gpus[fit.gpu]
+                need = fit.required_bytes / fit.usable_bytes
+                if b == 1 and need < self.closest.get(fit.gpu, (float("inf"),))[0]:
+                    self.closest[fit.gpu] = (need, job)
+                if fit.required_bytes <= (1 - self.margin) * fit.usable_bytes:
+                    fitted[fit.gpu] = job
+                    still.append(gpu)
+            if not still:
+                break
+            in_play = tuple(still)
+        for name, job in fitted.items():
+            self.consider(self.gpus[name], job)
+        return bool(fitted)
+
+    def consider(self, gpu: GPU, job: Job) -> None:
+        terms = step_terms(job, gpu, self.arch)
+        seconds_per_token = step_time(terms, self.factors[gpu.name]) / terms.tokens_per_step
+        key = (gpu.name, job.parallel.num_gpus)
+        if key not in self.best or seconds_per_token < self.best[key][0]:
+            self.best[key] = (seconds_per_token, job, 0)
+
+    # --- the answer -----------------------------------------------------------------------
+
+    def candidate(self, gpu: GPU, job: Job) -> Candidate:
+        perf = performance_for(job, gpu, tokens=self.amount.tokens, samples=self.amount.samples,
+                               epochs=self.amount.epochs,
+                               dataset_samples=self.amount.dataset_samples,
+                               price_per_hour=self.amount.price_per_hour)
+        report = self.memory(job, (gpu,))
+        fit = report.fits[0]
+        price = perf.price_per_hour
+        per_million = (price * job.parallel.num_gpus / 3600 / perf.tokens_per_s * 1e6
+                       if price else None)
+        changes, flags = describe_changes(self.job, job)
+        return Candidate(gpu=gpu.name, num_gpus=job.parallel.num_gpus, job=job,
+                         changes=changes, flags=flags, step_time_s=perf.step_time_s,
+                         tokens_per_s=perf.tokens_per_s, mfu=perf.mfu,
+                         training_time_s=perf.training_time_s, gpu_hours=perf.gpu_hours,
+                         cost_usd=perf.cost_usd, cost_per_million_tokens=per_million,
+                         device_total_bytes=fit.required_bytes, usable_bytes=fit.usable_bytes)
+
+    def answer(self, max_cost: float | None, deadline_s: float | None, top: int) -> Plan:
+        everything = [self.candidate(self.gpus[g], job)
+                      for (g, _), (_, job, _) in self.best.items()]
+        base = dict(model=self.arch.name, amount=self.amount, configurations=self.checks)
+        if not everything:
+            miss, to_fit = self.closest_miss()
+            return Plan(status="nothing-fits", ruled_out=self.ruled_out([]), closest_miss=miss,
+                        to_fit=to_fit, **base)
+        kept = [c for c in everything
+                if (max_cost is None or (c.cost_usd is not None and c.cost_usd <= max_cost))
+                and (deadline_s is None or (c.training_time_s is not None
+                                            and c.training_time_s <= deadline_s))]
+        notes = []
+        if self.global_batch is None:
+            notes.append(f"no global batch given: each configuration takes the largest "
+                         f"micro-batch that fits (up to {MICRO_BATCHES[-1]}) without "
+                         "accumulation, so the global batch differs between rows; give "
+                         "global_batch to keep it fixed")
+        if (max_cost or deadline_s) and not self.amount.given:
+            notes.append("max_cost and deadline need an amount of training (tokens, samples "
+                         "or epochs): no candidate can be checked against them")
+        if not kept:
+            quickest = min(everything, key=_time_key)
+            cheapest = min(everything, key=_cost_key)
+            return Plan(status="constraints-unmet", ruled_out=self.ruled_out(everything, kept),
+                        closest_miss=(f"fastest: {_summary(quickest)}; cheapest: "
+                                      f"{_summary(cheapest)}"), notes=notes, **base)
+        front = pareto_front(kept)
+        ranked = sorted(kept, key=_time_key)
+        picks = _picks(kept, front)
+        shown, seen = [], set()
+        for c in [*front, *ranked]:  # the front first, then the fastest others
+            if (c.gpu, c.num_gpus) not in seen and len(shown) < max(top, len(front)):
+                seen.add((c.gpu, c.num_gpus))
+                shown.append(c)
+        return Plan(status="ok", candidates=sorted(shown, key=_time_key), front=front,
+                    ruled_out=self.ruled_out(everything, kept), notes=notes, **picks, **base)
+
+    def ruled_out(self, fitting: list[Candidate], kept: list[Candidate] | None = None):
+        out = []
+        kept_gpus = {c.gpu for c in (kept if kept is not None else fitting)}
+        fitting_gpus = {c.gpu for c in fitting}
+        for gpu in self.catalog:
+            if gpu.name in kept_gpus:
+                continue
+            if gpu.name in fitting_gpus:
+                out.append(RuledOut(gpu=gpu.name, reason="fits, but no configuration meets "
+                                    "the cost or deadline asked for"))
+                continue
+            need, job = self.closest.get(gpu.name, (None, None))
+            if job is None:
+                out.append(RuledOut(gpu=gpu.name, reason="no layout was possible"))
+                continue
+            out.append(RuledOut(gpu=gpu.name, reason=(
+                f"does not fit even at micro-batch 1: best {_layout(job)} needs "
+                f"{need * gpu.usable_bytes / GiB:.1f} GiB of its {gpu.usable_bytes / GiB:.1f}"
+                f" GiB ({100 * (need - 1):+.0f}%)")))
+        return out
+
+    def closest_miss(self) -> tuple[str | None, list[str]]:
+        if not self.closest:
+            return None, []
+        name = min(self.closest, key=lambda g: self.closest[g][0])
+        need, job = self.closest[name]
+        gpu = self.gpus[name]
+        miss = (f"{name}: {_layout(job)} needs {need * gpu.usable_bytes / GiB:.1f} GiB of "
+                f"{gpu.usable_bytes / GiB:.1f} GiB per GPU")
+        return miss, self.what_would_fit(job, gpu)
+
+    def what_would_fit(self, job: Job, gpu: GPU) -> list[str]:
+        """Techniques outside `allow` that make the closest miss fit, with their numbers."""
+        from vramplan.plan.make_fit import make_it_fit
+        return [f"{describe_changes(self.job, fix.job)[1]}: {fix.summary}"
+                for fix in make_it_fit(job, gpu, margin=self.margin, allow=ALLOW_NAMES,
+                                       limit=3)]
+
+
+def _layout(job: Job) -> str:
+    p = job.parallel
+    parts = [f"{p.num_gpus} GPU" + ("s" if p.num_gpus > 1 else "")]
+    if p.strategy != "none":
+        parts.append(p.strategy)
+    if p.tensor_parallel > 1:
+        parts.append(f"tp {p.tensor_parallel}")
+    if p.context_parallel > 1:
+        parts.append(f"cp {p.context_parallel}")
+    parts.append(f"{job.checkpointing} checkpointing")
+    if job.peft:
+        parts.append(job.peft.method)
+    return ", ".join(parts)
+
+
+def describe_changes(before: Job, after: Job) -> tuple[list[str], str]:
+    """What differs between two jobs, in words and as CLI flags."""
+    changes, flags = [], []
+    pairs = [("batch_size", "--batch-size"), ("grad_accum", "--grad-accum"),
+             ("checkpointing", "--checkpointing"), ("optimizer", "--optimizer"),
+             ("optimizer_impl", "--optimizer-impl"), ("precision", "--precision"),
+             ("activation_offload", "--activation-offload")]
+    for name, flag in pairs:
+        old, new = getattr(before, name), getattr(after, name)
+        if old != new:
+            changes.append(f"{name} {old} -> {new}")
+            flags.append(flag if isinstance(new, bool) else f"{flag} {new}")
+    p0, p1 = before.parallel, after.parallel
+    for name, flag in (("num_gpus", "-n"), ("strategy", "--strategy"),
+                       ("tensor_parallel", "--tp"), ("context_parallel", "--cp")):
+        if getattr(p0, name) != getattr(p1, name):
+            changes.append(f"{name} {getattr(p0, name)} -> {getattr(p1, name)}")
+            flags.append(f"{flag} {getattr(p1, name)}")
+    if before.peft != after.peft and after.peft is not None:
+        changes.append(f"peft {after.peft.method} rank {after.peft.rank}")
+        flags.append(f"--peft {after.peft.method} --lora-rank {after.peft.rank}")
+    if after.offload.optimizer and not before.offload.optimizer:
+        changes.append("optimizer states offloaded to the CPU")
+        flags.append("--offload-optimizer")
+    if after.offload.params and not before.offload.params:
+        changes.append("parameters offloaded to the CPU")
+        flags.append("--offload-params")
+    return changes, " ".join(flags)
+
+
+def pareto_front(candidates: list[Candidate]) -> list[Candidate]:
+    """Candidates no other beats on both cost and time (unpriced ones: on time only when
+    nothing is priced), cheapest first."""
+    priced = [c for c in candidates if _cost_key(c) != float("inf")]
+    pool = priced or candidates
+    front = [c for c in pool if not any(
+        _cost_key(o) <= _cost_key(c) and _time_key(o) <= _time_key(c)
+        and (_cost_key(o) < _cost_key(c) or _time_key(o) < _time_key(c)) for o in pool)]
+    return sorted(front, key=lambda c: (_cost_key(c), _time_key(c)))
+
+
+def _time_key(c: Candidate) -> float:
+    return c.training_time_s if c.training_time_s is not None else 1 / c.tokens_per_s
+
+
+def _cost_key(c: Candidate) -> float:
+    value = c.cost_usd if c.training_time_s is not None else c.cost_per_million_tokens
+    return value if value is not None else float("inf")
+
+
+def _summary(c: Candidate) -> str:
+    time = (f"{c.training_time_s / 3600:.1f} h" if c.training_time_s is not None
+            else f"{c.tokens_per_s:,.0f} tokens/s")
+    cost = (f"${c.cost_usd:,.0f}" if c.cost_usd is not None else
+            f"${c.cost_per_million_tokens:.3f}/M tokens" if c.cost_per_million_tokens
+            else "no price")
+    return f"{c.num_gpus} x {c.gpu}, {time}, {cost}"
+
+
+def _picks(kept: list[Candidate], front: list[Candidate]) -> dict:
+    fastest = min(kept, key=_time_key)
+    cheapest = min(kept, key=lambda c: (_cost_key(c), _time_key(c)))
+    # recommended: the knee of the front, the point whose cost and time ratios to the two
+    # minima have the smallest product (log-distance from the ideal corner)
+    best_cost, best_time = _cost_key(cheapest), _time_key(fastest)
+
+    def balance(c: Candidate) -> float:
+        cost = _cost_key(c) / best_cost if best_cost not in (0, float("inf")) else 1
+        return cost * _time_key(c) / best_time
+
+    recommended = min(front, key=balance)
+    return dict(
+        fastest=Choice(label="fastest", candidate=fastest, reason=(
+            f"fastest of all that fit: {_summary(fastest)}")),
+        cheapest=Choice(label="cheapest", candidate=cheapest, reason=(
+            f"lowest cost of all that fit: {_summary(cheapest)}"
+            if _cost_key(cheapest) != float("inf") else
+            "no GPU that fits has a price: pass price_per_hour")),
+        recommended=Choice(label="recommended", candidate=recommended,
+                           reason=_recommended_reason(recommended, best_cost, best_time)))
+
+
+def _recommended_reason(c: Candidate, best_cost: float, best_time: float) -> str:
+    if best_cost in (0, float("inf")):
+        return f"the fastest (no prices to balance): {_summary(c)}"
+    cost, time = _cost_key(c) / best_cost, _time_key(c) / best_time
+    if cost < 1.005 and time < 1.005:
+        return f"the cheapest and the fastest at once: {_summary(c)}"
+    return (f"best balance of cost and time on the front: {_summary(c)} ({cost:.2f}x the "
+            f"lowest cost, {time:.2f}x the shortest time)")
+
+
+def min_gpus(job: Job, gpu: GPU, *, margin: float = 0.05, max_gpus: int = 4096,
+             strategies: tuple[str, ...] = ("fsdp", "zero2", "ddp")) -> Job | None:
+    """The job on the fewest GPUs of type `gpu` that fits with `margin`, trying counts 1, 2,
+    4, ... and, at each, the sharding strategies in order (the rest of the job unchanged);
+    None when even `max_gpus` GPUs are not enough. `search num-gpus` answers with it."""
+    formula = get_engine("formula")
+    n = 1
+    while n <= max_gpus:
+        tried = ["none"] if n == 1 else list(strategies)
+        for strategy in tried:
+            layout = job.parallel.model_copy(update={"num_gpus": n, "strategy": strategy})
+            try:
+                candidate = job.with_changes(parallel=layout.model_dump(), gpu=None)
+                fit = formula.run(candidate, gpus=[gpu]).fits[0]
+            except (JobError, ValueError):
+                continue
+            if fit.required_bytes <= (1 - margin) * fit.usable_bytes:
+                return candidate
+        n *= 2
+    return None

@@ -1,0 +1,278 @@
+"""Bytes moved by the memory-bound work of a training step, and how many kernels it takes.
+
+Matmuls are compute-bound at training sizes and are timed from their FLOPs (flops.py);
+everything else streams tensors through HBM and is timed from the bytes it reads and
+writes. Each entry below counts the passes an eager PyTorch / Hugging Face step makes over
+a tensor (a pass = one read or one write of every element), with the kernel that makes
+them; they are counts of what the code does, not fitted numbers:
+
+  norms        HF RMSNorm: upcast, pow, mean, rsqrt-mul, downcast, weight-mul (6 kernels);
+               LayerNorm: one fused kernel (read x, write y)
+  casts        autocast casts each matmul's fp32 weight (and an fp32 input) to 16-bit in
+               forward, once per linear call; QLoRA dequantises each 4-bit weight in
+               forward and again in backward (bitsandbytes MatMul4Bit)
+  rotary       q * cos + rotate_half(q) * sin: slice, neg, cat, 2 muls, add (6 kernels)
+  activation   act(gate) * up, or gelu(x); dropout reads, writes and keeps a 1-byte mask
+  residual     x + f(x): read 2, write 1
+  softmax      eager attention: mask add, fp32 softmax, downcast (flash kernels fuse it)
+  lora         x @ A (rank r) and its B are memory-bound: they stream x and the output
+  loss         logits upcast, log_softmax, nll, and their gradients over tokens x vocab
+  optimizer    per trainable element: the passes of torch's foreach / fused kernels,
+               bitsandbytes' 8-bit blockwise kernel, clip_grad_norm's norm and scale
+
+Backward runs each elementwise op's gradient: about twice its forward traffic (it reads
+the saved input and the output gradient and writes the input gradient). Recomputation
+(checkpointing) runs the forward elementwise work again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vramplan.engines.formula import (
+    _activation_dtypes,
+    _activation_name,
+    _attention_impl,
+    _norms_per_block,
+    _param_memory,
+    _shapes,
+    _task,
+)
+from vramplan.engines.precision import dtypes_for
+from vramplan.job import Job
+from vramplan.models import Architecture, Stack, load_architecture
+
+# Passes over the tensor per op, forward (see the module docstring).
+RMSNORM_PASSES_FP32 = 7      # upcast(r,w) pow(r,w) mean(r) mul(r,w) ... counted in fp32
+ROTARY_PASSES = 12           # 6 kernels, each read + write
+BACKWARD_OVER_FORWARD = 2.0  # elementwise gradients: read saved input + grad, write grad
+# Optimizer passes over one trainable element (reads + writes of param-sized tensors):
+# torch _multi_tensor_adamw: mul_(wd) 2, lerp_ 3, mul_ 2, addcmul_ 3, sqrt 2, div_ 2,
+# add_ 2, addcdiv_ 4 = 20; _fused_adamw: read p g m v, write p m v = 7.
+OPTIMIZER_PASSES = {
+    ("adamw", "foreach"): 20, ("adamw", "loop"): 20, ("adamw", "fused"): 7,
+    ("adam", "foreach"): 18, ("adam", "loop"): 18, ("adam", "fused"): 7,
+    ("sgd", "foreach"): 3, ("sgd", "loop"): 3, ("sgd", "fused"): 3,
+    ("sgd-momentum", "foreach"): 8, ("sgd-momentum", "loop"): 8, ("sgd-momentum", "fused"): 5,
+    ("lion", "foreach"): 10, ("lion", "loop"): 10,
+    ("adafactor", "foreach"): 14, ("adafactor", "loop"): 14,
+}
+# kernels per parameter tensor of a for-loop optimizer (one op at a time), per step
+LOOP_KERNELS_PER_TENSOR = 10
+# bitsandbytes 8-bit AdamW (kOptimizer32bit2State / 8bit blockwise): read p (4) g (4)
+# state1 state2 (1 + 1), write p (4) state1 state2 (1 + 1) = 16 bytes per element
+EIGHT_BIT_ADAM_BYTES = 16
+CLIP_PASSES = 3  # clip_grad_norm_: the norm reads each grad; the scale reads and writes it
+
+
+@dataclass
+class Traffic:
+    """Bytes and kernel launches of memory-bound work, per phase of one micro-batch
+    (optimizer: per optimizer step), for one model replica before TP/CP sharding."""
+
+    bytes: dict[str, float] = field(default_factory=lambda: {
+        "forward": 0.0, "backward": 0.0, "recompute": 0.0, "optimizer": 0.0})
+    kernels: dict[str, float] = field(default_factory=lambda: {
+        "forward": 0.0, "backward": 0.0, "recompute": 0.0, "optimizer": 0.0})
+    by_op: dict[str, float] = field(default_factory=dict)  # op -> bytes (all phases)
+
+    def add(self, op: str, phase: str, nbytes: float, kernels: float = 1.0) -> None:
+        self.bytes[phase] += nbytes
+        self.kernels[phase] += kernels
+        self.by_op[op] = self.by_op.get(op, 0.0) + nbytes
+
+
+def step_traffic(job: Job, arch: Architecture | None = None) -> Traffic:
+    """Bytes moved by the non-matmul work of one micro-batch (and of one optimizer step)."""
+    arch = arch or load_architecture(job.model)
+    task = _task(job, arch)
+    shapes = _shapes(job, arch, task)
+    dt = _activation_dtypes(job)
+    params = _param_memory(job, arch, task)
+    t = Traffic()
+    attention = _attention_impl(job, arch)
+    recompute = job.checkpointing != "none"
+    for stack, seq in zip(arch.stacks, shapes.stack_seq):
+        fwd, kernels = _block_forward(job, arch, stack, seq, dt, attention)
+        for op, nbytes in fwd.items():
+            n = stack.num_layers
+            t.add(op, "forward", n * nbytes, 0)
+            t.add(op, "backward", n * BACKWARD_OVER_FORWARD * nbytes, 0)
+            if recompute:
+                t.add(op, "recompute", n * nbytes, 0)
+        linear_fwd, linear_bwd = _linear_kernels(job, stack, dt)
+        if job.peft is None:  # norm weights (and biases): their gradients' AccumulateGrad
+            linear_bwd += _norms_per_block(arch, stack) * (2 if stack.norm == "layernorm" else 1)
+        t.kernels["forward"] += stack.num_layers * (kernels + linear_fwd)
+        t.kernels["backward"] += stack.num_layers * (kernels * BACKWARD_OVER_FORWARD
+                                                     + linear_bwd)
+        if recompute:
+            t.kernels["recompute"] += stack.num_layers * (kernels + linear_fwd)
+    _loss(job, arch, task, shapes, dt, t)
+    _weights(job, arch, params, t)
+    _optimizer(job, params.trainable, _trainable_tensors(job, arch), t)
+    return t
+
+
+def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, attention: str):
+    """Forward bytes per op of one block, and its kernel count."""
+    b, c, r = job.batch_size, dt.compute, dt.residual
+    tokens = b * seq
+    h, a, k, d = stack.hidden_size, stack.num_heads, stack.num_kv_heads, stack.head_dim
+    routed = stack.experts_per_token if stack.num_experts > 1 else 1
+    n_h, n_q, n_kv = tokens * h, tokens * a * d, tokens * k * d
+    n_f = tokens * stack.intermediate_size * routed
+    ops: dict[str, float] = {}
+    kernels = 0.0
+
+    def add(op: str, nbytes: float, launches: float) -> None:
+        nonlocal kernels
+        ops[op] = ops.get(op, 0.0) + nbytes
+        kernels += launches
+
+    norms = _norms_per_block(arch, stack)
+    if stack.norm == "rmsnorm":
+        add("norm", norms * n_h * (r + RMSNORM_PASSES_FP32 * 4 + 2 * c), norms * 6)
+    else:
+        add("norm", norms * n_h * (r + c), norms)
+    if dt.autocast and r == 4:  # each linear casts its fp32 input to 16-bit on its own
+        inputs = sum(1 for ln in stack.linears if ln.role in ("attn_in", "mlp_in", "cross_q"))
+        add("input cast", inputs * n_h * (4 + c), inputs)
+    if arch.model_type not in ("gpt2", "bert", "roberta", "whisper", "vit", "t5"):
+        add("rotary", ROTARY_PASSES * c * (n_q + n_kv), 6)
+    attentions = [(seq, "self")] + ([(seq, "cross")] if stack.cross_attention else [])
+    for s_k, _ in attentions:
+        if attention == "eager":
+            scores = b * a * seq * s_k
+            # mask add (r c, w c), upcast (r c, w 4), softmax (r 4, w 4), downcast (r 4, w c)
+            add("softmax", scores * (4 * c + 16), 4)
+            if arch.attention_dropout > 0:
+                add("dropout", scores * (2 * c + 1), 1)
+            add("attention io", c * (3 * n_q + 2 * n_q), 4)  # repeat_kv, transposes
+        else:
+            # flash / memory-efficient: read q, k, v, write o (and an fp32 logsumexp)
+            add("attention io", c * (2 * n_q + 2 * n_kv), 1)
+    residuals = 3 if stack.cross_attention else 2
+    add("residual", residuals * 3 * r * n_h, residuals)
+    if stack.mlp == "gated":
+        add("activation", n_f * 5 * c, 2)  # act(gate) r c w c; * up: r 2c w c
+    else:
+        act = _activation_name(arch)
+        passes = 16 if act == "gelu_new" else 2   # gelu_new: 8 Python-level kernels
+        add("activation", n_f * passes * c, passes // 2)
+    if arch.hidden_dropout > 0:
+        drops = residuals + (1 if stack.mlp == "relu" else 0)
+        add("dropout", drops * n_h * (2 * c + 1), drops)
+    if stack.num_experts > 1:  # gather tokens to experts, scatter-add them back, router
+        add("moe routing", 4 * c * tokens * routed * h + 8 * tokens * stack.num_experts,
+            6 + 4 * stack.num_experts)
+    if job.peft is not None:
+        _lora(job, stack, tokens, c, add)
+    return ops, kernels
+
+
+def _linear_kernels(job: Job, stack: Stack, dt) -> tuple[float, float]:
+    """Kernels of a block's linears (matmuls included), forward and backward.
+
+    Forward: the matmul (bias fused in addmm), and under autocast with fp32 weights a cast
+    of the weight and one of the bias. Backward of a trained linear: the input-gradient and
+    weight-gradient matmuls, the bias gradient's reduction, and AccumulateGrad's copy of
+    each gradient into .grad (a cast to fp32 under autocast)."""
+    fwd = bwd = 0.0
+    for ln in stack.linears:
+        n = ln.count if ln.count > 1 else 1
+        params = 1 + ln.bias
+        casts = params if dt.autocast and job.peft is None else 0
+        fwd += n * (1 + casts)
+        if job.peft is None:
+            bwd += n * (2 + ln.bias + params)
+        else:
+            bwd += n  # the input gradient only
+    return fwd, bwd
+
+
+def _lora(job: Job, stack: Stack, tokens: int, c: int, add) -> None:
+    targets = set(job.peft.target_modules)
+    r = job.peft.rank
+    for ln in stack.linears:
+        if "all-linear" not in targets and ln.name not in targets:
+            continue
+        n_in, n_out = tokens * ln.in_features, tokens * ln.out_features
+        drop = n_in * (2 * c + 1) if job.peft.dropout > 0 else 0.0
+        # x @ A reads x, writes x A; @ B reads x A, writes out; scale and add to the base
+        add("lora", drop + c * (n_in + 2 * tokens * r) + c * n_out * (1 + 2 + 3), 5)
+
+
+def _loss(job: Job, arch: Architecture, task: str, shapes, dt, t: Traffic) -> None:
+    tv = shapes.loss_tokens * arch.vocab_size
+    if not tv:
+        return
+    c = dt.compute
+    # forward: logits written, fp32 upcast (r c w 4), log_softmax (r 4 x2, w 4), nll;
+    # backward: nll grad (w 4), log_softmax grad (r 4 x2, w 4), downcast (r 4 w c)
+    forward, backward = tv * (c + c + 4 + 12), tv * (4 + 12 + 4 + c)
+    t.add("loss", "forward", forward, 5)
+    t.add("loss", "backward", backward, 5)
+    if job.loss == "chunked":
+        t.add("loss", "recompute", forward, 5)
+
+
+def _weights(job: Job, arch: Architecture, params, t: Traffic) -> None:
+    """Per micro-batch work on the weights themselves: autocast casts, QLoRA dequantising,
+    gradient accumulation into .grad."""
+    dt = dtypes_for(job)
+    linear = sum(s.num_layers * sum(ln.in_features * ln.out_features * ln.count
+                                    for ln in s.linears) for s in arch.stacks)
+    if job.peft is None:
+        if dt.autocast:  # fp32 -> 16-bit copy of each matmul weight per forward
+            t.add("weight cast", "forward", linear * (4 + dt.linear_saved), 0)
+            if job.checkpointing != "none":
+                t.add("weight cast", "recompute", linear * (4 + dt.linear_saved), 0)
+        # the weight-gradient matmul's output is added into .grad (fp32 under autocast)
+        t.add("grad accumulate", "backward", params.trainable * (dt.compute + 2 * dt.grad), 0)
+    elif job.peft.method == "qlora":
+        # bitsandbytes dequantises each NF4 weight (0.5 B + absmax) to 16-bit, forward and
+        # again for the input gradient in backward (and in recomputation)
+        per = linear * (0.5 + 2)
+        t.add("dequantise", "forward", per, 2 * _linear_count(arch))
+        t.add("dequantise", "backward", per, 2 * _linear_count(arch))
+        if job.checkpointing != "none":
+            t.add("dequantise", "recompute", per, 2 * _linear_count(arch))
+    if job.precision == "fp8":
+        # torchao-style scaling: amax of input, weight (and grad_output in backward), cast
+        t.add("fp8 scaling", "forward", linear * (4 + 4 + 1), 3 * _linear_count(arch))
+        t.add("fp8 scaling", "backward", linear * (4 + 1), 2 * _linear_count(arch))
+
+
+def _linear_count(arch: Architecture) -> int:
+    return sum(s.num_layers * len(s.linears) for s in arch.stacks)
+
+
+def _trainable_tensors(job: Job, arch: Architecture) -> int:
+    """How many parameter tensors the optimizer steps (its kernel launches scale with it)."""
+    targets = set(job.peft.target_modules) if job.peft else set()
+    per_layer = []
+    for s in arch.stacks:
+        if job.peft is None:  # weights, biases, norm weights
+            n = sum(1 + ln.bias for ln in s.linears) + _norms_per_block(arch, s)
+        else:  # lora_A and lora_B of each adapted linear
+            n = sum(2 for ln in s.linears if "all-linear" in targets or ln.name in targets)
+        per_layer.append(s.num_layers * n)
+    return sum(per_layer) + (3 if job.peft is None else 0)  # embeddings, final norm, head
+
+
+def _optimizer(job: Job, trainable: int, tensors: int, t: Traffic) -> None:
+    state = 2 if job.precision == "bf16-pure" else 4
+    if job.peft is not None:
+        state = 4  # peft keeps adapters in fp32
+    t.add("clip", "optimizer", CLIP_PASSES * state * trainable, 4)
+    if job.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+        t.add("optimizer", "optimizer", EIGHT_BIT_ADAM_BYTES * trainable, tensors)
+        return
+    impl = job.optimizer_impl
+    passes = OPTIMIZER_PASSES.get((job.optimizer, impl), OPTIMIZER_PASSES[("adamw", "foreach")])
+    # foreach ops launch one kernel per ~100 tensors (multi_tensor_apply's chunking)
+    groups = -(-tensors // 100)
+    kernels = tensors * LOOP_KERNELS_PER_TENSOR if impl == "loop" else (
+        2 * groups if impl == "fused" else 10 * groups)
+    t.add("optimizer", "optimizer", passes * state * trainable, kernels)

@@ -1,0 +1,1 @@
+"""Views of reports: terminal tables (rich); JSON is the report itself."""

@@ -1,0 +1,53 @@
+"""Grids of jobs: one row per (batch size, sequence length), from any engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from vramplan.engines.report import MemoryReport
+from vramplan.job import Job
+from vramplan.search.core import DEFAULT_MARGIN
+from vramplan.search.oom import is_out_of_memory, release_memory
+
+SWEEP_FIELDS = ("batch_size", "seq_len", "peak_allocated", "peak_reserved", "device_total",
+                "fits", "step_time_s", "samples_per_s", "tokens_per_s", "final_loss", "error")
+
+
+def sweep(job: Job, oracle_report: Callable[[Job], MemoryReport], batch_sizes: Iterable[int],
+          seq_lens: Iterable[int] | None = None, *, budget_bytes: int | None = None,
+          margin: float = DEFAULT_MARGIN,
+          on_row: Callable[[dict], None] | None = None) -> list[dict[str, Any]]:
+    """One row per (batch size, sequence length): peak memory, and time/throughput/loss when
+    the report was measured. A point that runs out of memory is a row with `error`.
+
+    on_row: called after each point (a progress bar).
+    """
+    seq_lens = list(seq_lens) if seq_lens else [job.seq_len]
+    rows = []
+    for seq_len in seq_lens:
+        for batch in batch_sizes:
+            row = dict.fromkeys(SWEEP_FIELDS)
+            row.update(batch_size=batch, seq_len=seq_len, error="")
+            try:
+                report = oracle_report(job.with_changes(batch_size=batch, seq_len=seq_len))
+            except Exception as error:  # noqa: BLE001 - only out-of-memory is swallowed
+                if not is_out_of_memory(error):
+                    raise
+                row.update(fits=False, error=f"{type(error).__name__}: {error}".splitlines()[0])
+                del error
+                release_memory()
+            else:
+                row.update(peak_allocated=report.peak_allocated,
+                           peak_reserved=report.peak_reserved, device_total=report.device_total)
+                if budget_bytes is not None:
+                    row["fits"] = report.device_total <= budget_bytes * (1 - margin)
+                m = report.measured
+                if m is not None:
+                    row.update(step_time_s=m.step_time_median_s, samples_per_s=m.samples_per_s,
+                               tokens_per_s=m.tokens_per_s,
+                               final_loss=m.losses[-1] if m.losses else None)
+            rows.append(row)
+            if on_row:
+                on_row(row)
+    return rows

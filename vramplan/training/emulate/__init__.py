@@ -1,0 +1,3 @@
+"""CPU stand-ins for CUDA kernels, so a CPU or fake-tensor step keeps the memory CUDA's
+would: autocast's op lists and dropout kernels (autocast.py), bitsandbytes NF4 and 8-bit
+AdamW layouts and torchao-style float8 linears (lowbit.py)."""

@@ -1,0 +1,217 @@
+"""Stand-ins for low-bit kernels that need CUDA libraries (bitsandbytes, float8 matmuls).
+
+They hold and allocate the same tensors as the real kernels, so the trace engine counts the
+right bytes on a CPU-only machine; their arithmetic is simple but sane, not bit-exact.
+
+* Packed4bitLinear: a frozen QLoRA base layer (bitsandbytes Linear4bit, NF4). Storage per
+  weight: uint8 of numel/2 (two 4-bit codes per byte) + one absmax per 64-element block:
+  fp32, or with double quantisation uint8 + one fp32 per 256 absmax values
+  (bitsandbytes/functional.py quantize_4bit). Forward and backward dequantise the whole
+  weight to the compute dtype as a temporary, as MatMul4Bit does; nothing else is saved.
+* Fp8Linear: float8 training in the style of torchao's Float8Linear: the matmul inputs are
+  cast to float8_e4m3fn and those 1-byte copies are what backward keeps.
+* AdamW8bit: bitsandbytes' blockwise 8-bit AdamW layout (optim/optimizer.py,
+  Optimizer2State.init_state): uint8 exp_avg and exp_avg_sq, one fp32 absmax per 256
+  elements for each; tensors under 4096 elements keep fp32 states.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from vramplan.engines.precision import BNB_BLOCK as ADAM8_BLOCK
+from vramplan.engines.precision import BNB_MIN_8BIT_SIZE as ADAM8_MIN_SIZE
+from vramplan.engines.precision import NF4_BLOCK, NF4_DOUBLE_QUANT_BLOCK
+from vramplan.training.private_api import is_fake
+
+# --- QLoRA: the 4-bit base --------------------------------------------------------------------
+
+class _Dequant4bitMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, layer):
+        ctx.layer = layer
+        return nn.functional.linear(x, layer.dequantize(x.dtype), layer.bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        # the weight is frozen: only the input gradient, with a fresh dequantised copy
+        return grad_out @ ctx.layer.dequantize(grad_out.dtype), None
+
+
+class Packed4bitLinear(nn.Module):
+    """Frozen linear layer stored as NF4 codes + absmax, bitsandbytes-sized."""
+
+    def __init__(self, linear: nn.Linear, double_quant: bool):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        numel = self.in_features * self.out_features
+        blocks = math.ceil(numel / NF4_BLOCK)
+        device = linear.weight.device
+        frozen = dict(requires_grad=False)
+        self.packed = nn.Parameter(torch.zeros(math.ceil(numel / 2), dtype=torch.uint8,
+                                               device=device), **frozen)
+        if double_quant:
+            self.absmax = nn.Parameter(torch.zeros(blocks, dtype=torch.uint8, device=device),
+                                       **frozen)
+            self.absmax2 = nn.Parameter(torch.ones(math.ceil(blocks / NF4_DOUBLE_QUANT_BLOCK),
+                                                   device=device), **frozen)
+        else:
+            self.absmax = nn.Parameter(torch.ones(blocks, device=device), **frozen)
+            self.absmax2 = None
+        self.bias = linear.bias
+        if self.bias is not None:
+            self.bias.requires_grad_(False)
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        shape = (self.out_features, self.in_features)
+        if is_fake(self.packed) or self.packed.device.type == "meta":
+            return torch.empty(shape, dtype=dtype, device=self.packed.device)  # kernel output only
+        codes = torch.stack([self.packed >> 4, self.packed & 15], dim=-1).flatten()
+        weight = (codes[: shape[0] * shape[1]].to(dtype) - 7.5) / 7.5
+        scale = self.absmax.to(dtype).repeat_interleave(NF4_BLOCK)[: weight.numel()]
+        return (weight * scale * 0.02).view(shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Dequant4bitMatmul.apply(x, self)
+
+
+def pack_frozen_linears(model: nn.Module, skip: set[int], double_quant: bool) -> int:
+    """Replace every frozen nn.Linear (except modules in `skip`) by a Packed4bitLinear."""
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if (type(child) is nn.Linear and id(child) not in skip
+                    and not child.weight.requires_grad):
+                setattr(parent, name, Packed4bitLinear(child, double_quant))
+                replaced += 1
+    return replaced
+
+
+# --- fp8 ----------------------------------------------------------------------------------------
+
+class _Fp8Matmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        x8, w8 = x.to(torch.float8_e4m3fn), weight.to(torch.float8_e4m3fn)
+        ctx.save_for_backward(x8, w8)
+        ctx.dtypes = (x.dtype, weight.dtype)
+        compute = torch.bfloat16
+        out = nn.functional.linear(x8.to(compute), w8.to(compute),
+                                   None if bias is None else bias.to(compute))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x8, w8 = ctx.saved_tensors
+        x_dtype, w_dtype = ctx.dtypes
+        grad_x = (grad_out @ w8.to(grad_out.dtype)).to(x_dtype)
+        flat_g = grad_out.reshape(-1, grad_out.shape[-1])
+        grad_w = (flat_g.t() @ x8.to(grad_out.dtype).reshape(-1, x8.shape[-1])).to(w_dtype)
+        grad_b = flat_g.sum(0) if ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b
+
+
+class Fp8Linear(nn.Linear):
+    """nn.Linear whose matmul runs on float8 copies (torchao Float8Linear-like)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            return _Fp8Matmul.apply(x, self.weight, self.bias)
+
+
+def convert_to_fp8(model: nn.Module, skip: set[int]) -> int:
+    converted = 0
+    for module in model.modules():
+        if type(module) is nn.Linear and id(module) not in skip:
+            module.__class__ = Fp8Linear  # same parameters, new forward
+            converted += 1
+    return converted
+
+
+# --- 8-bit AdamW --------------------------------------------------------------------------------
+
+class AdamW8bit(torch.optim.Optimizer):
+    """AdamW with blockwise-quantised uint8 states (bitsandbytes AdamW8bit memory layout).
+
+    Quantisation is linear per block (bitsandbytes uses a dynamic map); the update is AdamW.
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @staticmethod
+    def _init_state(p: torch.Tensor) -> dict:
+        if p.numel() < ADAM8_MIN_SIZE:
+            zeros = dict(dtype=torch.float32, device=p.device)
+            return {"step": 0, "exp_avg": torch.zeros(p.shape, **zeros),
+                    "exp_avg_sq": torch.zeros(p.shape, **zeros)}
+        blocks = math.ceil(p.numel() / ADAM8_BLOCK)
+        return {"step": 0,
+                "state1": torch.zeros(p.shape, dtype=torch.uint8, device=p.device),
+                "state2": torch.zeros(p.shape, dtype=torch.uint8, device=p.device),
+                "absmax1": torch.zeros(blocks, dtype=torch.float32, device=p.device),
+                "absmax2": torch.zeros(blocks, dtype=torch.float32, device=p.device)}
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state.update(self._init_state(p))
+                state["step"] += 1
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                if "exp_avg" in state:
+                    m, v = state["exp_avg"], state["exp_avg_sq"]
+                    m.lerp_(p.grad.float(), 1 - beta1)
+                    v.mul_(beta2).addcmul_(p.grad.float(), p.grad.float(), value=1 - beta2)
+                    step = state["step"]
+                    denom = (v / (1 - beta2 ** step)).sqrt_().add_(group["eps"])
+                    p.add_((m / denom).to(p.dtype), alpha=-group["lr"] / (1 - beta1 ** step))
+                elif not is_fake(p):  # the fused kernel allocates nothing: nothing to trace
+                    self._blockwise_update(p, state, group, beta1, beta2)
+
+    @staticmethod
+    def _blockwise_update(p, state, group, beta1, beta2):
+        # Chunks of whole blocks keep the fp32 temporaries small, as the CUDA kernel keeps
+        # them in registers. Quantisation here is linear per block (bitsandbytes: dynamic map).
+        # On the CPU, small chunks for small tensors keep checks against the trace within ~1%;
+        # on a GPU each chunk costs ~25 kernel launches, so chunks are 1 Mi elements (~24 MiB
+        # of temporaries): 512-element chunks made a LoRA step take 14 s on an H200.
+        if p.is_cuda:
+            chunk = 4096 * ADAM8_BLOCK
+        else:
+            chunk = (2 if p.numel() <= 2**20 else 256) * ADAM8_BLOCK
+        flat_p, grad = p.view(-1), p.grad.view(-1)
+        s1, s2 = state["state1"].view(-1), state["state2"].view(-1)
+        step = state["step"]
+        alpha, v_correction = -group["lr"] / (1 - beta1 ** step), 1 - beta2 ** step
+        for start in range(0, p.numel(), chunk):
+            end = min(start + chunk, p.numel())
+            pad = (-(end - start)) % ADAM8_BLOCK
+            blocks = slice(start // ADAM8_BLOCK, math.ceil(end / ADAM8_BLOCK))
+            a1, a2 = state["absmax1"][blocks], state["absmax2"][blocks]
+
+            def grid(t, pad=pad):  # [n] -> [blocks, 256]
+                return nn.functional.pad(t, (0, pad)).view(-1, ADAM8_BLOCK)
+
+            m = (grid(s1[start:end].float()) - 127.5) / 127.5 * a1[:, None]
+            v = (grid(s2[start:end].float()) / 255.0 * a2[:, None]).square_()  # sqrt(v) is stored
+            g = grid(grad[start:end].float())
+            m.lerp_(g, 1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            # clamped: a coarse linear code can round sqrt(v) to 0 where m is not
+            update = (m / ((v / v_correction).sqrt() + group["eps"])).clamp_(-1, 1)
+            update = update.flatten()[: end - start]
+            flat_p[start:end].add_(update.to(p.dtype), alpha=alpha)
+            a1.copy_(m.abs().amax(1).clamp_min(1e-12))
+            v.sqrt_()
+            a2.copy_(v.amax(1).clamp_min(1e-12))
+            s1[start:end] = (m / a1[:, None] * 127.5 + 127.5).round().flatten()[: end - start]
+            s2[start:end] = (v / a2[:, None] * 255.0).round().flatten()[: end - start]

@@ -1,0 +1,75 @@
+"""User factories: "package.module:function" returning a model (and its inputs)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vramplan.errors import EngineError, ModelConfigError
+from vramplan.job import Job
+from vramplan.training.losses import generic_loss
+from vramplan.training.tensors import replace_tensors
+
+
+def is_factory_ref(ref: str) -> bool:
+    module, sep, attr = ref.partition(":")
+    return bool(sep) and bool(attr) and "/" not in module and "\\" not in module \
+        and not Path(ref).exists()
+
+
+def from_factory(job: Job, device: torch.device, notes: list[str]):
+    """Call a user factory. It returns an nn.Module, (module, batch_fn), or a dict with
+    'model' and optionally 'batch' (callable(batch_size, device)), 'input_shapes'
+    ({name: per-sample shape} or one shape) and 'loss' (callable(output, batch))."""
+    module_name, _, attr = job.model.partition(":")
+    try:
+        factory: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            factory = getattr(factory, part)
+    except Exception as error:  # any import-time failure of the user's module
+        raise ModelConfigError(f"cannot load factory {job.model!r}: {type(error).__name__}: "
+                               f"{error}") from None
+    try:
+        wants_job = len(inspect.signature(factory).parameters) > 0
+        result = factory(job) if wants_job else factory()
+    except Exception as error:
+        raise ModelConfigError(f"factory {job.model!r} raised {type(error).__name__}: "
+                               f"{error}") from None
+    batch_fn, shapes, loss_fn = None, None, None
+    if isinstance(result, tuple) and len(result) == 2:
+        result, batch_fn = result
+    elif isinstance(result, dict):
+        batch_fn, shapes, loss_fn = result.get("batch"), result.get("input_shapes"), \
+            result.get("loss")
+        result = result.get("model")
+    if not isinstance(result, nn.Module):
+        raise ModelConfigError(f"factory {job.model!r} returned {type(result).__name__}, not a "
+                               "torch.nn.Module (return a module, (module, batch_fn) or "
+                               "{'model': module, 'input_shapes': ...})")
+    model = result
+    floats = torch.bfloat16 if job.precision == "bf16-pure" else None
+    replace_tensors(model, lambda t: t.to(device, floats if t.is_floating_point() else None))
+    if job.peft is not None:
+        raise EngineError("peft on a factory model is not supported yet: apply LoRA inside "
+                          "the factory")
+    if job.checkpointing != "none":
+        notes.append("checkpointing is applied to Hugging Face models only: a factory model "
+                     "has to checkpoint itself")
+    if batch_fn is None and shapes is None:
+        raise ModelConfigError(f"factory {job.model!r} gave no inputs: return (module, "
+                               "batch_fn) or {'model': module, 'input_shapes': {...}}")
+    floats = torch.bfloat16 if job.precision == "bf16-pure" else torch.float32
+    if batch_fn is not None:
+        make_batch = lambda: batch_fn(job.batch_size, device)  # noqa: E731
+    elif isinstance(shapes, dict):
+        make_batch = lambda: {k: torch.randn(job.batch_size, *s, dtype=floats,  # noqa: E731
+                                             device=device) for k, s in shapes.items()}
+    else:
+        make_batch = lambda: torch.randn(job.batch_size, *shapes, dtype=floats,  # noqa: E731
+                                         device=device)
+    return model, make_batch, lambda m, batch: generic_loss(m, batch, loss_fn)

@@ -1,0 +1,42 @@
+"""FSDP2 sharding of a training setup, each repeated block its own unit."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vramplan.job import Job
+from vramplan.training.optimizers import build_optimizer
+from vramplan.training.setup import TrainingSetup
+
+
+def fully_shard_setup(setup: TrainingSetup, job: Job, mesh=None) -> int:
+    """Shard the model with FSDP2 as the job's strategy asks, each repeated block its own
+    unit, then rebuild the optimizer over the sharded parameters. Returns the block count.
+
+    zero2 keeps parameters gathered after the forward; zero3 / fsdp / hybrid-shard reshard
+    them. Under mixed precision FSDP gathers 16-bit parameters and reduces gradients in
+    fp32 (as accelerate and torchtitan set FSDP2 up), so autocast has nothing to cast."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    reshard = job.parallel.strategy != "zero2"
+    policy = MixedPrecisionPolicy(param_dtype=setup.autocast_dtype, reduce_dtype=torch.float32)
+    blocks = repeated_blocks(setup.model)
+    for block in blocks:
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(setup.model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    setup.optimizer = build_optimizer(job, setup.trainable, [])  # over the sharded params
+    return len(blocks)
+
+
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks to shard one by one: the classes a Hugging Face model names in
+    _no_split_modules, else the children of the largest nn.ModuleList."""
+    names = set()
+    for module in model.modules():
+        names |= set(getattr(module, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if blocks:
+        return blocks
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []

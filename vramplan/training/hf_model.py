@@ -1,0 +1,168 @@
+"""Hugging Face models from a config dict: the config, the task, the model with its
+checkpointing, peft adapters and low-bit layers, built on a device or on meta."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vramplan.errors import ModelConfigError
+from vramplan.job import Job
+from vramplan.models.families import TRAINED_ATTENTION_BIAS
+from vramplan.training.checkpointing import apply_checkpointing
+from vramplan.training.emulate import lowbit
+from vramplan.training.peft import apply_peft
+from vramplan.training.tensors import replace_tensors
+
+AUTO_CLASSES = {
+    "causal-lm": "AutoModelForCausalLM",
+    "masked-lm": "AutoModelForMaskedLM",
+    "seq-classification": "AutoModelForSequenceClassification",
+    "seq2seq": "AutoModelForSeq2SeqLM",
+    "image-classification": "AutoModelForImageClassification",
+    "speech-seq2seq": "AutoModelForSpeechSeq2Seq",
+}
+# HF class-name suffix -> task, to pick a default task for a bare config.json
+_TASK_BY_SUFFIX = {
+    "ForCausalLM": "causal-lm", "LMHeadModel": "causal-lm", "ForMaskedLM": "masked-lm",
+    "ForSequenceClassification": "seq-classification", "ForImageClassification":
+    "image-classification", "ForConditionalGeneration": "seq2seq",
+}
+_TASK_ORDER = (  # encoder-decoders first, encoders (which also have LM heads) before decoders
+    ("seq2seq", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+    ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    ("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    ("image-classification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+    ("seq-classification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+)
+# Whisper gets no task type: peft's seq2seq wrapper passes input_ids, which Whisper's
+# decoder then receives twice (Hugging Face's Whisper LoRA recipes leave task_type unset)
+SIXTEEN_BIT = {"fp16-mixed": torch.float16, "bf16-mixed": torch.bfloat16,
+               "bf16-pure": torch.bfloat16, "fp8": torch.bfloat16}
+
+
+def load_model_config(ref: str) -> dict:
+    """The Hugging Face config dict of a catalog name, config.json or model folder."""
+    path = Path(ref)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.suffix == ".json" and path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise ModelConfigError(f"cannot read {path}: {error}") from None
+    from vramplan.models import load_architecture  # the catalog (names, HF ids)
+    return dict(load_architecture(ref).extra)
+
+
+def task_of_config(config: dict) -> str:
+    """The config's own task: from its `architectures`, else the first of transformers'
+    task mappings (in _TASK_ORDER) that has a class for its model_type."""
+    from transformers.models.auto import modeling_auto as auto
+    model_type = config.get("model_type")
+    if model_type in auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
+        return "speech-seq2seq"
+    for arch in config.get("architectures") or ():
+        for suffix, task in _TASK_BY_SUFFIX.items():
+            if arch.endswith(suffix):
+                return "seq2seq" if task == "seq2seq" and config.get("is_encoder_decoder", True) \
+                    else task
+    for task, mapping in _TASK_ORDER:
+        if model_type in getattr(auto, mapping):
+            return task
+    return "causal-lm"
+
+
+def _hf_config(config: dict, task: str, job: Job):
+    from transformers import AutoConfig
+    values = {k: v for k, v in config.items() if k not in (
+        "model_type", "architectures", "transformers_version", "_name_or_path", "torch_dtype",
+        "dtype", "quantization_config", "auto_map")}
+    if "model_type" not in config:
+        raise ModelConfigError("the model config has no 'model_type': it is needed to pick the "
+                               "transformers class")
+    if task == "image-classification" and job.image_size:
+        values["image_size"] = job.image_size  # position embeddings sized for the job's images
+    try:
+        hf = AutoConfig.for_model(config["model_type"], **values)
+    except (ValueError, KeyError, TypeError) as error:
+        raise ModelConfigError(f"transformers cannot build a {config['model_type']!r} config: "
+                               f"{error}") from None
+    hf.use_cache = False  # training: no KV cache
+    if task == "seq-classification" and getattr(hf, "pad_token_id", None) is None:
+        hf.pad_token_id = 0  # decoder classifiers need one to find the last token
+    return hf
+
+
+# --- Hugging Face models ----------------------------------------------------------------------
+
+def build_hf_model(config: dict, task: str, job: Job, *, device: torch.device, empty: bool,
+                   notes: list[str]) -> nn.Module:
+    import transformers
+    hf_config = _hf_config(config, task, job)
+    auto = getattr(transformers, AUTO_CLASSES[task])
+    if job.peft is None:
+        dtype = torch.bfloat16 if job.precision == "bf16-pure" else torch.float32
+    else:  # frozen base: no master copy needed, stored in the compute dtype
+        dtype = SIXTEEN_BIT.get(job.precision, torch.float32)
+    # empty: everything up to the materialisation runs on meta, outside the caller's
+    # FakeTensorMode (peft cannot swap fake parameters)
+    with _no_dispatch_modes() if empty else contextlib.nullcontext():
+        model = _build_on(auto, hf_config, job, dtype, torch.device("meta") if empty else device,
+                          task, notes)
+    if empty:
+        _materialize(model, device)
+    return model
+
+
+def _no_dispatch_modes():
+    from vramplan.training.private_api import _disable_current_modes
+    return _disable_current_modes()
+
+
+# models whose sdpa call gets an additive mask that requires grad (a learned bias)
+
+
+def _build_on(auto, hf_config, job: Job, dtype: torch.dtype, device: torch.device, task: str,
+              notes: list[str]) -> nn.Module:
+    peft = job.peft
+    try:
+        with device:
+            try:
+                model = auto.from_config(hf_config, attn_implementation=job.attention,
+                                         dtype=dtype)
+            except ValueError as error:
+                if "attention implementation" not in str(error) or job.attention == "eager":
+                    raise
+                model = auto.from_config(hf_config, attn_implementation="eager", dtype=dtype)
+                notes.append(f"{hf_config.model_type}: transformers has no {job.attention} "
+                             "attention for this model; traced with eager attention")
+            if job.attention == "sdpa" and hf_config.model_type in TRAINED_ATTENTION_BIAS:
+                notes.append(f"{hf_config.model_type} passes a trained position bias to sdpa: "
+                             "CUDA runs it with the memory-efficient kernel, whose tensors the "
+                             "trace keeps; a real CPU run takes the math kernel instead, which "
+                             "also stores the s x s scores")
+    except ValueError as error:
+        raise ModelConfigError(f"{hf_config.model_type!r} has no {task} model in transformers: "
+                               f"{str(error).splitlines()[0]}") from None
+    skip = {id(model.get_output_embeddings())} if model.get_output_embeddings() else set()
+    if job.precision == "fp8":
+        count = lowbit.convert_to_fp8(model, skip)
+        notes.append(f"fp8: {count} linears keep float8 copies of their inputs and weights for "
+                     "backward (torchao Float8Linear-like); weights fp32 + bf16 autocast")
+    apply_checkpointing(model, job, notes)
+    if peft is not None:
+        with device:
+            model = apply_peft(model, task, job, skip, notes)
+    return model
+
+
+def _materialize(model: nn.Module, device: torch.device) -> None:
+    """meta -> uninitialised tensors on `device` (Module.to_empty swaps tensors in place,
+    which fails for fake tensors)."""
+    replace_tensors(model, lambda t: torch.empty_like(t, device=device)
+                     if t.device.type == "meta" else t)

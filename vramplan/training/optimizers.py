@@ -1,0 +1,84 @@
+"""Optimizers by the job's name and implementation, with the low-bit stand-ins."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from vramplan.errors import EngineError, ModelConfigError
+from vramplan.job import Job
+from vramplan.training.emulate import lowbit
+
+
+class _ValueFreeAdafactor(torch.optim.Adafactor):
+    """torch's Adafactor, whose step reads its step count and norms with .item() to scale the
+    update. Fake tensors have no values, so in the trace those reads give 1.0: the step
+    allocates the same tensors, only the scale differs. Real tensors are untouched."""
+
+    def step(self, closure=None):
+        from vramplan.training.private_api import TorchDispatchMode, is_fake
+
+        class ItemsOfFakeTensorsAreOne(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is torch.ops.aten._local_scalar_dense.default and is_fake(args[0]):
+                    return 1.0
+                return func(*args, **(kwargs or {}))
+
+        fake = any(is_fake(p) for g in self.param_groups for p in g["params"])
+        with ItemsOfFakeTensorsAreOne() if fake else contextlib.nullcontext():
+            return super().step(closure)
+
+
+class Lion(torch.optim.Optimizer):
+    """Lion (Chen et al. 2023): one momentum buffer in the parameter's dtype."""
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                m = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(m.lerp(p.grad, 1 - beta1).sign_(), alpha=-group["lr"])
+                m.lerp_(p.grad, 1 - beta2)
+
+
+def build_optimizer(job: Job, params: list[nn.Parameter], notes: list[str]):
+    if not params:
+        raise ModelConfigError("the model has no trainable parameters")
+    impl = {"foreach": dict(foreach=True), "fused": dict(fused=True),
+            "loop": dict(foreach=False)}[job.optimizer_impl]
+    name = job.optimizer
+    if name in ("sgd", "sgd-momentum"):
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9 if name == "sgd-momentum" else 0,
+                               **impl)
+    if name in ("adam", "adamw"):
+        cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
+        return cls(params, lr=1e-4, **impl)
+    if name in ("adamw-8bit", "paged-adamw-8bit"):
+        notes.append("8-bit AdamW: bitsandbytes layout (uint8 states + fp32 absmax per 256 "
+                     "values; tensors under 4096 values keep fp32 states)")
+        if name == "paged-adamw-8bit":
+            notes.append("paged-adamw-8bit: states live in CUDA unified memory outside the "
+                         "caching allocator; counted here as resident on the GPU")
+        return lowbit.AdamW8bit(params, lr=1e-4)
+    if name in ("adamw-4bit", "adamw-fp8"):
+        from vramplan.training.emulate.torchao_optim import LowBitAdamW
+
+        notes.append(f"{name}: torchao AdamW{'4bit' if name == 'adamw-4bit' else 'Fp8'} state "
+                     "layout (block-wise codes + fp32 scales; tensors under 4096 values or not "
+                     "a multiple of the block keep plain states)")
+        return LowBitAdamW(params, bits=4 if name == "adamw-4bit" else 8, lr=1e-4)
+    if name == "adafactor":
+        return _ValueFreeAdafactor(params, lr=1e-2, foreach=job.optimizer_impl == "foreach")
+    if name == "lion":
+        notes.append("lion: per-parameter loop implementation (torch has none)")
+        return Lion(params)
+    raise EngineError(f"optimizer {name!r} is not supported by the trace engine")

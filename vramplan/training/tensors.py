@@ -1,0 +1,31 @@
+"""Replacing a module's parameters and buffers in place (keeping tied ones tied)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+def _materialize(model: nn.Module, device: torch.device) -> None:
+    """meta -> uninitialised tensors on `device` (Module.to_empty swaps tensors in place,
+    which fails for fake tensors)."""
+    replace_tensors(model, lambda t: torch.empty_like(t, device=device)
+                     if t.device.type == "meta" else t)
+
+
+def replace_tensors(model: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Apply fn to every parameter and buffer by reassignment, keeping tied ones tied."""
+    new: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in table.items():
+                if t is None:
+                    continue
+                if id(t) not in new:
+                    with torch.no_grad():
+                        value = fn(t)
+                    new[id(t)] = (nn.Parameter(value, requires_grad=t.requires_grad)
+                                  if isinstance(t, nn.Parameter) and value is not t else value)
+                table[name] = new[id(t)]
