@@ -106,6 +106,7 @@ def measure_setup(setup: TrainingSetup, job: Job, *, steps: int = 5, warmup: int
                        f"{len(run.losses)} of {run.steps} steps)")
     finally:
         probe.stop()
+        probe.unwatch_gradients()
     return _report(job, setup, run, probe)
 
 
@@ -328,8 +329,15 @@ class _Probe:
             self.grads_alive += -(-grad.untyped_storage().nbytes() // round_to) * round_to
             self._on_gradient(before)
 
-        for param in setup.trainable:
-            param.register_post_accumulate_grad_hook(hook)
+        # torch keeps tensor hooks in C++, where the garbage collector cannot see the cycle
+        # hook -> probe -> setup -> parameter: unwatch_gradients removes them after the run
+        self._hooks = [param.register_post_accumulate_grad_hook(hook)
+                       for param in setup.trainable]
+
+    def unwatch_gradients(self) -> None:
+        for handle in getattr(self, "_hooks", ()):
+            handle.remove()
+        self._hooks = []
 
     def _on_gradient(self, before: int) -> None: ...
 
