@@ -120,6 +120,42 @@ def test_other_errors_propagate():
         max_batch_size(JOB, oracle, GiB)
 
 
+def _stopped_report(stopped: str) -> MemoryReport:
+    """What measure() returns when the step raised in user code (or Ctrl-C): a small
+    partial peak and the reason."""
+    measured = Measured(source="measure", device="cpu", complete=False, stopped=stopped,
+                        steps=0)
+    return _report(weights=1000).model_copy(update={"engine": "measure", "measured": measured})
+
+
+def test_a_crashed_measured_trial_is_an_error_not_a_fit():
+    # a factory whose forward always raises was reported "fits: 8": its partial peak was
+    # compared with the budget
+    from vramplan.errors import EngineError
+
+    def oracle(job):
+        return _stopped_report("stopped by ValueError: boom (after 0 of 3 steps)")
+    with pytest.raises(EngineError, match="did not complete a step.*ValueError: boom"):
+        max_batch_size(JOB, oracle, GiB)
+    with pytest.raises(EngineError, match="did not complete"):
+        sweep(JOB, oracle, [1, 2], budget_bytes=GiB)
+
+
+def test_an_interrupted_measured_trial_stops_the_search_as_ctrl_c():
+    def oracle(job):
+        return _stopped_report("interrupted (Ctrl-C) after 1 of 3 steps")
+    with pytest.raises(KeyboardInterrupt):
+        max_batch_size(JOB, oracle, GiB)
+
+
+def test_the_cpu_allocator_failing_is_out_of_memory():
+    from vramplan.search.oom import is_out_of_memory
+    assert is_out_of_memory(RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+        "you tried to allocate 10000000000000 bytes. Error code 12 (Cannot allocate memory)"))
+    assert not is_out_of_memory(RuntimeError("shape mismatch"))
+
+
 def _report(**categories) -> MemoryReport:
     cats = dict.fromkeys(CATEGORIES, 0) | categories
     return MemoryReport(engine="formula", job={}, model_name="x", params_total=1,

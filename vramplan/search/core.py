@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from vramplan.engines.report import TENSOR_CATEGORIES, MemoryReport
 from vramplan.errors import JobError
 from vramplan.job import Job
-from vramplan.search.oom import is_out_of_memory, release_memory
+from vramplan.search.oom import is_out_of_memory, release_memory, require_complete
 from vramplan.search.suggestions import suggestions_for
 
 Oracle = Callable[[Job], "int | MemoryReport"]
@@ -90,6 +90,7 @@ def _ask(oracle: Oracle, job: Job) -> tuple[int | None, MemoryReport | None, str
         release_memory()
         return None, None, message
     report = answer if isinstance(answer, MemoryReport) else None
+    require_complete(report, job)
     return peak_of(answer), report, ""
 
 

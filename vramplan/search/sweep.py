@@ -8,7 +8,7 @@ from typing import Any
 from vramplan.engines.report import MemoryReport
 from vramplan.job import Job
 from vramplan.search.core import DEFAULT_MARGIN
-from vramplan.search.oom import is_out_of_memory, release_memory
+from vramplan.search.oom import is_out_of_memory, release_memory, require_complete
 
 SWEEP_FIELDS = ("batch_size", "seq_len", "peak_allocated", "peak_reserved", "device_total",
                 "fits", "step_time_s", "samples_per_s", "tokens_per_s", "final_loss", "error")
@@ -38,6 +38,7 @@ def sweep(job: Job, oracle_report: Callable[[Job], MemoryReport], batch_sizes: I
                 del error
                 release_memory()
             else:
+                require_complete(report, job.with_changes(batch_size=batch, seq_len=seq_len))
                 row.update(peak_allocated=report.peak_allocated,
                            peak_reserved=report.peak_reserved, device_total=report.device_total)
                 if budget_bytes is not None:
