@@ -366,3 +366,12 @@ def test_measure_frees_its_model_and_optimizer():
         if call == 1:
             after_two = rss()
     assert rss() <= 1.10 * after_two
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", "cpu:0:1", ""])
+def test_an_unknown_device_is_refused(device):
+    # `--device tpu` gave torch's RuntimeError traceback
+    from vramplan.errors import EngineError
+    with pytest.raises(EngineError, match="use cpu, cuda or cuda:N"):
+        measure(Job(model="tiny", batch_size=1, seq_len=8), device=device or "x",
+                model_config=LEAK_CONFIG)

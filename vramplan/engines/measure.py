@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -55,6 +56,10 @@ def measure(job: Job, *, steps: int = 5, warmup: int = 2, emulate_gpu: str | Non
     and Ctrl-C, end the run early with a partial report that says why.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if not re.fullmatch(r"cpu|cuda(:\d{1,3})?", str(device)):
+        shown = str(device)[:40]
+        raise EngineError(f"device {shown!r} is not one measure runs on: use cpu, cuda or "
+                          "cuda:N")
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise EngineError("measure on cuda needs a CUDA build of torch and a visible GPU; "
                           "use --device cpu (with --budget to stand in for the GPU's memory)")
