@@ -166,13 +166,17 @@ def _max_positions(job: Job) -> int | None:
 
 
 def _ints(text: str | None, option: str) -> list[int] | None:
-    if not text:
+    if text is None:
         return None
     try:
-        return [int(v) for v in text.split(",") if v.strip()]
+        values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
+        values = []
+    if not values:  # an empty value is a mistake, not "use the default"
+        shown = text if len(text) <= 40 else text[:37] + "..."
         raise JobError(f"{option} takes comma-separated whole numbers, e.g. 1,2,4,8 "
-                       f"(got {text!r})") from None
+                       f"(got {shown!r})")
+    return values
 
 
 @job_command
