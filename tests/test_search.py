@@ -341,3 +341,24 @@ def test_with_trace_engine_as_oracle():
     assert oracle(job.with_changes(batch_size=result.best)) <= result.limit_bytes
     assert oracle(job.with_changes(batch_size=result.best + 1)) > result.limit_bytes
     assert len(result.trials) <= trial_bound(result.best)
+
+
+def test_ctrl_c_in_a_sweep_keeps_the_completed_points(run_cli, monkeypatch, tmp_path):
+    # Ctrl-C lost every completed point; now they are shown and written, exit 130, one line
+    from vramplan.cli.commands import search as search_command
+    from vramplan.engines.formula import estimate
+
+    def oracle_for(*args, **kwargs):
+        def oracle(job):
+            if job.batch_size == 3:
+                raise KeyboardInterrupt
+            return estimate(job)
+        return oracle
+    monkeypatch.setattr(search_command, "oracle_for", oracle_for)
+    out = tmp_path / "rows.json"
+    code, stdout, stderr = run_cli("sweep", "gpt2", "-s", "64", "--batch-sizes", "1,2,3,4",
+                                   "--out", str(out))
+    assert code == 130
+    assert stderr == ("interrupted: interrupted after 2 of 4 points; the completed points "
+                      "are above\n")
+    assert [row["batch_size"] for row in json.loads(out.read_text())] == [1, 2]
