@@ -32,7 +32,8 @@ LISTED = [
     ("CUDA context 1390 -> 139 MiB", "vramplan/job.py",
      "Field(1390 * 1024**2,", "Field(139 * 1024**2,"),
     ("fit against nominal memory", "vramplan/engines/runtime.py",
-     "headroom = gpu.usable_bytes - required", "headroom = gpu.memory_bytes - required"),
+     "fits=required <= gpu.usable_bytes * (1 - margin)",
+     "fits=required <= gpu.memory_bytes * (1 - margin)"),
     ("activations outside the blocks = 0", "vramplan/engines/formula.py",
      '    """Embeddings, final norm, task head input, vision/audio frontends."""\n',
      '    """Embeddings, final norm, task head input, vision/audio frontends."""\n'

@@ -40,6 +40,12 @@ def main() -> None:
         page.click("#run-sweep")
         page.wait_for_selector("#chart-sweep svg")
         page.locator("#view-sweep").screenshot(path=HERE / "web-sweep.png")
+        page.goto(url + "?model=llama-3.1-8b&seq_len=2048&view=plan&plan_tokens=2B"
+                  "&plan_max_gpus=16")
+        page.wait_for_selector("#chart-plan svg", timeout=120_000)
+        page.locator("#view-plan").screenshot(path=HERE / "web-plan.png")
+        page.goto(url + JOB)
+        page.wait_for_selector("#chart-breakdown svg")
         with page.expect_download() as download:
             page.click("#dl-html")
         report = Path(download.value.path())

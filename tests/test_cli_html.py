@@ -39,19 +39,19 @@ def test_html_path_is_checked_before_running(run_cli, tmp_path):
 
 def test_search_and_sweep_html(run_cli, tmp_path):
     page = tmp_path / "s.html"
-    code, out, err = run_cli("search", "batch-size", "gpt2", "-s", "512", "--gpu", "T4",
+    code, out, err = run_cli("search", "batch-size", "gpt2", "-s", "512", "--gpu", "L4",
                              "--html", str(page), "--json")
     assert code == 0, err
     best = json.loads(out)["best"]
     assert f"Largest batch size that fits: <b>{best}</b>" in page.read_text()
-    assert "vramplan search batch-size gpt2 --seq-len 512 --gpu T4" in page.read_text()
+    assert "vramplan search batch-size gpt2 --seq-len 512 --gpu L4" in page.read_text()
     sweep = tmp_path / "w.html"
     code, out, err = run_cli("sweep", "gpt2", "--batch-sizes", "1,8", "--seq-lens", "128,512",
-                             "--gpu", "T4", "--html", str(sweep), "--json")
+                             "--gpu", "L4", "--html", str(sweep), "--json")
     assert code == 0, err
     text = sweep.read_text()
-    assert _offline(text) and "<title>T4: points left of / below this line fit" in text
-    assert "vramplan sweep gpt2 --gpu T4 --batch-sizes 1,8 --seq-lens 128,512" in text
+    assert _offline(text) and "<title>L4: points left of / below this line fit" in text
+    assert "vramplan sweep gpt2 --gpu L4 --batch-sizes 1,8 --seq-lens 128,512" in text
     for row in json.loads(out):
         assert f"{row['device_total'] / GiB:,.3f}" in text
 
@@ -100,3 +100,16 @@ def test_report_and_web_import_neither_torch_nor_each_other():
             "assert 'torch' not in sys.modules, 'web imported torch'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_plan_html(run_cli, tmp_path):
+    page = tmp_path / "p.html"
+    code, out, err = run_cli("plan", "llama-3.2-1b", "-s", "1024", "--tokens", "1B", "--gpus",
+                             "L4,A100-80GB", "--max-gpus", "8", "--html", str(page), "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    text = page.read_text()
+    assert _offline(text)
+    assert "vramplan plan llama-3.2-1b --seq-len 1024 --tokens 1B --gpus L4,A100-80GB " \
+           "--max-gpus 8" in text
+    assert f"<b>recommended</b>: {plan['recommended']['candidate']['num_gpus']} x " in text

@@ -59,20 +59,34 @@ def test_activations_runtime_and_overhead_of_a_tiny_step():
     assert report.categories["runtime_context"] == 1390 * MiB
 
 
-def test_fit_is_judged_against_usable_not_nominal_memory():
+def _needing(extra: int):
+    """The tiny job on the L4, with a runtime context that makes it need usable + extra."""
     l4 = get_gpu("L4")
     base = formula.estimate(JOB.with_changes(gpu="L4", runtime={"cuda_context_bytes": 0}),
                             model_config=TINY)
-    # a context that makes the job need exactly one byte more than the L4's usable memory
-    context = l4.usable_bytes - base.device_total + 1
+    context = l4.usable_bytes - base.device_total + extra
     report = formula.estimate(JOB.with_changes(
         gpu="L4", runtime={"cuda_context_bytes": context}), model_config=TINY)
-    (fit,) = report.fits
-    assert fit.required_bytes == l4.usable_bytes + 1 < l4.memory_bytes
-    assert fit.headroom_bytes == -1 and not fit.fits
-    exact = formula.estimate(JOB.with_changes(
-        gpu="L4", runtime={"cuda_context_bytes": context - 1}), model_config=TINY)
-    assert exact.fits[0].headroom_bytes == 0 and exact.fits[0].fits  # exactly full still fits
+    return report.fits[0], l4
+
+
+def test_fit_is_judged_against_usable_memory_with_the_safety_margin():
+    from vramplan.engines.runtime import with_margin
+    # 5% of the L4's usable memory stays free: the last byte that fits is usable x 0.95
+    l4 = get_gpu("L4")
+    keep_free = l4.usable_bytes - int(l4.usable_bytes * 0.95)
+    fit, _ = _needing(-keep_free)
+    assert fit.margin == 0.05 and fit.headroom_bytes == keep_free and fit.fits
+    fit, _ = _needing(-keep_free + 1)
+    assert not fit.fits
+    # without a margin: exactly full fits, one byte more does not, though it is far below
+    # the L4's nominal memory
+    fit, l4 = _needing(0)
+    (exact,) = with_margin([fit], 0.0)
+    assert exact.headroom_bytes == 0 and exact.fits
+    fit, l4 = _needing(1)
+    (over,) = with_margin([fit], 0.0)
+    assert over.required_bytes == l4.usable_bytes + 1 < l4.memory_bytes and not over.fits
 
 
 @pytest.mark.parametrize("checkpointing", ["full"])

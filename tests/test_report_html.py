@@ -94,7 +94,8 @@ def test_report_carries_the_numbers(formula_report):
     for category in ("weights", "optimizer_states"):
         assert f"<title>{charts.label(category)}: " in page
         assert CATEGORY_HELP[category] in page
-    assert f"{len(r.fits)} of {len(r.fits)} GPUs" in page  # gpt2 fits every catalog GPU
+    fitting = sum(f.fits for f in r.fits)  # all but the GPUs without bf16 (T4, V100s)
+    assert 0 < fitting < len(r.fits) and f"({fitting} of {len(r.fits)} GPUs)" in page
 
 
 def test_trace_report_has_timeline_and_holders_under_2mb():
@@ -127,10 +128,10 @@ def test_user_strings_are_escaped(formula_report):
 def test_sweep_heatmap_with_boundary_per_gpu():
     job = Job(model="gpt2")
     rows = vramplan.sweep(job, vramplan.estimate, [1, 4, 16], [128, 1024])
-    limits = {"T4": vramplan.hardware.get_gpu("T4").usable_bytes, "tiny": 5 * GiB}
+    limits = {"L4": vramplan.hardware.get_gpu("L4").usable_bytes, "tiny": 5 * GiB}
     page = sweep_html(rows, job=job.model_dump(mode="json"), limits=limits)
     assert_offline(page)
-    assert "<title>T4: points left of / below this line fit" in page
+    assert "<title>L4: points left of / below this line fit" in page
     assert "<title>tiny: points left of / below" in page
     for row in rows:
         assert f"{row['device_total'] / GiB:,.3f}" in page
@@ -160,9 +161,9 @@ def test_compare_shows_errors_against_the_reference(formula_report):
 
 
 def test_search_page():
-    job = Job(model="gpt2", seq_len=512, gpu="T4")
+    job = Job(model="gpt2", seq_len=512, gpu="L4")
     result = vramplan.max_batch_size(job, vramplan.estimate,
-                                     vramplan.hardware.get_gpu("T4").usable_bytes)
+                                     vramplan.hardware.get_gpu("L4").usable_bytes)
     page = search_html(result.to_dict(), job=job.model_dump(mode="json"))
     assert_offline(page)
     assert f"Largest batch size that fits: <b>{result.best}</b>" in page
@@ -234,3 +235,38 @@ def test_job_yaml_and_settings_without_flag(tmp_path, run_cli):
     code, out, err = run_cli("estimate", "--job", str(path), "--json")
     assert code == 0, err
     assert json.loads(out)["job"] == job.model_dump(mode="json")
+
+
+# --- plans and performance -------------------------------------------------------------------
+
+
+def test_plan_page_has_the_picks_the_front_and_every_candidate():
+    from vramplan.plan.planner import plan
+    from vramplan.report.html import plan_html
+
+    job = Job(model="llama-3.2-1b", seq_len=1024)
+    result = plan(job, tokens=10**9, gpus=["L4", "A100-80GB", "H100-SXM"], max_gpus=8)
+    page = plan_html(result, job=job, command="vramplan plan llama-3.2-1b --tokens 1B")
+    assert_offline(page)
+    assert len(page.encode()) < 2 * 1024**2
+    for choice in (result.cheapest, result.fastest, result.recommended):
+        assert f"<b>{choice.label}</b>: {choice.candidate.num_gpus} x " in page
+    # one hover point per candidate, with its flags
+    for n, candidate in enumerate(result.candidates):
+        assert f"{candidate.num_gpus} x {candidate.gpu}" in page
+        assert f'<g id="vp-plan-{n}"' in page
+    assert "Pareto front" in page
+
+
+def test_performance_section_when_the_report_has_one():
+    from vramplan.plan.performance import performance_for
+
+    job = Job(model="llama-3.2-1b", seq_len=1024, gpu="L4")
+    report = vramplan.estimate(job)
+    report = report.model_copy(update={"performance": performance_for(job, "L4",
+                                                                      tokens=10**8)})
+    page = report_html(report)
+    from vramplan.report.plan_view import duration, money
+    assert "Time and cost on L4" in page
+    assert duration(report.performance.training_time_s) in page
+    assert money(report.performance.cost_usd) in page

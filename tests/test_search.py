@@ -362,3 +362,14 @@ def test_ctrl_c_in_a_sweep_keeps_the_completed_points(run_cli, monkeypatch, tmp_
     assert stderr == ("interrupted: interrupted after 2 of 4 points; the completed points "
                       "are above\n")
     assert [row["batch_size"] for row in json.loads(out.read_text())] == [1, 2]
+
+
+def test_sweep_without_lengths_shows_the_length_the_engine_chose():
+    from vramplan.engines.formula import estimate
+    rows = sweep(vramplan_job("gpt2"), estimate, [1, 2])
+    assert [r["seq_len"] for r in rows] == [1024, 1024]  # GPT-2's 1024 positions
+
+
+def vramplan_job(model: str):
+    from vramplan import Job
+    return Job(model=model)

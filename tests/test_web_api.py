@@ -139,11 +139,11 @@ def test_models_and_gpus(client):
 
 
 def test_search_equals_the_library(client):
-    job = {"model": "gpt2", "seq_len": 512, "gpu": "T4"}
+    job = {"model": "gpt2", "seq_len": 512, "gpu": "L4"}
     r = client.post("/api/v1/search", json={"job": job})
     assert r.status_code == 200
     expected = vramplan.max_batch_size(Job.model_validate(job), vramplan.estimate,
-                                       vramplan.hardware.get_gpu("T4").usable_bytes)
+                                       vramplan.hardware.get_gpu("L4").usable_bytes)
     assert r.json()["best"] == expected.best
     r = client.post("/api/v1/search", json={"job": {"model": "gpt2"}})
     assert r.status_code == 422 and "job.gpu" in r.json()["error"]
@@ -153,16 +153,16 @@ def test_search_equals_the_library(client):
 
 def test_sweep_rows_and_limits(client):
     r = client.post("/api/v1/sweep", json={"job": {"model": "gpt2"}, "batch_sizes": [4, 1, 4],
-                                           "seq_lens": [128], "gpus": ["T4"], "margin": 0.1})
+                                           "seq_lens": [128], "gpus": ["L4"], "margin": 0.1})
     assert r.status_code == 200
     data = r.json()
-    limit = int(vramplan.hardware.get_gpu("T4").usable_bytes * 0.9)
-    assert data["limits"] == {"T4": limit}
+    limit = int(vramplan.hardware.get_gpu("L4").usable_bytes * 0.9)
+    assert data["limits"] == {"L4": limit}
     assert [row["batch_size"] for row in data["rows"]] == [1, 4]  # sorted, deduplicated
     for row in data["rows"]:
         peak = vramplan.estimate(Job(model="gpt2", batch_size=row["batch_size"],
                                      seq_len=128)).device_total
-        assert row["device_total"] == peak and row["fits_gpu"]["T4"] == (peak <= limit)
+        assert row["device_total"] == peak and row["fits_gpu"]["L4"] == (peak <= limit)
     r = client.post("/api/v1/sweep", json={"job": {"model": "gpt2"}, "batch_sizes": [0]})
     assert r.status_code == 422 and r.json()["errors"][0]["field"] == "batch_sizes"
     r = client.post("/api/v1/sweep", json={"job": {"model": "gpt2"},
@@ -280,3 +280,24 @@ def test_a_dead_worker_is_reported_and_replaced():
         assert queue.get(second.id)[0].result["engine"] == "trace"
     finally:
         queue.close()
+
+
+def test_plan_equals_the_library(client):
+    from vramplan.plan.planner import plan
+
+    body = {"job": {"model": "llama-3.2-1b", "seq_len": 1024}, "tokens": 10**9,
+            "gpus": ["L4", "A100-80GB"], "max_gpus": 8, "allow": ["lora"]}
+    r = client.post("/api/v1/plan", json=body)
+    assert r.status_code == 200, r.text
+    expected = plan(Job(model="llama-3.2-1b", seq_len=1024), tokens=10**9,
+                    gpus=["L4", "A100-80GB"], max_gpus=8, allow=("lora",))
+    assert r.json()["plan"] == expected.model_dump(mode="json")
+    page = client.post("/api/v1/plan?format=html", json=body).text
+    assert ("vramplan plan llama-3.2-1b --seq-len 1024 --tokens 1000000000 --gpus "
+            "L4,A100-80GB --max-gpus 8 --allow lora --top 10 --margin 0.05") in page
+    bad = client.post("/api/v1/plan", json={**body, "allow": ["magic"], "max_gpus": 10**6})
+    fields = {e["field"] for e in bad.json()["errors"]}
+    assert bad.status_code == 422 and {"allow.0", "max_gpus"} <= fields
+    upload = client.post("/api/v1/plan", json={**body, "job": {"model": "tiny"},
+                                               "config": TINY_LLAMA})
+    assert upload.status_code == 422 and "catalog models only" in upload.json()["error"]

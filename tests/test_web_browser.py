@@ -187,15 +187,15 @@ def api_html(server, body: dict) -> str:
 
 def test_search_and_sweep_views(page, server):
     page.goto(server.url + "?model=gpt2&seq_len=512&view=search")
-    page.select_option("#search-gpu", "T4")
+    page.select_option("#search-gpu", "L4")
     page.click("#run-search")
     page.wait_for_selector("#search-trials tbody tr")
-    expected = api(server, "search", {"job": {"model": "gpt2", "seq_len": 512, "gpu": "T4"}})
+    expected = api(server, "search", {"job": {"model": "gpt2", "seq_len": 512, "gpu": "L4"}})
     assert page.get_attribute("#search-answer", "data-best") == str(expected["best"])
     page.click("button[data-view=sweep]")
     page.fill("#sweep-batches", "1,4")
     page.fill("#sweep-seqs", "128,256")
-    page.fill("#sweep-gpus", "T4")
+    page.fill("#sweep-gpus", "L4")
     page.click("#run-sweep")
     page.wait_for_selector("#chart-sweep svg")
     assert len(page.query_selector_all("#sweep-table tbody tr")) == 4
@@ -218,3 +218,24 @@ def test_trace_completes_and_shows_its_timeline(page, server):
     assert len(page.query_selector_all("#holders tbody tr")) > 0
     assert "done in" in page.inner_text("#trace-state")
     assert page.problems == []
+
+
+def test_plan_view(page, server):
+    page.goto(server.url + "?model=llama-3.2-1b&seq_len=1024&view=plan&plan_tokens=1B"
+              "&plan_max_gpus=8&plan_gpus=L4%2CA100-80GB")
+    page.wait_for_selector("#chart-plan svg", timeout=60_000)  # the link runs the plan
+    expected = api(server, "plan", {"job": {"model": "llama-3.2-1b", "seq_len": 1024,
+                                            "batch_size": 1, "grad_accum": 1, "parallel": {
+                                                "num_gpus": 1, "strategy": "none",
+                                                "tensor_parallel": 1}},
+                                    "tokens": 10**9, "max_gpus": 8,
+                                    "gpus": ["L4", "A100-80GB"]})["plan"]
+    assert len(page.query_selector_all("#plan-table tbody tr")) == len(expected["candidates"])
+    recommended = expected["recommended"]["candidate"]
+    assert (f"{recommended['num_gpus']} x {recommended['gpu']}"
+            in page.inner_text("#plan-picks p[data-label=recommended]"))
+    assert page.problems == []
+    page.fill("#plan-max-gpus", "0")  # refused by the API: the message sits beside the field
+    page.click("#run-plan")
+    page.wait_for_function("() => document.getElementById('err-max_gpus').textContent !== ''")
+    assert "greater than or equal to 1" in page.inner_text("#err-max_gpus")

@@ -8,12 +8,14 @@ Exit codes a script can rely on:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
 import os
 import sys
 import typing
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -234,3 +236,27 @@ def write_html(path: Path, text: str) -> None:
         path.write_text(text, encoding="utf-8")
     except OSError as error:
         raise JobError(f"could not write {str(path)!r} ({error.strerror or error})") from None
+
+
+@contextlib.contextmanager
+def progress(message: str, *, quiet: bool = False) -> Iterator[Callable[[str], None]]:
+    """A spinner with `message` while a long operation runs (trace, search, plan, measure);
+    yields a function that updates its text. Silent with --json or when stdout is not a
+    terminal, so piped output stays clean."""
+    if quiet or not console.is_terminal:
+        yield lambda text: None
+        return
+    with console.status(message) as status:
+        yield lambda text: status.update(f"{message}: {text}")
+
+
+def counting(oracle: Callable[[Job], Any], update: Callable[[str], None], field: str):
+    """The oracle, reporting each trial's value to a progress display."""
+    trials = 0
+
+    def ask(job: Job) -> Any:
+        nonlocal trials
+        trials += 1
+        update(f"trial {trials}, {field.replace('_', ' ')} {getattr(job, field)}")
+        return oracle(job)
+    return ask

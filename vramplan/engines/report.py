@@ -55,8 +55,11 @@ class GpuFit(_Frozen):
                               "figure less what the driver keeps)")
     required_bytes: int = Field(description="device_total on this GPU (its cuBLAS workspace "
                                 "size may differ from the report's)")
-    headroom_bytes: int = Field(description="usable - required; negative when it does not fit")
-    fits: bool = Field(description="required <= usable, and the GPU runs the job's precision")
+    headroom_bytes: int = Field(description="usable - required")
+    margin: float = Field(0.0, description="the safety margin of the verdict: the share of "
+                          "usable memory kept free")
+    fits: bool = Field(description="required <= usable x (1 - margin), and the GPU runs the "
+                       "job's precision")
     supported: bool = Field(True, description="false when the GPU cannot run the job's "
                             "precision (bf16 on T4/V100, fp8 before Ada/Hopper); fits is then "
                             "false whatever the memory")

@@ -15,6 +15,11 @@ from vramplan.hardware.gpu import GPU
 from vramplan.job import Job, Runtime
 from vramplan.units import KiB, MiB
 
+# One safety margin everywhere a verdict is given (the fit table, search, sweep, the
+# planner, headroom, the web app): a job fits a GPU when it needs at most (1 - margin) of
+# the usable memory. 5%: the floor users of other memory finders asked for.
+SAFETY_MARGIN = 0.05
+
 CUBLAS_WORKSPACE_HOPPER = 32 * MiB                # 32 MiB on sm90 and newer
 CUBLAS_WORKSPACE_DEFAULT = 8 * MiB + 128 * KiB    # ":4096:2:16:8" = 8.125 MiB
 
@@ -78,10 +83,12 @@ def check_precision_supported(job: Job, gpu: GPU) -> None:
 
 
 def fit_table(report: MemoryReport, runtime: Runtime, gpus: Iterable[GPU],
-              runtime_gpu: GPU | None, *, workspaces_included: bool = True) -> list[GpuFit]:
+              runtime_gpu: GPU | None, *, workspaces_included: bool = True,
+              margin: float = SAFETY_MARGIN) -> list[GpuFit]:
     """Fit of the report on each GPU, moving the cuBLAS workspaces and the runtime context
     to that GPU's size; a GPU that cannot run the job's precision does not fit.
-    workspaces_included=False: the report has none (a CPU measurement): add each GPU's."""
+    workspaces_included=False: the report has none (a CPU measurement): add each GPU's.
+    A GPU fits when the job needs at most usable x (1 - margin)."""
     fits = []
     precision = report.job.precision
     included = workspaces_bytes(runtime, runtime_gpu) if workspaces_included else 0
@@ -92,16 +99,26 @@ def fit_table(report: MemoryReport, runtime: Runtime, gpus: Iterable[GPU],
         headroom = gpu.usable_bytes - required
         problem = precision_problem(precision, gpu)
         fits.append(GpuFit(gpu=gpu.name, usable_bytes=gpu.usable_bytes, required_bytes=required,
-                           headroom_bytes=headroom, fits=headroom >= 0 and not problem,
+                           headroom_bytes=headroom, margin=margin,
+                           fits=required <= gpu.usable_bytes * (1 - margin) and not problem,
                            supported=not problem, problem=problem))
     return fits
 
 
 def fits_for_job(report: MemoryReport, job: Job, runtime_gpu: GPU | None, *,
-                 workspaces_included: bool = True) -> list[GpuFit]:
+                 workspaces_included: bool = True,
+                 margin: float = SAFETY_MARGIN) -> list[GpuFit]:
     """The fit table every engine fills: the job's GPU, else every catalog GPU."""
     from vramplan.hardware import get_gpu, list_gpus
 
     gpus = [get_gpu(job.gpu)] if job.gpu else list_gpus()
     return fit_table(report, job.runtime, gpus, runtime_gpu,
-                     workspaces_included=workspaces_included)
+                     workspaces_included=workspaces_included, margin=margin)
+
+
+def with_margin(fits: Iterable[GpuFit], margin: float) -> list[GpuFit]:
+    """The same fit table judged with another safety margin."""
+    return [fit.model_copy(update={
+        "margin": margin,
+        "fits": fit.supported and fit.required_bytes <= fit.usable_bytes * (1 - margin)})
+        for fit in fits]

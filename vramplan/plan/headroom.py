@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from vramplan.engines.registry import get_engine
+from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.errors import JobError, VramplanError
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job, job_from_dict
@@ -86,7 +87,7 @@ def _with(job: Job, knob: str, value: int) -> Job:
     return job.with_changes(**{knob: value})
 
 
-def largest(job: Job, knob: str, gpu: GPU, margin: float = 0.05) -> Knob:
+def largest(job: Job, knob: str, gpu: GPU, margin: float = SAFETY_MARGIN) -> Knob:
     """The largest value of `knob` that fits, by doubling then bisection (memory grows
     with each of these knobs)."""
     current = job.peft.rank if knob == "peft.rank" else getattr(job, knob)
@@ -129,7 +130,7 @@ def _position_limit(job: Job) -> int | None:
     return arch.max_positions if arch.model_type in LEARNED_POSITIONS else None
 
 
-def headroom(job: Job, gpu: GPU, margin: float = 0.05) -> Headroom:
+def headroom(job: Job, gpu: GPU, margin: float = SAFETY_MARGIN) -> Headroom:
     """How far batch size, sequence length and LoRA rank can grow on `gpu`, and which
     larger models of the same family still fit."""
     arch = load_architecture(job.model)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from vramplan.engines.registry import get_engine
+from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.errors import JobError
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job, Offload, Parallel, Peft
@@ -103,7 +104,7 @@ def _fix(check, job: Job, chosen: list) -> Fix | None:
                  any(maths for *_, maths in chosen))
 
 
-def make_it_fit(job: Job, gpu: GPU, *, margin: float = 0.05, allow=(),
+def make_it_fit(job: Job, gpu: GPU, *, margin: float = SAFETY_MARGIN, allow=(),
                 limit: int = 3) -> list[Fix]:
     """Up to `limit` ways to make `job` fit `gpu` with `margin`, fastest first."""
     formula = get_engine("formula")

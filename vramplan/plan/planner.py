@@ -22,6 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from vramplan.engines.registry import get_engine
+from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.errors import JobError
 from vramplan.hardware import get_gpu, list_gpus
 from vramplan.hardware.gpu import GPU
@@ -101,7 +102,7 @@ def plan(job: Job, *, tokens: int | None = None, samples: int | None = None,
          gpus: list[str] | None = None, max_gpus: int | None = None,
          max_cost: float | None = None, deadline_s: float | None = None,
          allow: tuple[str, ...] | list[str] = (), global_batch: int | None = None,
-         top: int = 10, margin: float = 0.05,
+         top: int = 10, margin: float = SAFETY_MARGIN,
          price_per_hour: float | None = None) -> Plan:
     """Search GPUs and techniques for `job`; see the module docstring."""
     amount = _amount(tokens, samples, epochs, dataset_samples, price_per_hour)
@@ -474,7 +475,7 @@ def _recommended_reason(c: Candidate, best_cost: float, best_time: float) -> str
             f"lowest cost, {time:.2f}x the shortest time)")
 
 
-def min_gpus(job: Job, gpu: GPU, *, margin: float = 0.05, max_gpus: int = 4096,
+def min_gpus(job: Job, gpu: GPU, *, margin: float = SAFETY_MARGIN, max_gpus: int = 4096,
              strategies: tuple[str, ...] = ("fsdp", "zero2", "ddp")) -> Job | None:
     """The job on the fewest GPUs of type `gpu` that fits with `margin`, trying counts 1, 2,
     4, ... and, at each, the sharding strategies in order (the rest of the job unchanged);

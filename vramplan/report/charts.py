@@ -266,6 +266,67 @@ def compare_figure(reports: Mapping[str, MemoryReport]) -> tuple[Figure, Tips]:
     return fig, tips
 
 
+# --- plans ---------------------------------------------------------------------------------
+
+
+def plan_axes(plan) -> tuple[str, str, Any, Any]:
+    """What a plan's scatter shows: training time and cost when the amount of training is
+    known, else time and cost per million tokens."""
+    if any(c.training_time_s is not None and c.cost_usd is not None for c in plan.candidates):
+        return ("training time (hours)", "cost (USD)",
+                lambda c: c.training_time_s and c.training_time_s / 3600, lambda c: c.cost_usd)
+    return ("seconds per million tokens", "USD per million tokens",
+            lambda c: c.tokens_per_s and 1e6 / c.tokens_per_s,
+            lambda c: c.cost_per_million_tokens)
+
+
+def plan_figure(plan) -> tuple[Figure, Tips]:
+    """Cost against time of every candidate, the Pareto front as a line, and the three
+    picks labelled (a vramplan.plan.planner.Plan)."""
+    xlabel, ylabel, x_of, y_of = plan_axes(plan)
+    fig = _figure(6.4, 3.6)
+    ax = fig.add_subplot()
+    tips: Tips = {}
+    for n, c in enumerate(plan.candidates):
+        x, y = x_of(c), y_of(c)
+        if x is None or y is None:
+            continue
+        gid = f"vp-plan-{n}"
+        on_front = any(c == f for f in plan.front)
+        ax.plot([x], [y], "o", color="#0072B2" if on_front else "#9aa5b8", markersize=6,
+                gid=gid)
+        tips[gid] = (f"{c.num_gpus} x {c.gpu}: {xlabel} {x:,.3g}, {ylabel} {y:,.4g}; step "
+                     f"{c.step_time_s:.3g} s, MFU {100 * c.mfu:.0f}%, headroom "
+                     f"{100 * c.headroom_fraction:.0f}%; flags: {c.flags}")
+    front = sorted((p for p in plan.front if x_of(p) is not None and y_of(p) is not None),
+                   key=x_of)
+    if front:
+        ax.plot([x_of(p) for p in front], [y_of(p) for p in front], "-", color="#0072B2",
+                linewidth=1, label="Pareto front (cost vs time)")
+    for choice in (plan.cheapest, plan.fastest, plan.recommended):
+        if choice is None or x_of(choice.candidate) is None or y_of(choice.candidate) is None:
+            continue
+        c = choice.candidate
+        ax.annotate(f"{choice.label}: {c.num_gpus} x {c.gpu}", (x_of(c), y_of(c)), fontsize=7,
+                    xytext=(6, 6 + 8 * ("cheapest", "fastest", "recommended").index(
+                        choice.label)), textcoords="offset points")
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{plan.model}: cost against time")
+    if front:
+        ax.legend(fontsize=7, frameon=False)
+    ax.spines[["top", "right"]].set_visible(False)
+    return fig, tips
+
+
 # --- output --------------------------------------------------------------------------------
 
 

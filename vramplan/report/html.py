@@ -206,8 +206,30 @@ def measured_section(report: MemoryReport) -> Section:
     return Section("Measured", table_html(("figure", "value"), rows), "measured")
 
 
+def performance_section(report: MemoryReport) -> Section:
+    """Predicted step time, throughput and (with an amount of training) time and cost."""
+    from vramplan.report.plan_view import duration, money
+
+    perf = report.performance
+    kpis = kpis_html([
+        ("step time", duration(perf.step_time_s)),
+        ("tokens/s (all GPUs)", f"{perf.tokens_per_s:,.0f}"),
+        ("MFU", f"{100 * perf.mfu:.0f}%"),
+        ("bound by", perf.bound),
+        ("training time", duration(perf.training_time_s)),
+        ("cost", money(perf.cost_usd)),
+    ])
+    rows = [(p.phase, duration(p.time_s), p.per_step, p.bound) for p in perf.phases]
+    body = kpis + table_html(("phase", "time", "x per step", "bound"), rows, numeric=(1, 2))
+    body += (f"<p>{esc(perf.num_gpus)} x {esc(perf.gpu)}, {esc(perf.compute_dtype)} tensor "
+             "cores; predicted by the performance model (vramplan/plan/performance.py).</p>")
+    return Section(f"Time and cost on {perf.gpu}", body, "performance")
+
+
 def report_sections(report: MemoryReport, command: str | None = None) -> list[Section]:
     sections = [memory_section(report)]
+    if getattr(report, "performance", None) is not None:
+        sections.append(performance_section(report))
     if report.fits:
         sections.append(fit_section(report))
     if report.timeline or report.top_modules:
@@ -336,3 +358,47 @@ def compare_html(reports: Mapping[str, MemoryReport | str], *, command: str | No
             sections.append(measured_section(report))
     sections.append(job_section(first.job, command))
     return page_html(f"{first.model_name}: engines compared", sections)
+
+
+# --- plans -----------------------------------------------------------------------------------
+
+
+def plan_section(plan) -> Section:
+    """A vramplan.plan.planner.Plan: the picks with their reasons, cost against time with the
+    Pareto front, the candidates, and what was ruled out."""
+    from vramplan.report.plan_view import duration, money
+
+    picks = [c for c in (plan.recommended, plan.cheapest, plan.fastest) if c is not None]
+    body = "".join(f"<p><b>{esc(c.label)}</b>: {esc(c.candidate.num_gpus)} x "
+                   f"{esc(c.candidate.gpu)} ({esc(c.candidate.flags)}) - {esc(c.reason)}</p>"
+                   for c in picks)
+    if plan.status != "ok":
+        body += f"<p><b>{esc(plan.status.replace('-', ' '))}</b>" + (
+            f": closest miss {esc(plan.closest_miss)}" if plan.closest_miss else "") + "</p>"
+    if plan.candidates:
+        body += figure_html(charts.plan_figure(plan))
+    front = {id(c) for c in plan.front}
+    rows = [(f"{c.num_gpus} x {c.gpu}", "yes" if id(c) in front or c in plan.front else "",
+             ", ".join(c.changes) or "as asked", duration(c.step_time_s),
+             f"{c.tokens_per_s:,.0f}", f"{100 * c.mfu:.0f}%", duration(c.training_time_s),
+             money(c.cost_usd), f"{100 * c.headroom_fraction:.0f}%")
+            for c in plan.candidates]
+    body += table_html(("GPUs", "on the front", "changes", "step", "tokens/s", "MFU",
+                        "training time", "cost", "memory headroom"), rows,
+                       numeric=(3, 4, 5, 6, 7, 8), titles=[c.flags for c in plan.candidates])
+    if plan.ruled_out:
+        body += "<p>Ruled out:</p><ul class='notes'>" + "".join(
+            f"<li>{esc(r.gpu)}: {esc(r.reason)}</li>" for r in plan.ruled_out) + "</ul>"
+    if plan.to_fit:
+        body += "<p>What would make it fit:</p><ul class='notes'>" + "".join(
+            f"<li>{esc(t)}</li>" for t in plan.to_fit) + "</ul>"
+    if plan.notes:
+        body += "<ul class='notes'>" + "".join(f"<li>{esc(n)}</li>" for n in plan.notes) + "</ul>"
+    return Section(f"Plan: {len(plan.candidates)} configurations that fit "
+                   f"({plan.configurations} checked)", body, "plan")
+
+
+def plan_html(plan, *, job: Job | Mapping[str, Any], command: str | None = None) -> str:
+    """A plan's page: the picks, cost against time, the candidates, and the job."""
+    return page_html(f"{plan.model}: which GPUs, how long, how much",
+                     [plan_section(plan), job_section(job, command)])

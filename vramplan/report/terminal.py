@@ -92,7 +92,9 @@ def print_report(report: MemoryReport, console: Console, unit: str = "GiB",
 
 
 def print_fits(report: MemoryReport, console: Console, unit: str, highlight: str | None) -> None:
-    table = Table(title="Does it fit?", title_justify="left")
+    margin = max((fit.margin for fit in report.fits), default=0.0)
+    table = Table(title="Does it fit?", title_justify="left", caption=(
+        f"fits: needs at most usable x (1 - {margin:.0%} safety margin)" if margin else None))
     for col, justify in (("GPU", "left"), (f"usable {unit}", "right"), (f"needs {unit}", "right"),
                          (f"headroom {unit}", "right"), ("headroom", "right"), ("fits", "center")):
         table.add_column(col, justify=justify)

@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from vramplan.engines.report import TENSOR_CATEGORIES, MemoryReport
+from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.errors import JobError
 from vramplan.job import Job
 from vramplan.search.oom import is_out_of_memory, release_memory, require_complete
@@ -35,7 +36,7 @@ from vramplan.search.suggestions import suggestions_for
 
 Oracle = Callable[[Job], "int | MemoryReport"]
 
-DEFAULT_MARGIN = 0.05  # the safety margin users of other finders asked for, as a floor
+DEFAULT_MARGIN = SAFETY_MARGIN  # one margin everywhere (engines/runtime.py)
 # Never jump more than this factor past the largest value that fits: a wild extrapolation
 # would cost a huge trial (a CPU measurement only learns it is over budget at the end).
 _GROWTH_CAP = 8

@@ -62,6 +62,8 @@ def _sweep_points(job: Job, oracle_report: Callable[[Job], MemoryReport],
                 require_complete(report, job.with_changes(batch_size=batch, seq_len=seq_len))
                 row.update(peak_allocated=report.peak_allocated,
                            peak_reserved=report.peak_reserved, device_total=report.device_total)
+                if seq_len is None:  # the model's default length, as the engine chose it
+                    row["seq_len"] = _tokens_per_sample(report)
                 if budget_bytes is not None:
                     row["fits"] = report.device_total <= budget_bytes * (1 - margin)
                 m = report.measured
@@ -72,3 +74,11 @@ def _sweep_points(job: Job, oracle_report: Callable[[Job], MemoryReport],
             rows.append(row)
             if on_row:
                 on_row(row)
+
+
+def _tokens_per_sample(report: MemoryReport) -> int | None:
+    """Text tokens per sample of a report (None for images: one 'token' per sample)."""
+    job = report.job
+    samples = job.batch_size * job.grad_accum * job.parallel.data_parallel
+    tokens = report.tokens_per_step // max(1, samples)
+    return tokens if tokens > 1 else None

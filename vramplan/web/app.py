@@ -10,6 +10,7 @@ module only turns requests into Jobs and results into JSON or HTML. Errors are J
 
 from __future__ import annotations
 
+import threading
 from importlib import resources
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ from vramplan.web.guard import RequestGuard, error_response, validation_errors
 from vramplan.web.traces import QueueFull, TraceQueue
 
 API = "/api/v1"
+MAX_CONCURRENT_PLANS = 2  # plans running at once (each takes up to seconds of CPU)
 Format = Literal["json", "html"]
 
 
@@ -37,6 +39,7 @@ def create_app(*, max_queued_traces: int = 3, trace_grace_s: float = 30.0) -> Fa
                   description="How much GPU memory a training job needs, and where it fits. "
                               "Every request holds a Job, as in a vramplan job file.")
     traces = TraceQueue(max_pending=max_queued_traces, grace_s=trace_grace_s)
+    planners = threading.BoundedSemaphore(MAX_CONCURRENT_PLANS)
     app.state.traces = traces
     app.add_middleware(RequestGuard, max_bytes=schemas.MAX_REQUEST_BYTES)
     app.router.add_event_handler("shutdown", traces.close)
@@ -158,6 +161,32 @@ def create_app(*, max_queued_traces: int = 3, trace_grace_s: float = 30.0) -> Fa
             chart = charts.figure_svg(*charts.sweep_heatmap_figure(rows, limits))
         return JSONResponse({"rows": rows, "limits": limits, "chart": chart})
 
+    @app.post(f"{API}/plan", responses={**errors, 429: {"model": schemas.ErrorResponse}})
+    def plan(body: schemas.PlanRequest, format: Format = "json") -> Response:
+        """The planner: GPU types x counts x techniques that fit, with time and cost, the
+        cost/time Pareto front and the cheapest, fastest and recommended picks."""
+        from vramplan.plan.planner import plan as make_plan
+
+        if body.config is not None:
+            raise VramplanError("the planner reads catalog models only: pick one from "
+                                "/api/v1/models (an uploaded config works with estimate, "
+                                "trace, search and sweep)")
+        if not planners.acquire(blocking=False):  # a big plan takes seconds of CPU
+            raise _TooMany(f"{MAX_CONCURRENT_PLANS} plans are running; try again shortly")
+        try:
+            result = _plan(make_plan, body)
+        finally:
+            planners.release()
+        if format == "html":
+            from vramplan.report.html import plan_html
+            return _html(plan_html(result, job=body.job, command=_command(
+                body.job, None, "plan", _plan_words(body))))
+        chart = None
+        if body.charts and result.candidates:
+            from vramplan.report import charts
+            chart = charts.figure_svg(*charts.plan_figure(result))
+        return JSONResponse({"plan": result.model_dump(mode="json"), "chart": chart})
+
     @app.post(f"{API}/export", responses=errors)
     def export(body: schemas.ExportRequest) -> schemas.ExportResponse:
         """The job as a command line and as a YAML job file."""
@@ -195,6 +224,29 @@ def _oracle(config: dict | None):
     return lambda job: _formula(job, config)
 
 
+def _plan(make_plan, body: schemas.PlanRequest):
+    return make_plan(
+        body.job, tokens=body.tokens, samples=body.samples, epochs=body.epochs,
+        dataset_samples=body.dataset_samples, gpus=body.gpus or None, max_gpus=body.max_gpus,
+        max_cost=body.max_cost, deadline_s=body.deadline_s, allow=tuple(body.allow),
+        global_batch=body.global_batch, top=body.top, margin=body.margin,
+        price_per_hour=body.price_per_hour)
+
+
+def _plan_words(body: schemas.PlanRequest) -> tuple[str, ...]:
+    """The `vramplan plan` options of a plan request."""
+    given = {"--tokens": body.tokens, "--samples": body.samples, "--epochs": body.epochs,
+             "--dataset-samples": body.dataset_samples,
+             "--gpus": ",".join(body.gpus) or None, "--max-gpus": body.max_gpus,
+             "--max-cost": body.max_cost,
+             "--deadline": body.deadline_s,
+             "--allow": ",".join(body.allow) or None, "--global-batch": body.global_batch,
+             "--price-per-hour": body.price_per_hour, "--top": body.top,
+             "--margin": body.margin}
+    return tuple(w for flag, value in given.items() if value is not None
+                 for w in (flag, f"{value:g}" if isinstance(value, float) else str(value)))
+
+
 def _usable_of(job: Job) -> int:
     if not job.gpu:
         raise VramplanError("say what to fit in: set job.gpu (its usable memory) or "
@@ -211,12 +263,13 @@ def _max_positions(job: Job, config: dict | None) -> int | None:
     return arch.max_positions
 
 
-def _command(job: Job, config: dict | None, command: str = "estimate") -> str:
+def _command(job: Job, config: dict | None, command: str = "estimate",
+             extra: tuple[str, ...] = ()) -> str:
     from vramplan.report.command import cli_command
 
     if config is not None:  # the uploaded file, saved beside the command
         job = job.model_copy(update={"model": "config.json"})
-    return cli_command(job, command)
+    return cli_command(job, command, extra)
 
 
 def _report_charts(report: MemoryReport) -> dict[str, str]:

@@ -22,10 +22,12 @@ from vramplan.cli.options import (
     console,
     job_command,
     print_json,
+    progress,
     write_html,
     write_or_print,
 )
 from vramplan.engines.report import MemoryReport
+from vramplan.engines.runtime import SAFETY_MARGIN, with_margin
 from vramplan.job import Job
 
 
@@ -56,6 +58,9 @@ def estimate(
     sort: Annotated[Optional[str], typer.Option(
         help="without --gpu: add step time and cost per GPU type, sorted by cost, time or "
              "headroom")] = None,
+    margin: Annotated[float, typer.Option(
+        min=0.0, max=0.9, help="safety margin: it fits when it needs at most usable x "
+        "(1 - margin); the same margin search, sweep and plan use")] = SAFETY_MARGIN,
 ) -> None:
     """Peak GPU memory of one training step, by category, and where it fits.
 
@@ -66,7 +71,10 @@ def estimate(
     from vramplan.engines.registry import run_engine
 
     check_writable(out, html, plot)
-    report = run_engine(job, engine, time_limit_s=time_limit)
+    with progress(f"{engine} engine", quiet=as_json or engine == "formula"):
+        report = run_engine(job, engine, time_limit_s=time_limit)
+    if margin != SAFETY_MARGIN:
+        report = report.model_copy(update={"fits": with_margin(report.fits, margin)})
     if job.gpu:  # time and cost on the GPU asked about (vramplan/plan/performance.py)
         from vramplan.plan.amount import parse_count
         from vramplan.plan.performance import performance_for

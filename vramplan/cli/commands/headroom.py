@@ -20,6 +20,7 @@ from vramplan.cli.options import (
     print_json,
     write_or_print,
 )
+from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.errors import JobError
 from vramplan.job import Job
 
@@ -34,7 +35,7 @@ def headroom(
     = None,
     tokens: Annotated[Optional[str], typer.Option(
         help="tokens to train on (what-if time and cost), e.g. 2B")] = None,
-    margin: Annotated[float, typer.Option(help="memory to keep free, fraction")] = 0.05,
+    margin: Annotated[float, typer.Option(help="memory to keep free, fraction")] = SAFETY_MARGIN,
     as_json: AsJson = False,
     out: Out = None,
 ) -> None:

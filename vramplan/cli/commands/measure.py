@@ -25,6 +25,7 @@ from vramplan.cli.options import (
     console,
     job_command,
     print_json,
+    progress,
     write_html,
     write_or_print,
 )
@@ -62,8 +63,9 @@ def measure(
 
     check_writable(out, html)
     try:
-        report = run(job, steps=steps, warmup=warmup, emulate_gpu=emulate_gpu,
-                     budget_bytes=parse_bytes(budget) if budget else None, device=device)
+        with progress(f"measuring {warmup} + {steps} steps", quiet=as_json):
+            report = run(job, steps=steps, warmup=warmup, emulate_gpu=emulate_gpu,
+                         budget_bytes=parse_bytes(budget) if budget else None, device=device)
     except Exception as error:  # noqa: BLE001 - out of memory is an answer, not a crash
         if not is_out_of_memory(error):
             raise

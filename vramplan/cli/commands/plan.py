@@ -15,13 +15,16 @@ from vramplan.cli.options import (
     EXIT_BAD_INPUT,
     EXIT_DOES_NOT_FIT,
     AsJson,
+    HtmlOut,
     Out,
     check_writable,
     console,
     job_command,
     print_json,
+    write_html,
     write_or_print,
 )
+from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.job import Job
 
 
@@ -49,9 +52,10 @@ def plan(
     price_per_hour: Annotated[Optional[float], typer.Option(
         help="USD per GPU-hour (default: the catalog's)")] = None,
     top: Annotated[int, typer.Option(help="rows to show")] = 10,
-    margin: Annotated[float, typer.Option(help="memory to keep free, fraction")] = 0.05,
+    margin: Annotated[float, typer.Option(help="memory to keep free, fraction")] = SAFETY_MARGIN,
     as_json: AsJson = False,
     out: Out = None,
+    html: HtmlOut = None,
 ) -> None:
     """Search GPU types, counts and techniques for the configurations that fit, and show
     the cost/time front with the cheapest, fastest and recommended one.
@@ -63,7 +67,7 @@ def plan(
     from vramplan.plan.amount import parse_count, parse_duration
     from vramplan.plan.planner import plan as make_plan
 
-    check_writable(out)
+    check_writable(out, html)
     result = make_plan(
         job, tokens=parse_count(tokens) if tokens else None,
         samples=parse_count(samples, "samples") if samples else None, epochs=epochs,
@@ -75,6 +79,20 @@ def plan(
         allow=tuple(a.strip() for a in allow.split(",") if a.strip()) if allow else (),
         global_batch=global_batch, top=top, margin=margin, price_per_hour=price_per_hour)
     data = result.model_dump(mode="json")
+    if html:
+        from vramplan.report.command import cli_command
+        from vramplan.report.html import plan_html
+
+        given = {"--tokens": tokens, "--samples": samples, "--epochs": epochs,
+                 "--dataset-samples": dataset_samples, "--gpus": gpus, "--max-cost": max_cost,
+                 "--deadline": deadline, "--allow": allow, "--global-batch": global_batch,
+                 "--price-per-hour": price_per_hour}
+        words = [w for flag, value in given.items() if value is not None
+                 for w in (flag, str(value))]
+        words += ["--max-gpus", str(max_gpus)] if max_gpus != 512 else []
+        words += ["--margin", str(margin)] if margin != SAFETY_MARGIN else []
+        write_html(html, plan_html(result, job=job,
+                                   command=cli_command(job, "plan", tuple(words))))
     if as_json:
         print_json(data)
     else:

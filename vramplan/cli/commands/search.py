@@ -25,11 +25,14 @@ from vramplan.cli.options import (
     Out,
     check_writable,
     console,
+    counting,
     job_command,
     print_json,
+    progress,
     write_html,
     write_or_print,
 )
+from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.errors import JobError
 from vramplan.job import Job
 from vramplan.search.oracle import budget_of, explaining_engine, oracle_for
@@ -91,7 +94,7 @@ def print_search(result: _search.SearchResult, what: str,
 @search_app.command("batch-size")
 @job_command
 def batch_size(
-    job: Job, engine: EngineName = "formula", budget: Budget = None, margin: Margin = 0.05,
+    job: Job, engine: EngineName = "formula", budget: Budget = None, margin: Margin = SAFETY_MARGIN,
     maximum: Annotated[Optional[int], typer.Option(help="largest batch size to try")] = None,
     device: Device = None, as_json: AsJson = False, out: Out = None, html: HtmlOut = None,
 ) -> None:
@@ -101,9 +104,11 @@ def batch_size(
     """
     check_writable(out, html)
     limit, what = budget_of(job, budget)
-    result = _search.max_batch_size(
-        job, oracle_for(engine, budget_bytes=limit, device=device), limit, margin=margin,
-        maximum=maximum, explain=explaining_engine(engine))
+    with progress(f"search batch size ({engine})", quiet=as_json) as update:
+        result = _search.max_batch_size(
+            job, counting(oracle_for(engine, budget_bytes=limit, device=device), update,
+                          "batch_size"), limit, margin=margin, maximum=maximum,
+            explain=explaining_engine(engine))
     _write_html(html, result, job, "search batch-size", engine)
     _finish(result, what, as_json, out)
 
@@ -111,7 +116,7 @@ def batch_size(
 @search_app.command("seq-len")
 @job_command
 def seq_len(
-    job: Job, engine: EngineName = "formula", budget: Budget = None, margin: Margin = 0.05,
+    job: Job, engine: EngineName = "formula", budget: Budget = None, margin: Margin = SAFETY_MARGIN,
     granularity: Annotated[int, typer.Option(help="answer is a multiple of this")] = 64,
     maximum: Annotated[Optional[int], typer.Option(help="longest sequence to try")] = None,
     device: Device = None, as_json: AsJson = False, out: Out = None, html: HtmlOut = None,
@@ -123,9 +128,11 @@ def seq_len(
     check_writable(out, html)
     limit, what = budget_of(job, budget)
     positions = None if maximum else _max_positions(job)
-    result = _search.max_seq_len(
-        job, oracle_for(engine, budget_bytes=limit, device=device), limit, margin=margin,
-        granularity=granularity, maximum=maximum or positions, explain=explaining_engine(engine))
+    with progress(f"search sequence length ({engine})", quiet=as_json) as update:
+        result = _search.max_seq_len(
+            job, counting(oracle_for(engine, budget_bytes=limit, device=device), update,
+                          "seq_len"), limit, margin=margin, granularity=granularity,
+            maximum=maximum or positions, explain=explaining_engine(engine))
     _write_html(html, result, job, "search seq-len", engine)
     _finish(result, what, as_json, out,
             f"the longest the model accepts: {positions} positions" if positions else None)
@@ -186,7 +193,7 @@ def sweep(
     job: Job,
     batch_sizes: Annotated[Optional[str], typer.Option(help="e.g. 1,2,4,8")] = None,
     seq_lens: Annotated[Optional[str], typer.Option(help="e.g. 512,1024,2048")] = None,
-    engine: EngineName = "formula", budget: Budget = None, margin: Margin = 0.05,
+    engine: EngineName = "formula", budget: Budget = None, margin: Margin = SAFETY_MARGIN,
     steps: Annotated[int, typer.Option(help="measure only: timed steps per point")] = 3,
     device: Device = None,
     out: Out = None,
@@ -258,7 +265,7 @@ def _print_rows(rows: list[dict], limit: int | None, what: str) -> None:
         table.add_column(col, justify="right")
     for r in rows:
         fits = "OOM" if r["error"] else {True: "yes", False: "no", None: "-"}[r["fits"]]
-        cells = [str(r["batch_size"]), str(r["seq_len"]), _size(r["peak_allocated"], unit),
+        cells = [str(r["batch_size"]), str(r["seq_len"] or "-"), _size(r["peak_allocated"], unit),
                  _size(r["device_total"], unit), fits]
         if measured:
             cells += [_num(r["step_time_s"], ".3f"), _num(r["samples_per_s"], ",.1f"),

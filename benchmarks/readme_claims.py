@@ -1,0 +1,159 @@
+"""The README's table of measured claims, built from benchmarks/results/ so that a figure
+cannot drift from its result file: `python benchmarks/readme_claims.py --write` puts it
+between the README's claims markers; tests/test_readme.py checks that it is there."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+BEGIN, END = "<!-- claims:begin (benchmarks/readme_claims.py) -->", "<!-- claims:end -->"
+VM = "2-core x86_64 VM, Python 3.11"
+H200 = "one NVIDIA H200, driver 580.159.04, CUDA 13.0, torch 2.11; predictions on the VM"
+
+
+def _load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _pct(x: float, digits: int = 2) -> str:
+    return f"{100 * x:.{digits}f}%"
+
+
+def _gpu_errors() -> dict[str, list[float]]:
+    """(predicted - measured) / measured per engine and figure, over the H200 runs."""
+    rows = [r for r in _load("gpu_validation.json")["rows"] if r.get("measured")]
+    errors: dict[str, list[float]] = {}
+    for engine in ("trace", "formula"):
+        for figure, measured_key in (("peak_allocated", "peak_allocated"),
+                                     ("peak_reserved", "peak_reserved"),
+                                     ("device_total", "nvml_used_max")):
+            errors[f"{engine} {figure}"] = [
+                (r[engine][figure] - r["measured"][measured_key]) / r["measured"][measured_key]
+                for r in rows if r.get(engine) and r["measured"].get(measured_key)]
+    return errors
+
+
+def _median_max(values: list[float]) -> str:
+    a = [abs(v) for v in values]
+    return f"median {_pct(statistics.median(a))}, max {_pct(max(a))} over {len(a)} runs"
+
+
+def rows() -> list[tuple[str, str, str]]:
+    """(claim, result, benchmark and machine)."""
+    out = []
+    speed = _load("formula_speed.json")
+    out.append(("`estimate()` per job, in-process (formula engine)",
+                f"{speed['in_process']['median_ms_per_job']:.2f} ms median over "
+                f"{speed['in_process']['jobs']} jobs (target <= 1 ms)",
+                f"`formula_speed.py` ({VM})"))
+    out.append(("`vramplan estimate ... --json`, whole process",
+                f"{speed['whole_process']['median_s']:.2f} s median (target <= 0.5 s)",
+                f"`formula_speed.py` ({VM})"))
+    acc = _load("trace_accuracy.json")["summary"]
+    out.append((f"trace vs the same step run for real on the CPU (torch.profiler allocator "
+                f"events), {acc['cases']} tiny GPT-2/BERT/T5/Llama/ViT/Whisper configs",
+                f"median \\|error\\| {acc['median_abs_error_pct']:.3f}%, p90 "
+                f"{acc['p90_abs_error_pct']:.3f}%, max {acc['max_abs_error_pct']:.2f}% "
+                "(targets 0.5% / 2%)", f"`trace_accuracy.py` ({VM}, torch 2.13.0+cpu)"))
+    ts = {r["model"]: r for r in _load("trace_speed.json")["results"] if "trace_s" in r}
+    out.append(("trace time and memory, Llama-shaped bf16-mixed AdamW step, batch 1 x 2048",
+                ", ".join(f"{m.split('-')[1].upper()} {r['trace_s']:.1f} s" for m, r in
+                          ts.items()) + f"; RSS {min(r['rss_mib'] for r in ts.values())}-"
+                f"{max(r['rss_mib'] for r in ts.values())} MiB (targets 5 s / 20 s / 90 s, "
+                "1.5 GiB)", f"`trace_speed.py` ({VM})"))
+    fvt = _load("formula_vs_trace.json")["summary"]
+    out.append((f"formula vs trace on catalog models at real sizes "
+                f"({len(_load('formula_vs_trace.json')['rows'])} jobs: 0.5B-70B, MoE, ViT, "
+                "Whisper, T5, BERT; LoRA, QLoRA, checkpointing, 8-bit AdamW, FSDP, ZeRO-2)",
+                f"median \\|difference\\| {_pct(fvt['median_abs'])}, max "
+                f"{_pct(fvt['max_abs'])} (targets 3% / 8%)", f"`formula_vs_trace.py` ({VM})"))
+    cat = _load("formula_vs_trace_catalog.json")
+    out.append((f"formula vs trace on every catalog model ({len(cat['rows'])}) at the "
+                "default job (batch 2, bf16-mixed AdamW)",
+                f"median \\|difference\\| {_pct(cat['summary']['median_abs'])}, max "
+                f"{_pct(cat['summary']['max_abs'])}",
+                f"`formula_vs_trace.py --catalog` ({VM})"))
+    errors = _gpu_errors()
+    out.append(("trace vs a real GPU: peak allocated (`torch.cuda.max_memory_allocated()`)",
+                _median_max(errors["trace peak_allocated"]), f"`gpu_validation.py` ({H200})"))
+    out.append(("formula vs the same GPU runs: peak allocated",
+                _median_max(errors["formula peak_allocated"]),
+                f"`gpu_validation.py` ({H200})"))
+    out.append(("reserved memory (`max_memory_reserved()`): trace's allocator replay; formula "
+                "(in-sample: its overhead shares come partly from these runs)",
+                f"trace {_median_max(errors['trace peak_reserved'])}; formula "
+                f"{_median_max(errors['formula peak_reserved'])}",
+                f"`gpu_validation.py` ({H200})"))
+    out.append(("device total vs NVML used memory",
+                f"trace {_median_max(errors['trace device_total'])}; formula "
+                f"{_median_max(errors['formula device_total'])}",
+                f"`gpu_validation.py` ({H200})"))
+    search = _load("search_trials.json")["summary"]
+    out.append(("batch-size / sequence-length search, formula engine as oracle",
+                f"{search['exact']} of {search['searches']} exact; {search['trials']} trials "
+                f"against a target sum of {search['target_sum']}",
+                f"`search_trials.py` ({VM})"))
+    for name, extra in _extra_rows():
+        out.append((name, *extra))
+    return out
+
+
+def _extra_rows():
+    """Results of newer benchmarks, when their files exist."""
+    if (RESULTS / "time_accuracy.json").exists():
+        t = _load("time_accuracy.json")
+        loo, fit = t["out_of_sample_leave_one_out"], t["in_sample_fit_all_runs"]
+        yield ("step time predicted vs measured on the H200 runs (performance model)",
+               (f"leave-one-out (out of sample): median \\|error\\| {_pct(loo['median_abs'], 1)},"
+                f" p90 {_pct(loo['p90_abs'], 1)} over {loo['runs']} runs (targets 10% / 25%); "
+                f"in-sample: median {_pct(fit['median_abs'], 1)}",
+                f"`time_accuracy.py` ({H200})"))
+    if (RESULTS / "plan_speed.json").exists():
+        p = _load("plan_speed.json")
+        first = p["plan"][0]
+        yield (f"`vramplan plan` speed: {first['case']}, whole catalog, up to 512 GPUs",
+               (f"{first['seconds_median']:.2f} s median (target <= 2 s); `estimate` with "
+                f"performance {p['estimate_with_performance_ms']:.2f} ms (target <= 1 ms)",
+                f"`plan_speed.py` ({VM})"))
+    if (RESULTS / "web_load.json").exists():
+        w = _load("web_load.json")["concurrent"]
+        yield (f"web app under load: {w['clients']} clients, {w['requests']} `estimate` "
+               "requests on localhost",
+               (f"p50 {w['p50_ms']:.0f} ms, p99 {w['p99_ms']:.0f} ms, {w['errors']} errors",
+                f"`web_load.py` ({VM})"))
+    if (RESULTS / "web_fuzz.json").exists():
+        f = _load("web_fuzz.json")
+        yield ("API fuzzing of the OpenAPI schema (schemathesis)",
+               (f"{f['requests']} requests, {f['server_errors']} server errors (5xx)",
+                f"`web_fuzz.py` ({VM})"))
+    if (RESULTS / "mutation_testing.json").exists():
+        m = _load("mutation_testing.json")["summary"]
+        yield ("mutation testing of the formula, fit table and report categories",
+               (f"{m['killed']} of {m['mutants']} mutants killed, {m['survived']} survived",
+                f"`mutation_check.py` ({VM})"))
+
+
+def table() -> str:
+    lines = [BEGIN, "| claim | result | benchmark (machine) |", "|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in rows()]
+    return "\n".join(lines + [END])
+
+
+def main() -> int:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    if "--write" in sys.argv:
+        a, b = text.index(BEGIN), text.index(END) + len(END)
+        readme.write_text(text[:a] + table() + text[b:])
+        return 0
+    print(table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
