@@ -266,3 +266,13 @@ def test_selective_checkpointing_keeps_a_subset_of_a_block():
                             attention="eager", checkpointing=mode,
                             peft=Peft(target_modules=("all-linear",)))).peak_allocated
     assert peak("full") < peak("selective") <= peak("none")
+
+
+def test_context_parallel_needs_a_sequence_that_splits_into_2_cp_chunks():
+    # torch's load balancer cuts the sequence into 2 x cp chunks; CP 3 with 2048 tokens was
+    # accepted as fitting
+    with pytest.raises(JobError, match="not a multiple of 6"):
+        estimate(Job(model=MODEL, seq_len=2048,
+                     parallel=Parallel(num_gpus=3, context_parallel=3)))
+    assert estimate(Job(model=MODEL, seq_len=2046,
+                        parallel=Parallel(num_gpus=3, context_parallel=3))).peak_allocated > 0

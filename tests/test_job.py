@@ -80,3 +80,84 @@ def test_overrides_merge_deeply_and_skip_none():
     base = {"model": "gpt2", "peft": {"rank": 4, "alpha": 8}}
     merged = merge_overrides(base, {"model": None, "peft": {"rank": 16}})
     assert merged == {"model": "gpt2", "peft": {"rank": 16, "alpha": 8}}
+
+
+# --- every API entry point raises VramplanError subclasses for bad input -----------------
+
+
+@pytest.mark.parametrize("build", [
+    lambda: Job(batch_size=0),
+    lambda: Job(bogus=1),
+    lambda: Peft(rank=0),
+    lambda: Parallel(num_gpus=3, tensor_parallel=2, strategy="ddp"),
+    lambda: Job.model_validate([1, 2]),
+    lambda: Job.model_validate_json("{"),
+    lambda: Job(target_len=10**23),
+    lambda: Job(audio_seconds=float("inf")),
+    lambda: Job(peft={"alpha": float("nan")}),
+    lambda: Job(runtime={"cuda_context_bytes": "9" * 400}),
+    lambda: Job(runtime={"cuda_context_bytes": 10**400}),
+], ids=["field", "unknown-key", "peft", "parallel", "not-a-mapping", "bad-json", "target-len",
+        "inf", "nan", "400-digit-size-text", "400-digit-size-int"])
+def test_building_a_bad_job_raises_job_error(build):
+    # pydantic's ValidationError used to escape `except VramplanError`; JobError is also a
+    # ValueError, as ValidationError was
+    with pytest.raises(JobError) as error:
+        build()
+    assert isinstance(error.value, ValueError) and "\n" not in str(error.value)
+
+
+def test_huge_values_give_short_messages():
+    # a 50 MB value once gave a 64 MB message
+    with pytest.raises(JobError) as error:
+        Job(batch_size="7" * 10_000_000)
+    assert len(str(error.value)) < 200
+    assert len(str(JobError("x" * 10**6))) < 2100
+
+
+def test_a_400_digit_size_is_refused():
+    from vramplan.units import parse_bytes
+    with pytest.raises(JobError, match="larger than 1 EiB"):
+        parse_bytes("1" + "0" * 400 + "GB")
+    assert parse_bytes("24GB") == 24 * 10**9
+
+
+def test_a_model_name_longer_than_a_file_name_is_refused():
+    # the file system refused the name with OSError (File name too long)
+    from vramplan import ModelConfigError, estimate
+    with pytest.raises(ModelConfigError, match="neither a catalog model nor a readable path"):
+        estimate(Job(model="x" * 300))
+
+
+BILLION_LAUGHS = "\n".join(
+    ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    + [f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]"
+       for i in range(8)]) + "\n"
+
+
+def test_yaml_alias_bomb_is_refused_quickly(tmp_path):
+    # about 500 bytes that expand to 9**9 values; it used to run 62 s into MemoryError
+    import time
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BILLION_LAUGHS)
+    start = time.perf_counter()
+    with pytest.raises(JobFileError, match="bomb.yaml"):
+        job_from_dict(load_job_file(path))
+    assert time.perf_counter() - start < 2
+
+
+def test_a_few_aliases_expanding_too_far_are_refused(tmp_path):
+    path = tmp_path / "wide.yaml"
+    path.write_text("a: &a [" + ", ".join(["1"] * 5000) + "]\n"
+                    + "".join(f"k{i}: *a\n" for i in range(40)))
+    with pytest.raises(JobFileError, match="more than 100,000 values"):
+        load_job_file(path)
+
+
+def test_a_huge_job_file_is_refused_with_a_short_message(tmp_path):
+    # a 50 MB YAML printed a 64 MB error
+    path = tmp_path / "big.yaml"
+    path.write_text("model: " + "x" * 2_000_000 + "\n")
+    with pytest.raises(JobFileError, match="too large for a job file") as error:
+        load_job_file(path)
+    assert len(str(error.value)) < 300

@@ -282,3 +282,63 @@ def test_resnet_feature_maps_match_autograd(config):
     assert sorted(_saved_feature_maps(dict(arch.extra), size)) == sorted(expected)
     if not isinstance(config, str):
         assert arch.total_params() == _hf_param_count(arch, "image-classification")
+
+
+# ------------------------------------------------------------------ broken configs
+
+TINY_LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  vocab_size=256, max_position_embeddings=128)
+TINY_GPT2 = dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=256,
+                 n_positions=64)
+
+
+@pytest.mark.parametrize("base, change, needle", [
+    (TINY_LLAMA, dict(num_attention_heads=0), "attention heads must be at least 1"),
+    (TINY_LLAMA, dict(num_key_value_heads=3), "multiple of the key/value heads"),
+    (TINY_LLAMA, dict(hidden_size=float("nan")), "'hidden_size' is nan"),
+    (TINY_LLAMA, dict(vocab_size=float("inf")), "'vocab_size' is inf"),
+    (TINY_LLAMA, dict(hidden_size=10**30), "whole number from 0 to"),
+    (TINY_LLAMA, dict(num_hidden_layers=0), "layers must be at least 1"),
+    (TINY_LLAMA, dict(attention_dropout=2), "from 0 to 1"),
+    (TINY_LLAMA, dict(attention_dropout="x"), "from 0 to 1"),
+    (TINY_GPT2, dict(n_head=3), "must be divisible by the 3 attention heads"),
+    (TINY_GPT2, dict(n_head=0), "attention heads must be at least 1"),
+    (TINY_GPT2, dict(vocab_size=0), "vocab_size must be at least 1"),
+    (dict(model_type="vit", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+          num_attention_heads=2, image_size=16), dict(patch_size=0), "patch_size"),
+    (dict(model_type="mixtral", hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+          num_attention_heads=4, vocab_size=256, num_local_experts=2),
+     dict(num_experts_per_tok=3), "cannot exceed the experts"),
+    (dict(model_type="resnet", embedding_size=8, depths=[1, 1], num_labels=3),
+     dict(hidden_sizes=[float("nan"), 32]), "must be a whole number"),
+    (dict(model_type="resnet", embedding_size=8, depths=[1, 1], num_labels=3),
+     dict(hidden_sizes="16,32"), "must be a list"),
+])
+def test_broken_configs_are_refused_before_anything_is_computed(base, change, needle):
+    # each used to give a traceback (ZeroDivisionError, ValueError on NaN, OverflowError)
+    # or plausible numbers for a model transformers refuses to build
+    with pytest.raises(ModelConfigError, match="x.json") as error:
+        architecture_from_config({**base, **change}, "x.json")
+    assert needle in str(error.value)
+
+
+def test_nan_in_a_config_file_is_refused_with_the_file_named(tmp_path):
+    from vramplan import Job, estimate
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_LLAMA).replace('"hidden_size": 64', '"hidden_size": NaN'))
+    with pytest.raises(ModelConfigError, match="hidden_size"):
+        estimate(Job(model=str(path)))
+
+
+@pytest.mark.parametrize("change", [dict(n_head=3), dict(n_head=0), dict(n_embd=0),
+                                    dict(n_layer=1.5)])
+def test_configs_transformers_refuses_are_refused(change):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    config = {**TINY_GPT2, **change}
+    with pytest.raises(Exception):  # noqa: B017 (transformers raises several kinds)
+        with torch.device("meta"):
+            transformers.AutoModel.from_config(transformers.AutoConfig.for_model(**config))
+    with pytest.raises(ModelConfigError):
+        architecture_from_config(config, "x.json")

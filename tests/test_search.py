@@ -120,6 +120,42 @@ def test_other_errors_propagate():
         max_batch_size(JOB, oracle, GiB)
 
 
+def _stopped_report(stopped: str) -> MemoryReport:
+    """What measure() returns when the step raised in user code (or Ctrl-C): a small
+    partial peak and the reason."""
+    measured = Measured(source="measure", device="cpu", complete=False, stopped=stopped,
+                        steps=0)
+    return _report(weights=1000).model_copy(update={"engine": "measure", "measured": measured})
+
+
+def test_a_crashed_measured_trial_is_an_error_not_a_fit():
+    # a factory whose forward always raises was reported "fits: 8": its partial peak was
+    # compared with the budget
+    from vramplan.errors import EngineError
+
+    def oracle(job):
+        return _stopped_report("stopped by ValueError: boom (after 0 of 3 steps)")
+    with pytest.raises(EngineError, match="did not complete a step.*ValueError: boom"):
+        max_batch_size(JOB, oracle, GiB)
+    with pytest.raises(EngineError, match="did not complete"):
+        sweep(JOB, oracle, [1, 2], budget_bytes=GiB)
+
+
+def test_an_interrupted_measured_trial_stops_the_search_as_ctrl_c():
+    def oracle(job):
+        return _stopped_report("interrupted (Ctrl-C) after 1 of 3 steps")
+    with pytest.raises(KeyboardInterrupt):
+        max_batch_size(JOB, oracle, GiB)
+
+
+def test_the_cpu_allocator_failing_is_out_of_memory():
+    from vramplan.search.oom import is_out_of_memory
+    assert is_out_of_memory(RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+        "you tried to allocate 10000000000000 bytes. Error code 12 (Cannot allocate memory)"))
+    assert not is_out_of_memory(RuntimeError("shape mismatch"))
+
+
 def _report(**categories) -> MemoryReport:
     cats = dict.fromkeys(CATEGORIES, 0) | categories
     return MemoryReport(engine="formula", job={}, model_name="x", params_total=1,
@@ -305,6 +341,27 @@ def test_with_trace_engine_as_oracle():
     assert oracle(job.with_changes(batch_size=result.best)) <= result.limit_bytes
     assert oracle(job.with_changes(batch_size=result.best + 1)) > result.limit_bytes
     assert len(result.trials) <= trial_bound(result.best)
+
+
+def test_ctrl_c_in_a_sweep_keeps_the_completed_points(run_cli, monkeypatch, tmp_path):
+    # Ctrl-C lost every completed point; now they are shown and written, exit 130, one line
+    from vramplan.cli.commands import search as search_command
+    from vramplan.engines.formula import estimate
+
+    def oracle_for(*args, **kwargs):
+        def oracle(job):
+            if job.batch_size == 3:
+                raise KeyboardInterrupt
+            return estimate(job)
+        return oracle
+    monkeypatch.setattr(search_command, "oracle_for", oracle_for)
+    out = tmp_path / "rows.json"
+    code, stdout, stderr = run_cli("sweep", "gpt2", "-s", "64", "--batch-sizes", "1,2,3,4",
+                                   "--out", str(out))
+    assert code == 130
+    assert stderr == ("interrupted: interrupted after 2 of 4 points; the completed points "
+                      "are above\n")
+    assert [row["batch_size"] for row in json.loads(out.read_text())] == [1, 2]
 
 
 def test_sweep_without_lengths_shows_the_length_the_engine_chose():

@@ -1,14 +1,17 @@
 """Errors that vramplan raises on purpose.
 
     VramplanError            base: every message says what was wrong and what to do
-    ├── JobError             a job that is invalid or impossible (bad numbers, bad combinations)
+    ├── JobError             a job that is invalid or impossible (bad numbers, bad combinations);
+    │                        also a ValueError. Job(...), Peft(...), Job.model_validate(...) raise
+    │                        it in place of pydantic's ValidationError, with the same problems
     ├── UnknownNameError     a model, GPU, optimizer ... name that is not in a catalog
     ├── JobFileError         a job file that is missing, unreadable or malformed
     ├── ModelConfigError     a model config that cannot be read or is not supported
     └── EngineError          an engine could not produce a report (unsupported op, time limit)
         └── BudgetExceeded   a measured step needed more than its byte budget (counts as OOM)
 
-The CLI turns any of them into a one-line message and exit code 2.
+The CLI turns any of them into a one-line message and exit code 2. A message is capped at
+MAX_MESSAGE characters, so a huge input cannot make a huge error.
 """
 
 from __future__ import annotations
@@ -17,11 +20,20 @@ import difflib
 from collections.abc import Iterable
 
 
+MAX_MESSAGE = 2000
+
+
 class VramplanError(Exception):
     """Base class of the errors vramplan raises on purpose."""
 
+    def __init__(self, *args: object):
+        if args and isinstance(args[0], str) and len(args[0]) > MAX_MESSAGE:
+            cut = len(args[0]) - MAX_MESSAGE
+            args = (f"{args[0][:MAX_MESSAGE]}... ({cut:,} more characters)", *args[1:])
+        super().__init__(*args)
 
-class JobError(VramplanError):
+
+class JobError(VramplanError, ValueError):
     """The job is invalid: a number out of range or an impossible combination."""
 
 

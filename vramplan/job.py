@@ -52,8 +52,36 @@ Framework = Literal["plain", "hf-trainer", "torchtune", "torchtitan", "lightning
 AdapterDtype = Literal["fp32", "model"]
 
 
-class _Strict(BaseModel):
+class _RaisesJobError(type(BaseModel)):
+    """Job(...) raises JobError in place of pydantic's ValidationError. (A custom __init__
+    would do the same but pydantic would then call it for nested parts too.)"""
+
+    def __call__(cls, *args: Any, **kwargs: Any):
+        try:
+            return super().__call__(*args, **kwargs)
+        except ValidationError as error:
+            raise _job_error(cls, error) from None
+
+
+class _Strict(BaseModel, metaclass=_RaisesJobError):
+    """Refuses unknown keys; bad values raise JobError (not pydantic's ValidationError), so
+    `except VramplanError` catches every bad job however it is built."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def model_validate(cls, obj: Any, **options: Any):
+        try:
+            return super().model_validate(obj, **options)
+        except ValidationError as error:
+            raise _job_error(cls, error) from None
+
+    @classmethod
+    def model_validate_json(cls, json_data: Any, **options: Any):
+        try:
+            return super().model_validate_json(json_data, **options)
+        except ValidationError as error:
+            raise _job_error(cls, error) from None
 
 
 class Peft(_Strict):
@@ -61,7 +89,7 @@ class Peft(_Strict):
 
     method: PeftMethod = "lora"
     rank: int = Field(16, ge=1, le=4096)
-    alpha: float = Field(32.0, gt=0, le=1_000_000)
+    alpha: float = Field(32.0, gt=0, le=1_000_000, allow_inf_nan=False)
     dropout: float = Field(0.05, ge=0, lt=1)
     # peft's names: module names inside a block, or "all-linear" for every linear in blocks
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -172,7 +200,8 @@ class Job(_Strict):
     seq_len: int | None = Field(None, ge=1, le=100_000_000)
     target_len: int | None = Field(None, ge=1, le=100_000_000)  # seq2seq decoder tokens
     image_size: int | None = Field(None, ge=8, le=65536)  # vision: default the model's own
-    audio_seconds: float | None = Field(None, gt=0, le=86_400)  # speech: default the model's max
+    # speech: default the model's maximum
+    audio_seconds: float | None = Field(None, gt=0, le=86_400, allow_inf_nan=False)
     precision: Precision = "bf16-mixed"
     optimizer: Optimizer = "adamw"
     optimizer_impl: OptimizerImpl = "foreach"  # torch's CUDA default for Adam/AdamW/SGD
@@ -262,14 +291,25 @@ def job_from_dict(data: dict[str, Any], origin: str = "job") -> Job:
     """Validate a plain dict (a job file's content, CLI overrides) into a Job."""
     try:
         return Job.model_validate(data)
-    except ValidationError as error:
-        raise JobError(f"{origin}: " + "; ".join(_describe(e) for e in error.errors())) from None
+    except JobError as error:
+        raise JobError(f"{origin}: {error}") from None
 
 
-def _describe(error: dict[str, Any]) -> str:
+# Values are quoted in messages up to this length: a 50 MB job file must not give a 50 MB
+# message.
+MAX_QUOTED = 80
+
+
+def _job_error(model: type[BaseModel], error: ValidationError) -> JobError:
+    return JobError("; ".join(_describe(e, model) for e in error.errors()))
+
+
+def _describe(error: dict[str, Any], root: type[BaseModel] | None = None) -> str:
     where = ".".join(str(p) for p in error["loc"])
+    if len(where) > MAX_QUOTED:
+        where = where[:MAX_QUOTED - 3] + "..."
     if error["type"] == "extra_forbidden":
-        parent = _model_at(error["loc"][:-1])
+        parent = _model_at(error["loc"][:-1], root or Job)
         known = list(parent.model_fields) if parent else []
         close = difflib.get_close_matches(str(error["loc"][-1]), known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -280,12 +320,17 @@ def _describe(error: dict[str, Any]) -> str:
     elif message.startswith("Value error, "):
         message = message.removeprefix("Value error, ")
     got = error.get("input")
-    got_text = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
+    got_text = ""
+    if got is not None and not isinstance(got, dict):
+        quoted = repr(got)
+        if len(quoted) > MAX_QUOTED:
+            quoted = quoted[:MAX_QUOTED - 3] + "..."
+        got_text = f" (got {quoted})"
     return f"{where}: {message}{got_text}" if where else message
 
 
-def _model_at(path: tuple) -> type[BaseModel] | None:
-    model: type[BaseModel] = Job
+def _model_at(path: tuple, root: type[BaseModel]) -> type[BaseModel] | None:
+    model = root
     for part in path:
         field = model.model_fields.get(str(part))
         annotation = getattr(field, "annotation", None)
@@ -297,9 +342,57 @@ def _model_at(path: tuple) -> type[BaseModel] | None:
     return model
 
 
+# A job file is a few dozen lines. These caps keep a hostile or mistaken file from taking
+# minutes or gigabytes: a "billion laughs" YAML nests aliases to expand 1 KB into billions
+# of nodes.
+MAX_JOB_FILE_BYTES = 1_000_000
+MAX_YAML_ALIASES = 100
+MAX_JOB_NODES = 100_000
+
+
+class _BoundedYamlLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses more than MAX_YAML_ALIASES alias references."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self.aliases = 0
+
+    def compose_node(self, parent, index):  # noqa: ANN001 (PyYAML's signature)
+        if self.check_event(yaml.events.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_YAML_ALIASES:
+                raise JobFileError(f"more than {MAX_YAML_ALIASES} YAML aliases (*name): a job "
+                                   "file needs none; write the values out")
+        return super().compose_node(parent, index)
+
+
+def _check_size(data: Any, path: Path) -> None:
+    """Count nodes as they expand (a shared alias counts each time), stopping at the cap."""
+    stack, seen = [data], 0
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > MAX_JOB_NODES:
+            raise JobFileError(f"{path}: expands to more than {MAX_JOB_NODES:,} values; a job "
+                               "file holds a few dozen")
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
 def load_job_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML, TOML or JSON job file into a dict; errors name the file and line."""
     path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise JobFileError(f"job file {str(path)!r} does not exist") from None
+    except (OSError, ValueError) as error:
+        raise JobFileError(f"cannot read job file {str(path)[:200]!r}: {error}") from None
+    if size > MAX_JOB_FILE_BYTES:
+        raise JobFileError(f"{path}: {size:,} bytes is too large for a job file (at most "
+                           f"{MAX_JOB_FILE_BYTES:,}); a job file holds a few dozen lines")
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -312,7 +405,7 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
         elif path.suffix == ".json":
             data = json.loads(text)
         else:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_BoundedYamlLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
@@ -322,8 +415,13 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
         raise JobFileError(f"{path}: is not valid TOML: {error}") from None
     except json.JSONDecodeError as error:
         raise JobFileError(f"{path}: line {error.lineno} is not valid JSON: {error.msg}") from None
+    except JobFileError as error:  # the alias cap
+        raise JobFileError(f"{path}: {error}") from None
+    except RecursionError:
+        raise JobFileError(f"{path}: nested too deeply to be a job file") from None
     if data is None:
         return {}
+    _check_size(data, path)
     if not isinstance(data, dict):
         raise JobFileError(f"{path}: a job file holds a mapping of keys (model, batch_size, "
                            f"...), not a {type(data).__name__}")

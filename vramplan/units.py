@@ -23,19 +23,32 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*$")
 
 
+# No memory this tool plans comes near an exbibyte; larger sizes are typos (and overflow floats).
+MAX_BYTES = 2**60
+
+
 def parse_bytes(text: str | int | float) -> int:
     """'24GB' -> 24_000_000_000, '4 GiB' -> 4294967296, 1024 -> 1024."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        if text < 0:
-            raise JobError(f"a memory size cannot be negative (got {text})")
-        return int(text)
-    match = _SIZE.match(str(text))
+        if text != text or text < 0:
+            raise JobError(f"a memory size cannot be negative or NaN (got {text})")
+        return _in_range(text, text)
+    shown = str(text) if len(str(text)) <= 40 else str(text)[:37] + "..."
+    match = _SIZE.match(str(text)) if len(str(text)) <= 1000 else None
     if not match or match.group(2).lower() not in _UNITS:
         raise JobError(
-            f"cannot read {text!r} as a memory size: write a number and a unit, "
+            f"cannot read {shown!r} as a memory size: write a number and a unit, "
             "e.g. '24GB' (decimal) or '22.5GiB' (binary)"
         )
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    number = match.group(1)
+    value = (int(number) if number.isdigit() else float(number)) * _UNITS[match.group(2).lower()]
+    return _in_range(value, shown)
+
+
+def _in_range(value: int | float, shown: object) -> int:
+    if value > MAX_BYTES:
+        raise JobError(f"memory size {shown} is larger than 1 EiB: check the number and unit")
+    return int(value)
 
 
 def format_bytes(n: int, unit: str = "GiB", digits: int = 2) -> str:

@@ -120,6 +120,7 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None,
 
     tp, cp = job.parallel.tensor_parallel, job.parallel.context_parallel
     _check_parallel(job, arch)
+    _check_context_parallel_split(job, shapes)
     layer_acts, block_acts = _stack_activations(job, arch, shapes, dt)
     activations = (layer_acts + _outside_block_activations(job, arch, shapes, dt, task)) / (tp * cp)
     if job.activation_offload and arch.stacks:  # (a CNN has no blocks to offload)
@@ -621,6 +622,17 @@ def _check_parallel(job: Job, arch: Architecture) -> None:
         raise JobError("context_parallel is supported for decoder-only language models only")
     if arch.kind == "cnn" and (tp > 1):
         raise JobError("tensor_parallel is not supported for CNNs: use ddp or fsdp")
+
+
+def _check_context_parallel_split(job: Job, shapes: Shapes) -> None:
+    """torch's context parallelism balances causal attention by cutting the sequence into
+    2 x cp chunks (head and tail per rank: _context_parallel/_load_balancer.py), and refuses
+    a length that does not divide."""
+    cp = job.parallel.context_parallel
+    if cp > 1 and shapes.stack_seq and shapes.stack_seq[0] % (2 * cp):
+        raise JobError(f"context_parallel={cp} splits the sequence into {2 * cp} equal "
+                       f"chunks: seq_len {shapes.stack_seq[0]} is not a multiple of {2 * cp}; "
+                       f"use a multiple, e.g. {shapes.stack_seq[0] // (2 * cp) * 2 * cp or 2 * cp}")
 
 
 def _technique_notes(job: Job, arch: Architecture) -> list[str]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -55,6 +56,10 @@ def measure(job: Job, *, steps: int = 5, warmup: int = 2, emulate_gpu: str | Non
     and Ctrl-C, end the run early with a partial report that says why.
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if not re.fullmatch(r"cpu|cuda(:\d{1,3})?", str(device)):
+        shown = str(device)[:40]
+        raise EngineError(f"device {shown!r} is not one measure runs on: use cpu, cuda or "
+                          "cuda:N")
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise EngineError("measure on cuda needs a CUDA build of torch and a visible GPU; "
                           "use --device cpu (with --budget to stand in for the GPU's memory)")
@@ -106,6 +111,7 @@ def measure_setup(setup: TrainingSetup, job: Job, *, steps: int = 5, warmup: int
                        f"{len(run.losses)} of {run.steps} steps)")
     finally:
         probe.stop()
+        probe.unwatch_gradients()
     return _report(job, setup, run, probe)
 
 
@@ -328,8 +334,15 @@ class _Probe:
             self.grads_alive += -(-grad.untyped_storage().nbytes() // round_to) * round_to
             self._on_gradient(before)
 
-        for param in setup.trainable:
-            param.register_post_accumulate_grad_hook(hook)
+        # torch keeps tensor hooks in C++, where the garbage collector cannot see the cycle
+        # hook -> probe -> setup -> parameter: unwatch_gradients removes them after the run
+        self._hooks = [param.register_post_accumulate_grad_hook(hook)
+                       for param in setup.trainable]
+
+    def unwatch_gradients(self) -> None:
+        for handle in getattr(self, "_hooks", ()):
+            handle.remove()
+        self._hooks = []
 
     def _on_gradient(self, before: int) -> None: ...
 

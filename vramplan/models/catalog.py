@@ -149,12 +149,20 @@ def load_architecture(ref: str | os.PathLike) -> Architecture:
         if name is not None:
             return _catalog_architecture(name)
     path = Path(os.path.expanduser(os.fspath(ref)))
-    if path.is_dir():
+    try:
+        is_dir, is_file = path.is_dir(), path.is_file()
+    except (OSError, ValueError) as error:  # a name too long for the file system, a NUL byte
+        shown = os.fspath(ref)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise ModelConfigError(f"{shown!r} is neither a catalog model nor a readable path "
+                               f"({getattr(error, 'strerror', None) or error}); run "
+                               "`vramplan models` to list the catalog") from None
+    if is_dir:
         cfg = path / "config.json"
         if not cfg.is_file():
             raise ModelConfigError(f"{path}: folder has no config.json")
         return architecture_from_config(read_config_file(cfg), str(cfg))
-    if path.is_file():
+    if is_file:
         return architecture_from_config(read_config_file(path), str(path))
     if not isinstance(ref, str) or _looks_like_path(ref):
         raise ModelConfigError(f"{os.fspath(ref)}: no such file or folder")

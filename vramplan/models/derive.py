@@ -15,10 +15,20 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import math
+
 from ..errors import ModelConfigError
 from .arch import Architecture, Linear, Stack
 
 _MISSING = object()
+# Larger sizes are typos: no tensor dimension or layer count comes near 2**31 (and torch
+# indexes with int32 in places), and they would overflow the arithmetic downstream.
+MAX_CONFIG_INT = 2**31 - 1
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class _Cfg:
@@ -45,17 +55,32 @@ class _Cfg:
 
     def int(self, *keys: str) -> int:
         v = self.req(*keys)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < 0:
+        if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                or int(v) != v or v < 0 or v > MAX_CONFIG_INT):
             raise ModelConfigError(
-                f"{self.name}: config key {keys[0]!r} must be a non-negative integer, got {v!r}")
+                f"{self.name}: config key {keys[0]!r} must be a whole number from 0 to "
+                f"{MAX_CONFIG_INT:,}, got {_short(v)}")
         return int(v)
+
+    def int_list(self, key: str) -> list[int]:
+        values = self.req(key)
+        if not isinstance(values, list) or not values:
+            raise ModelConfigError(f"{self.name}: config key {key!r} must be a list of whole "
+                                   f"numbers, got {_short(values)}")
+        return [_Cfg({key: v}, self.name).int(key) for v in values]
 
     def opt_int(self, key: str, default: int) -> int:
         return self.int(key) if self.raw.get(key) is not None else default
 
     def float(self, key: str, default: float = 0.0) -> float:
+        """A probability (dropout rates are the only floats read)."""
         v = self.raw.get(key)
-        return default if v is None else float(v)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise ModelConfigError(
+                f"{self.name}: config key {key!r} must be a number from 0 to 1, got {_short(v)}")
+        return float(v)
 
     def num_labels(self, default: int) -> int:
         id2label = self.raw.get("id2label")
@@ -154,7 +179,7 @@ def _gpt2(c: _Cfg) -> Architecture:
     linears = (_lin("c_attn", h, 3 * h, True), _lin("c_proj", h, h, True),
                _lin("c_fc", h, inner, True), _lin("c_proj", inner, h, True))
     stack = Stack(role="decoder", num_layers=layers, hidden_size=h, num_heads=nh, num_kv_heads=nh,
-                  head_dim=h // nh, intermediate_size=inner, mlp="gelu", norm="layernorm",
+                  head_dim=h // nh if nh else 0, intermediate_size=inner, mlp="gelu", norm="layernorm",
                   linears=linears, params_per_layer=_lin_params(linears) + 2 * _ln(h))
     num_labels = c.num_labels(2)
     return Architecture(
@@ -184,7 +209,7 @@ def _bert_like(c: _Cfg) -> Architecture:
                _lin("dense", h, inter, True),        # intermediate.dense
                _lin("dense", inter, h, True))        # output.dense
     stack = Stack(role="encoder", num_layers=layers, hidden_size=h, num_heads=nh, num_kv_heads=nh,
-                  head_dim=h // nh, intermediate_size=inter, mlp="gelu", norm="layernorm",
+                  head_dim=h // nh if nh else 0, intermediate_size=inter, mlp="gelu", norm="layernorm",
                   linears=linears, params_per_layer=_lin_params(linears) + 2 * _ln(h))
     num_labels = c.num_labels(2)
     # masked-lm: transform dense + LayerNorm + output bias (decoder weight tied to word embeddings)
@@ -267,10 +292,10 @@ def _vit(c: _Cfg) -> Architecture:
                _lin("v_proj", h, h, qkv_bias), _lin("o_proj", h, h, True),
                _lin("fc1", h, inter, True), _lin("fc2", inter, h, True))
     stack = Stack(role="encoder", num_layers=layers, hidden_size=h, num_heads=nh, num_kv_heads=nh,
-                  head_dim=h // nh, intermediate_size=inter, mlp="gelu", norm="layernorm",
+                  head_dim=h // nh if nh else 0, intermediate_size=inter, mlp="gelu", norm="layernorm",
                   linears=linears, params_per_layer=_lin_params(linears) + 2 * _ln(h),
                   sequence="patches")
-    patches = (image // patch) ** 2
+    patches = (image // patch) ** 2 if patch else 0
     embed = h + (patches + 1) * h + chans * patch * patch * h + h   # cls, positions, conv
     return Architecture(
         name=c.name, model_type="vit", kind="vision", stacks=(stack,),
@@ -288,8 +313,7 @@ def _vit(c: _Cfg) -> Architecture:
 def _resnet(c: _Cfg) -> Architecture:
     chans = c.opt_int("num_channels", 3)
     emb = c.int("embedding_size")
-    sizes = [int(x) for x in c.req("hidden_sizes")]
-    depths = [int(x) for x in c.req("depths")]
+    sizes, depths = c.int_list("hidden_sizes"), c.int_list("depths")
     if len(sizes) != len(depths):
         raise ModelConfigError(f"{c.name}: hidden_sizes and depths must have the same length")
     layer_type = str(c.get("layer_type", "bottleneck"))
@@ -361,11 +385,11 @@ def _whisper(c: _Cfg) -> Architecture:
     dec_lin = tuple(attn() + attn()
                     + [_lin("fc1", d, dec_ffn, True), _lin("fc2", dec_ffn, d, True)])
     enc = Stack(role="encoder", num_layers=enc_layers, hidden_size=d, num_heads=enc_heads,
-                num_kv_heads=enc_heads, head_dim=d // enc_heads, intermediate_size=enc_ffn,
+                num_kv_heads=enc_heads, head_dim=d // enc_heads if enc_heads else 0, intermediate_size=enc_ffn,
                 mlp="gelu", norm="layernorm", linears=enc_lin,
                 params_per_layer=_lin_params(enc_lin) + 2 * _ln(d), sequence="audio")
     dec = Stack(role="decoder", num_layers=dec_layers, hidden_size=d, num_heads=dec_heads,
-                num_kv_heads=dec_heads, head_dim=d // dec_heads, intermediate_size=dec_ffn,
+                num_kv_heads=dec_heads, head_dim=d // dec_heads if dec_heads else 0, intermediate_size=dec_ffn,
                 mlp="gelu", norm="layernorm", linears=dec_lin, cross_attention=True,
                 params_per_layer=_lin_params(dec_lin) + 3 * _ln(d))
     frontend = (mels * d * 3 + d) + (d * d * 3 + d)          # two conv1d, kernel 3
@@ -409,7 +433,12 @@ def architecture_from_config(config: dict, name: str, source: str = "") -> Archi
         raise ModelConfigError(
             f"{name}: unsupported model_type {mt!r}; supported model types: "
             f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    _refuse_non_finite(config, name)
     arch = builder(_Cfg(config, name))
+    problems = _problems(arch)
+    if problems:
+        raise ModelConfigError(f"{name}: invalid {mt} config (transformers would refuse it): "
+                               + "; ".join(problems))
     stacks = tuple(replace(st, linears=_with_roles(st.linears)) for st in arch.stacks)
     object.__setattr__(arch, "stacks", stacks)
     object.__setattr__(arch, "source", source)
@@ -444,3 +473,65 @@ def _with_roles(linears: tuple[Linear, ...]) -> tuple[Linear, ...]:
     last_mlp = max(i for i, role in enumerate(roles) if role == "mlp_in")
     roles[last_mlp] = "mlp_out"
     return tuple(replace(ln, role=role) for ln, role in zip(linears, roles))
+
+
+def _refuse_non_finite(config: dict, name: str, where: str = "") -> None:
+    """NaN and Infinity are not numbers a config can mean (JSON readers accept them)."""
+    for key, value in config.items():
+        path = f"{where}{key}"
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ModelConfigError(f"{name}: config key {path!r} is {value!r}: write a number")
+        if isinstance(value, dict):
+            _refuse_non_finite(value, name, f"{path}.")
+
+
+def _problems(arch: Architecture) -> list[str]:
+    """What makes a config unbuildable, each with what is allowed: the checks transformers'
+    modules make when they are built (heads dividing the width, key/value groups, ...)."""
+    problems = []
+    for st in arch.stacks:
+        role = st.role if len(arch.stacks) > 1 else "model"
+        for field, value in (("layers", st.num_layers), ("hidden size", st.hidden_size),
+                             ("attention heads", st.num_heads),
+                             ("key/value heads", st.num_kv_heads), ("head size", st.head_dim),
+                             ("intermediate size", st.intermediate_size)):
+            if value < 1:
+                problems.append(f"{role} {field} must be at least 1 (got {value})")
+        if st.num_heads >= 1 and st.num_kv_heads >= 1 and st.num_heads % st.num_kv_heads:
+            problems.append(f"{role} attention heads ({st.num_heads}) must be a multiple of "
+                            f"the key/value heads ({st.num_kv_heads})")
+        if st.experts_per_token > st.num_experts:
+            problems.append(f"experts per token ({st.experts_per_token}) cannot exceed the "
+                            f"experts ({st.num_experts})")
+        if st.num_experts < 1:
+            problems.append(f"experts must be at least 1 (got {st.num_experts})")
+    if arch.model_type in _WIDTH_SPLIT_BY_HEADS:
+        for st in arch.stacks:
+            if st.num_heads >= 1 and st.hidden_size % st.num_heads:
+                problems.append(f"hidden size {st.hidden_size} must be divisible by the "
+                                f"{st.num_heads} attention heads")
+    if arch.kind in ("decoder", "encoder", "encoder-decoder") and arch.vocab_size < 1:
+        problems.append(f"vocab_size must be at least 1 (got {arch.vocab_size})")
+    if arch.max_positions is not None and arch.max_positions < 1:
+        problems.append(f"the maximum sequence length must be at least 1 (got "
+                        f"{arch.max_positions})")
+    if arch.kind in ("vision", "cnn"):
+        if arch.image_size < 1 or arch.num_channels < 1:
+            problems.append("image_size and num_channels must be at least 1")
+        if arch.kind == "vision" and not 1 <= arch.patch_size <= arch.image_size:
+            problems.append(f"patch_size must be from 1 to image_size {arch.image_size} "
+                            f"(got {arch.patch_size})")
+        if arch.kind == "cnn" and any(ch < 1 for ch, _ in arch.feature_maps):
+            problems.append("every ResNet stage needs at least 4 channels (hidden_sizes) "
+                            "and the stem embedding_size at least 1")
+    if arch.kind == "encoder-decoder" and arch.stacks[0].sequence == "audio" and (
+            arch.num_mel_bins < 1 or arch.max_source_positions < 1):
+        problems.append("num_mel_bins and max_source_positions must be at least 1")
+    if any(label < 0 for label in (arch.num_labels,)):
+        problems.append("num_labels cannot be negative")
+    return problems
+
+
+# transformers splits the width into heads (head size = hidden // heads) and refuses a width
+# that does not divide; Llama-like models may set head_dim instead, T5 sets d_kv.
+_WIDTH_SPLIT_BY_HEADS = frozenset({"gpt2", "bert", "roberta", "vit", "whisper"})

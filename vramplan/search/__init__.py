@@ -12,11 +12,12 @@ from vramplan.search.core import (
 )
 from vramplan.search.oom import describe_oom, is_out_of_memory, release_memory
 from vramplan.search.suggestions import suggestions_for
-from vramplan.search.sweep import SWEEP_FIELDS, sweep
+from vramplan.search.sweep import SWEEP_FIELDS, SweepInterrupted, sweep
 from vramplan.search.views import plot, rows_csv, write_csv, write_json
 
 __all__ = [
-    "DEFAULT_MARGIN", "Oracle", "SWEEP_FIELDS", "SearchResult", "Trial", "describe_oom",
+    "DEFAULT_MARGIN", "Oracle", "SWEEP_FIELDS", "SearchResult", "SweepInterrupted", "Trial",
+    "describe_oom",
     "is_out_of_memory", "max_batch_size", "max_seq_len", "peak_of", "plot", "release_memory",
     "rows_csv", "suggestions_for", "sweep", "write_csv", "write_json",
 ]

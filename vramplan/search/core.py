@@ -31,7 +31,7 @@ from vramplan.engines.report import TENSOR_CATEGORIES, MemoryReport
 from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.errors import JobError
 from vramplan.job import Job
-from vramplan.search.oom import is_out_of_memory, release_memory
+from vramplan.search.oom import is_out_of_memory, release_memory, require_complete
 from vramplan.search.suggestions import suggestions_for
 
 Oracle = Callable[[Job], "int | MemoryReport"]
@@ -91,6 +91,7 @@ def _ask(oracle: Oracle, job: Job) -> tuple[int | None, MemoryReport | None, str
         release_memory()
         return None, None, message
     report = answer if isinstance(answer, MemoryReport) else None
+    require_complete(report, job)
     return peak_of(answer), report, ""
 
 

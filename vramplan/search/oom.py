@@ -7,7 +7,7 @@ import gc
 import re
 import sys
 
-from vramplan.errors import BudgetExceeded
+from vramplan.errors import BudgetExceeded, EngineError
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -17,7 +17,26 @@ def is_out_of_memory(error: BaseException) -> bool:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(error, getattr(torch, "OutOfMemoryError", ())):
         return True
-    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+    # CUDA: "CUDA out of memory"; the CPU allocator: "DefaultCPUAllocator: can't allocate
+    # memory: you tried to allocate N bytes" (c10/core/impl/alloc_cpu.cpp)
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and (
+        "out of memory" in text or "can't allocate memory" in text)
+
+
+def require_complete(report: object, job: object) -> None:
+    """Only a completed step's peak may say "fits". A measured run that stopped early (an
+    error in user code) leaves a partial peak: an error that stops the search. A run
+    interrupted by Ctrl-C stops the search as Ctrl-C does."""
+    measured = getattr(report, "measured", None)
+    if measured is None or measured.complete:
+        return
+    if measured.stopped.startswith("interrupted"):
+        raise KeyboardInterrupt
+    batch, seq = getattr(job, "batch_size", "?"), getattr(job, "seq_len", "?")
+    raise EngineError(f"the trial at batch_size={batch}, seq_len={seq} did not complete a "
+                      f"step ({measured.stopped}); its partial peak cannot say whether it "
+                      "fits: fix the error and search again")
 
 
 def release_memory() -> None:

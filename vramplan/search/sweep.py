@@ -8,10 +8,18 @@ from typing import Any
 from vramplan.engines.report import MemoryReport
 from vramplan.job import Job
 from vramplan.search.core import DEFAULT_MARGIN
-from vramplan.search.oom import is_out_of_memory, release_memory
+from vramplan.search.oom import is_out_of_memory, release_memory, require_complete
 
 SWEEP_FIELDS = ("batch_size", "seq_len", "peak_allocated", "peak_reserved", "device_total",
                 "fits", "step_time_s", "samples_per_s", "tokens_per_s", "final_loss", "error")
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a sweep: the rows of the points completed before it."""
+
+    def __init__(self, rows: list[dict[str, Any]], total: int):
+        super().__init__(f"interrupted after {len(rows)} of {total} points")
+        self.rows, self.total = rows, total
 
 
 def sweep(job: Job, oracle_report: Callable[[Job], MemoryReport], batch_sizes: Iterable[int],
@@ -24,7 +32,20 @@ def sweep(job: Job, oracle_report: Callable[[Job], MemoryReport], batch_sizes: I
     on_row: called after each point (a progress bar).
     """
     seq_lens = list(seq_lens) if seq_lens else [job.seq_len]
-    rows = []
+    batch_sizes = list(batch_sizes)
+    rows: list[dict[str, Any]] = []
+    try:
+        _sweep_points(job, oracle_report, batch_sizes, seq_lens, budget_bytes, margin, on_row,
+                      rows)
+    except KeyboardInterrupt:  # an interrupted point is not a result: keep the completed
+        raise SweepInterrupted(rows, len(batch_sizes) * len(seq_lens)) from None
+    return rows
+
+
+def _sweep_points(job: Job, oracle_report: Callable[[Job], MemoryReport],
+                  batch_sizes: list[int], seq_lens: list, budget_bytes: int | None,
+                  margin: float, on_row: Callable[[dict], None] | None,
+                  rows: list[dict[str, Any]]) -> None:
     for seq_len in seq_lens:
         for batch in batch_sizes:
             row = dict.fromkeys(SWEEP_FIELDS)
@@ -38,6 +59,7 @@ def sweep(job: Job, oracle_report: Callable[[Job], MemoryReport], batch_sizes: I
                 del error
                 release_memory()
             else:
+                require_complete(report, job.with_changes(batch_size=batch, seq_len=seq_len))
                 row.update(peak_allocated=report.peak_allocated,
                            peak_reserved=report.peak_reserved, device_total=report.device_total)
                 if seq_len is None:  # the model's default length, as the engine chose it
@@ -52,7 +74,6 @@ def sweep(job: Job, oracle_report: Callable[[Job], MemoryReport], batch_sizes: I
             rows.append(row)
             if on_row:
                 on_row(row)
-    return rows
 
 
 def _tokens_per_sample(report: MemoryReport) -> int | None:

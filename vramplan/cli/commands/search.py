@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -17,6 +18,7 @@ from rich.table import Table
 from vramplan import search as _search
 from vramplan.cli.options import (
     EXIT_DOES_NOT_FIT,
+    EXIT_INTERRUPTED,
     AsJson,
     EngineName,
     HtmlOut,
@@ -173,13 +175,17 @@ def _max_positions(job: Job) -> int | None:
 
 
 def _ints(text: str | None, option: str) -> list[int] | None:
-    if not text:
+    if text is None:
         return None
     try:
-        return [int(v) for v in text.split(",") if v.strip()]
+        values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
+        values = []
+    if not values:  # an empty value is a mistake, not "use the default"
+        shown = text if len(text) <= 40 else text[:37] + "..."
         raise JobError(f"{option} takes comma-separated whole numbers, e.g. 1,2,4,8 "
-                       f"(got {text!r})") from None
+                       f"(got {shown!r})")
+    return values
 
 
 @job_command
@@ -207,14 +213,18 @@ def sweep(
     limit, what = budget_of(job, budget) if (budget or job.gpu) else (None, "")
     oracle = oracle_for(engine, budget_bytes=limit, device=device, steps=steps, warmup=1)
     total = len(batches) * len(seqs)
-    if as_json or total == 1:
-        rows = _search.sweep(job, oracle, batches, seqs, budget_bytes=limit, margin=margin)
-    else:
-        from rich.progress import Progress
-        with Progress(console=console, transient=True) as progress:
-            task = progress.add_task(f"{engine}: {total} points", total=total)
-            rows = _search.sweep(job, oracle, batches, seqs, budget_bytes=limit, margin=margin,
-                                 on_row=lambda row: progress.advance(task))
+    interrupted = ""
+    try:
+        if as_json or total == 1:
+            rows = _search.sweep(job, oracle, batches, seqs, budget_bytes=limit, margin=margin)
+        else:
+            from rich.progress import Progress
+            with Progress(console=console, transient=True) as progress:
+                task = progress.add_task(f"{engine}: {total} points", total=total)
+                rows = _search.sweep(job, oracle, batches, seqs, budget_bytes=limit,
+                                     margin=margin, on_row=lambda row: progress.advance(task))
+    except _search.SweepInterrupted as stop:  # Ctrl-C: show and write what was completed
+        rows, interrupted = stop.rows, str(stop)
     if out:
         write_or_print(out, _search.rows_csv(rows) if out.suffix == ".csv"
                        else json.dumps(rows, indent=2) + "\n")
@@ -234,11 +244,14 @@ def sweep(
                                     command=cli_command(job, "sweep", tuple(words))))
     if as_json:
         print_json(rows)
-        return
-    _print_rows(rows, limit, what)
-    for path in (out, plot_out):
-        if path:
-            console.print(f"wrote {path}")
+    else:
+        _print_rows(rows, limit, what)
+        for path in (out, plot_out):
+            if path:
+                console.print(f"wrote {path}")
+    if interrupted:  # typer turns a KeyboardInterrupt into a bare exit 130: say why here
+        sys.stderr.write(f"interrupted: {interrupted}; the completed points are above\n")
+        raise SystemExit(EXIT_INTERRUPTED)
 
 
 def _print_rows(rows: list[dict], limit: int | None, what: str) -> None:

@@ -1,0 +1,181 @@
+"""A permanent bad-input battery (issue 12): generated cases over the commands, every Job
+field the CLI sets, and malformed job files and model configs. Each must end with exit
+code 2, one line on stderr, no traceback, within a time limit. The summary (cases by
+outcome) is written to benchmarks/results/bad_input_battery.json when BAD_INPUT_SUMMARY is
+set:
+
+    BAD_INPUT_SUMMARY=1 python -m pytest -q tests/test_bad_input.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from vramplan.cli import app as cli_app
+from vramplan.cli import options as cli_options
+
+TIME_LIMIT_S = 10
+SUMMARY = Path(__file__).parent.parent / "benchmarks" / "results" / "bad_input_battery.json"
+
+NUMBERS = ["0", "-1", "x", "", "1" + "0" * 400, "nan", "inf", "1e400", "1.5"]
+INT_OPTIONS = ["--batch-size", "--grad-accum", "--seq-len", "--target-len", "--image-size",
+               "--lora-rank", "--num-gpus", "--tensor-parallel", "--context-parallel"]
+FLOAT_OPTIONS = ["--audio-seconds", "--lora-alpha", "--allocator-overhead"]
+CHOICE_OPTIONS = ["--precision", "--optimizer", "--optimizer-impl", "--checkpointing",
+                  "--attention", "--loss", "--peft", "--strategy", "--task", "--framework"]
+SIZE_OPTIONS = ["--cuda-context"]
+
+CONFIGS = {  # broken config.json files (item 7)
+    "zero-heads": dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=0, vocab_size=256,
+                       n_positions=64),
+    "nan-width": '{"model_type": "llama", "hidden_size": NaN, "intermediate_size": 128, '
+                 '"num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256}',
+    "infinite-vocab": '{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, '
+                      '"num_hidden_layers": 2, "num_attention_heads": 4, '
+                      '"vocab_size": Infinity}',
+    "heads-not-dividing": dict(model_type="bert", hidden_size=64, intermediate_size=128,
+                               num_hidden_layers=2, num_attention_heads=3, vocab_size=256,
+                               max_position_embeddings=64),
+    "kv-groups": dict(model_type="llama", hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=3,
+                      vocab_size=256),
+    "no-model-type": dict(hidden_size=64),
+    "unknown-model-type": dict(model_type="mamba", hidden_size=64),
+    "not-an-object": "[1, 2, 3]",
+    "malformed": "{",
+    "string-layers": dict(model_type="gpt2", n_embd=64, n_layer="2", n_head=4,
+                          vocab_size=256, n_positions=64),
+}
+
+JOB_FILES = {  # malformed job files (item 11)
+    "alias-bomb.yaml": "\n".join(
+        ["a: &a [x, x, x, x, x, x, x, x, x]"]
+        + [f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]"
+           for i in range(8)]) + "\n",
+    "huge.yaml": "model: " + "x" * 2_000_000 + "\n",
+    "malformed.yaml": "model: [gpt2\n",
+    "list.yaml": "- 1\n- 2\n",
+    "unknown-key.yaml": "model: gpt2\nbatchsize: 2\n",
+    "bad-value.toml": 'model = "gpt2"\nbatch_size = -4\n',
+    "bad.json": '{"model": "gpt2", "peft": {"rank": 0}}',
+    "not-utf8.yaml": b"\xff\xfe\x00model".decode("latin-1"),
+}
+
+
+def cases(tmp: Path) -> list[tuple[str, list[str]]]:
+    out: list[tuple[str, list[str]]] = []
+    for option in INT_OPTIONS + FLOAT_OPTIONS:
+        allowed = {"1.5"} if option in FLOAT_OPTIONS else set()
+        if option == "--allocator-overhead":
+            allowed.add("0")  # no overhead is a value a user may measure
+        out += [(f"estimate {option} {v[:12]!r}", ["estimate", "gpt2", option, v])
+                for v in NUMBERS if v not in allowed]
+    for option in CHOICE_OPTIONS:
+        out.append((f"estimate {option} bogus", ["estimate", "gpt2", option, "bogus"]))
+    for option in SIZE_OPTIONS:
+        out += [(f"estimate {option} {v[:12]!r}", ["estimate", "gpt2", option, v])
+                for v in ["x", "", "-1GB", "1" + "0" * 400 + "GB", "inf GB"]]
+    out += [
+        ("estimate model ''", ["estimate", ""]),
+        ("estimate model 300 bytes", ["estimate", "x" * 300]),
+        ("estimate model NUL", ["estimate", "bad\x01name"]),
+        ("estimate missing path", ["estimate", str(tmp / "nope" / "config.json")]),
+        ("estimate unknown gpu", ["estimate", "gpt2", "--gpu", "H9000"]),
+        ("estimate gpu 300 bytes", ["estimate", "gpt2", "--gpu", "g" * 300]),
+        ("estimate lora targets none", ["estimate", "gpt2", "--peft", "lora",
+                                        "--lora-targets", "nothing"]),
+        ("estimate seq beyond positions", ["estimate", "gpt2", "-s", "4096"]),
+        ("estimate --set unknown", ["estimate", "gpt2", "--set", "bogus=1"]),
+        ("estimate --set malformed", ["estimate", "gpt2", "--set", "noequals"]),
+        ("estimate tp not dividing heads", ["estimate", "gpt2", "-n", "5", "--tp", "5"]),
+        ("estimate cp on an encoder", ["estimate", "bert-base-uncased", "-n", "2", "--cp",
+                                       "2"]),
+        ("estimate unknown engine", ["estimate", "gpt2", "--engine", "magic"]),
+        ("sweep batch sizes 0,1", ["sweep", "gpt2", "--batch-sizes", "0,1"]),
+        ("sweep batch sizes x", ["sweep", "gpt2", "--batch-sizes", "1,x"]),
+        ("sweep batch sizes empty", ["sweep", "gpt2", "--batch-sizes", ""]),
+        ("sweep seq lens -1", ["sweep", "gpt2", "--batch-sizes", "1", "--seq-lens", "-1"]),
+        ("models min params ''", ["models", "--min-params", ""]),
+        ("models min params x", ["models", "--min-params", "x"]),
+        ("models max params -1", ["models", "--max-params", "-1"]),
+        ("gpus unknown option", ["gpus", "--bogus"]),
+        ("unknown command", ["bogus"]),
+        ("measure device tpu", ["measure", "gpt2", "--device", "tpu"]),
+        # unwritable outputs are checked before running (item 9)
+        ("estimate --out missing folder", ["estimate", "gpt2", "--out",
+                                           str(tmp / "no" / "such" / "r.json")]),
+        ("estimate --out under a file", ["estimate", "gpt2", "--out",
+                                         str(tmp / "a-file" / "r.json")]),
+        ("estimate --html missing folder", ["estimate", "gpt2", "--html",
+                                            str(tmp / "no" / "r.html")]),
+        ("estimate --plot missing folder", ["estimate", "gpt2", "--plot",
+                                            str(tmp / "no" / "r.png")]),
+        ("sweep --csv missing folder", ["sweep", "gpt2", "--batch-sizes", "1", "--csv",
+                                        str(tmp / "no" / "r.csv")]),
+        # impossible jobs (item 10)
+        ("estimate cp 3 with seq 2048", ["estimate", "llama-3.2-1b", "-n", "3", "--cp", "3",
+                                         "-s", "2048"]),
+        ("estimate target len 1e23", ["estimate", "t5-small", "--target-len", "1e23"]),
+    ]
+    (tmp / "a-file").write_text("not a folder")
+    for name, text in CONFIGS.items():
+        path = tmp / name / "config.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text if isinstance(text, str) else json.dumps(text))
+        out.append((f"config {name}", ["estimate", str(path)]))
+    for name, text in JOB_FILES.items():
+        path = tmp / name
+        path.write_bytes(text.encode("latin-1") if name == "not-utf8.yaml" else text.encode())
+        out.append((f"job file {name}", ["estimate", "--job", str(path)]))
+    return out
+
+
+def run(argv: list[str], capsys, monkeypatch) -> tuple[int, str, str, float]:
+    monkeypatch.setattr(sys, "argv", ["vramplan", *argv])
+    monkeypatch.setattr(cli_options.console, "width", 200)
+    start, code = time.perf_counter(), 0
+    try:
+        cli_app.main(argv)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    except BaseException as error:  # noqa: BLE001 - a traceback is what this test looks for
+        captured = capsys.readouterr()
+        return -1, captured.out, f"Traceback: {type(error).__name__}: {error}", 0.0
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err, time.perf_counter() - start
+
+
+def outcome(code: int, err: str, seconds: float) -> str:
+    if "Traceback" in err:
+        return "traceback"
+    if seconds > TIME_LIMIT_S:
+        return "too slow"
+    if code == 0:
+        return "accepted nonsense"
+    if code != 2:
+        return f"wrong exit code {code}"
+    if len(err.strip().splitlines()) != 1 or not err.startswith("error: "):
+        return "not one line"
+    return "clean"
+
+
+def test_bad_input_battery(tmp_path, capsys, monkeypatch):
+    results = []
+    for name, argv in cases(tmp_path):
+        code, _, err, seconds = run(argv, capsys, monkeypatch)
+        results.append({"case": name, "outcome": outcome(code, err, seconds), "exit": code,
+                        "seconds": round(seconds, 3), "stderr": err.strip()[:200]})
+    counts = Counter(r["outcome"] for r in results)
+    if os.environ.get("BAD_INPUT_SUMMARY"):
+        SUMMARY.write_text(json.dumps({
+            "machine": "2-core x86_64 VM, Python 3.11 (in-process CLI)",
+            "cases": len(results), "by_outcome": dict(counts), "time_limit_s": TIME_LIMIT_S,
+            "results": results}, indent=1) + "\n")
+    bad = [f"{r['case']}: {r['outcome']} ({r['stderr'][:120]})" for r in results
+           if r["outcome"] != "clean"]
+    assert not bad, "\n".join(bad)
