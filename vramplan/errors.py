@@ -19,7 +19,6 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-
 MAX_MESSAGE = 2000
 
 

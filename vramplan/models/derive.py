@@ -11,11 +11,10 @@ cross-attention "q"); like peft, a target name selects all of them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
-
-import math
 
 from ..errors import ModelConfigError
 from .arch import Architecture, Linear, Stack
