@@ -178,7 +178,8 @@ def _gpt2(c: _Cfg) -> Architecture:
     linears = (_lin("c_attn", h, 3 * h, True), _lin("c_proj", h, h, True),
                _lin("c_fc", h, inner, True), _lin("c_proj", inner, h, True))
     stack = Stack(role="decoder", num_layers=layers, hidden_size=h, num_heads=nh, num_kv_heads=nh,
-                  head_dim=h // nh if nh else 0, intermediate_size=inner, mlp="gelu", norm="layernorm",
+                  head_dim=h // nh if nh else 0, intermediate_size=inner, mlp="gelu",
+                  norm="layernorm",
                   linears=linears, params_per_layer=_lin_params(linears) + 2 * _ln(h))
     num_labels = c.num_labels(2)
     return Architecture(
@@ -208,7 +209,8 @@ def _bert_like(c: _Cfg) -> Architecture:
                _lin("dense", h, inter, True),        # intermediate.dense
                _lin("dense", inter, h, True))        # output.dense
     stack = Stack(role="encoder", num_layers=layers, hidden_size=h, num_heads=nh, num_kv_heads=nh,
-                  head_dim=h // nh if nh else 0, intermediate_size=inter, mlp="gelu", norm="layernorm",
+                  head_dim=h // nh if nh else 0, intermediate_size=inter, mlp="gelu",
+                  norm="layernorm",
                   linears=linears, params_per_layer=_lin_params(linears) + 2 * _ln(h))
     num_labels = c.num_labels(2)
     # masked-lm: transform dense + LayerNorm + output bias (decoder weight tied to word embeddings)
@@ -291,7 +293,8 @@ def _vit(c: _Cfg) -> Architecture:
                _lin("v_proj", h, h, qkv_bias), _lin("o_proj", h, h, True),
                _lin("fc1", h, inter, True), _lin("fc2", inter, h, True))
     stack = Stack(role="encoder", num_layers=layers, hidden_size=h, num_heads=nh, num_kv_heads=nh,
-                  head_dim=h // nh if nh else 0, intermediate_size=inter, mlp="gelu", norm="layernorm",
+                  head_dim=h // nh if nh else 0, intermediate_size=inter, mlp="gelu",
+                  norm="layernorm",
                   linears=linears, params_per_layer=_lin_params(linears) + 2 * _ln(h),
                   sequence="patches")
     patches = (image // patch) ** 2 if patch else 0
@@ -384,11 +387,13 @@ def _whisper(c: _Cfg) -> Architecture:
     dec_lin = tuple(attn() + attn()
                     + [_lin("fc1", d, dec_ffn, True), _lin("fc2", dec_ffn, d, True)])
     enc = Stack(role="encoder", num_layers=enc_layers, hidden_size=d, num_heads=enc_heads,
-                num_kv_heads=enc_heads, head_dim=d // enc_heads if enc_heads else 0, intermediate_size=enc_ffn,
+                num_kv_heads=enc_heads, head_dim=d // enc_heads if enc_heads else 0,
+                intermediate_size=enc_ffn,
                 mlp="gelu", norm="layernorm", linears=enc_lin,
                 params_per_layer=_lin_params(enc_lin) + 2 * _ln(d), sequence="audio")
     dec = Stack(role="decoder", num_layers=dec_layers, hidden_size=d, num_heads=dec_heads,
-                num_kv_heads=dec_heads, head_dim=d // dec_heads if dec_heads else 0, intermediate_size=dec_ffn,
+                num_kv_heads=dec_heads, head_dim=d // dec_heads if dec_heads else 0,
+                intermediate_size=dec_ffn,
                 mlp="gelu", norm="layernorm", linears=dec_lin, cross_attention=True,
                 params_per_layer=_lin_params(dec_lin) + 3 * _ln(d))
     frontend = (mels * d * 3 + d) + (d * d * 3 + d)          # two conv1d, kernel 3
