@@ -23,11 +23,13 @@ import time
 import warnings
 from pathlib import Path
 
+from common import QUICK, results_dir  # noqa: E402 (benchmarks/common.py)
+
 from vramplan import Job, VramplanError
 from vramplan.engines.formula import estimate
 from vramplan.engines.trace import trace
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = results_dir()
 THRESHOLD = 0.05
 
 CONFIGS = {
@@ -159,7 +161,7 @@ def markdown(rows: list[dict], summary: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=120)
+    parser.add_argument("--jobs", type=int, default=4 if QUICK else 120)
     parser.add_argument("--seed", type=int, default=12)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()

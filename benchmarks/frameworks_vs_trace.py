@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import QUICK, results_dir  # noqa: E402 (benchmarks/common.py)
+
 sys.path.insert(0, str(Path(__file__).parent))
 from formula_vs_trace import compare  # noqa: E402
 
@@ -26,7 +28,7 @@ from vramplan import Job  # noqa: E402
 from vramplan.engines.formula import estimate  # noqa: E402
 from vramplan.engines.trace import trace  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = results_dir()
 LLAMA = dict(model="llama-3.2-1b", batch_size=2, seq_len=2048)
 QWEN = dict(model="qwen2.5-0.5b", batch_size=4, seq_len=1024)
 
@@ -81,7 +83,7 @@ def markdown(rows: list[dict], summary: dict) -> str:
 
 def main() -> None:
     rows = []
-    for fields in CASES:
+    for fields in (CASES[:2] if QUICK else CASES):
         rows.append(compare_with_forward(fields))
         print(f"{rows[-1]['difference']:+.3%} fwd {rows[-1]['forward_difference']:+.3%}  "
               f"{fields}", flush=True)

@@ -27,6 +27,9 @@ BENCHMARKS: list[tuple[list[str], bool]] = [
     (["trace_accuracy.py"], True),
     (["trace_speed.py"], True),
     (["gpu_validation.py", "--rescore"], False),    # traces 19 real-size jobs
+    (["frameworks_vs_trace.py"], True),
+    (["formula_vs_trace_random.py"], True),         # quick: 4 random jobs
+    (["mutation_check.py"], True),                  # quick: 1 mutant
     (["time_accuracy.py"], True),                   # quick: 2 leave-one-out folds
     (["plan_speed.py"], True),
     (["web_fuzz.py"], True),                        # schemathesis against the web API
