@@ -280,7 +280,8 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
     notes = []
     if job.peft is None:
         trainable, weights = total, total * dt.weight
-        cast = linear_params * (dt.linear_saved if dt.autocast else 0)
+        # fp8 (torchao Float8Linear) saves the fp32 weight itself: no copy of block weights
+        cast = linear_params * (dt.linear_saved if dt.autocast and job.precision != "fp8" else 0)
         cast_head = (matmul_params - linear_params) * (dt.linear_saved if dt.autocast else 0)
         if dt.autocast:
             notes.append("autocast keeps a 16-bit copy of every matmul weight from forward "
@@ -641,8 +642,9 @@ def _technique_notes(job: Job, arch: Architecture) -> list[str]:
         notes.append(f"transformers runs {arch.model_type} attention eagerly (it changes the "
                      "scores before the softmax), so memory is that of eager attention")
     if job.precision == "fp8":
-        notes.append("fp8: linears save fp8 copies of inputs and weights (torchao float8 "
-                     "training); everything else as bf16-mixed")
+        notes.append("fp8 (torchao Float8Linear): block linears save their bf16 input and "
+                     "the fp32 weight itself, and cast both to fp8 in forward and again in "
+                     "backward; no autocast weight copies for them; the rest as bf16-mixed")
     if job.activation_offload:
         notes.append("activation offloading keeps about two blocks of activations on the "
                      "GPU; the rest waits in pinned host memory")

@@ -4,8 +4,10 @@ Precision semantics follow the Hugging Face Trainer / Lightning conventions:
   fp32        weights, grads, activations in fp32
   *-mixed     fp32 weights and grads, torch.autocast runs matmuls in 16-bit
   bf16-pure   everything in bf16, optimizer states too (torch keeps states in param dtype)
-  fp8         as bf16-mixed, with float8 linears (torchao / Transformer Engine) that save
-              their inputs and weights in fp8 for the backward pass
+  fp8         as bf16-mixed, with torchao's Float8Linear in the blocks: it casts the input to
+              bf16 and saves it and the fp32 weight (no copy) for backward, where it casts
+              both to fp8 again (torchao float8/float8_linear.py,
+              matmul_with_hp_or_float8_args, torchao 0.19); no autocast weight copies
 """
 
 from __future__ import annotations
@@ -47,8 +49,7 @@ def dtypes_for(job: Job) -> Dtypes:
         return Dtypes(weight=4, grad=4, compute=4, residual=4, autocast=False, linear_saved=4)
     if p == "bf16-pure":
         return Dtypes(weight=2, grad=2, compute=2, residual=2, autocast=False, linear_saved=2)
-    linear_saved = 1 if p == "fp8" else 2
-    return Dtypes(weight=4, grad=4, compute=2, residual=4, autocast=True, linear_saved=linear_saved)
+    return Dtypes(weight=4, grad=4, compute=2, residual=4, autocast=True, linear_saved=2)
 
 
 def frozen_base_bytes(job: Job) -> int:

@@ -93,32 +93,40 @@ def pack_frozen_linears(model: nn.Module, skip: set[int], double_quant: bool) ->
 # --- fp8 ----------------------------------------------------------------------------------------
 
 class _Fp8Matmul(torch.autograd.Function):
+    """torchao's matmul_with_hp_or_float8_args (float8/float8_linear.py, torchao 0.19):
+    the high-precision input and weight are saved for backward, and each matmul casts its
+    operands to float8 as temporaries (forward, and again in backward)."""
+
     @staticmethod
     def forward(ctx, x, weight, bias):
-        x8, w8 = x.to(torch.float8_e4m3fn), weight.to(torch.float8_e4m3fn)
-        ctx.save_for_backward(x8, w8)
-        ctx.dtypes = (x.dtype, weight.dtype)
+        ctx.save_for_backward(x, weight)
         compute = torch.bfloat16
-        out = nn.functional.linear(x8.to(compute), w8.to(compute),
-                                   None if bias is None else bias.to(compute))
-        return out
+        x8, w8 = x.to(torch.float8_e4m3fn), weight.to(torch.float8_e4m3fn)
+        return nn.functional.linear(x8.to(compute), w8.to(compute),
+                                    None if bias is None else bias.to(compute))
 
     @staticmethod
     def backward(ctx, grad_out):
-        x8, w8 = ctx.saved_tensors
-        x_dtype, w_dtype = ctx.dtypes
-        grad_x = (grad_out @ w8.to(grad_out.dtype)).to(x_dtype)
-        flat_g = grad_out.reshape(-1, grad_out.shape[-1])
-        grad_w = (flat_g.t() @ x8.to(grad_out.dtype).reshape(-1, x8.shape[-1])).to(w_dtype)
-        grad_b = flat_g.sum(0) if ctx.needs_input_grad[2] else None
+        x, weight = ctx.saved_tensors
+        g8 = grad_out.to(torch.float8_e5m2).to(grad_out.dtype)
+        grad_x = (g8 @ weight.to(torch.float8_e4m3fn).to(grad_out.dtype)).to(x.dtype)
+        flat_g = g8.reshape(-1, g8.shape[-1])
+        x8 = x.to(torch.float8_e4m3fn).to(grad_out.dtype).reshape(-1, x.shape[-1])
+        grad_w = (flat_g.t() @ x8).to(weight.dtype)
+        grad_b = grad_out.reshape(-1, grad_out.shape[-1]).sum(0) \
+            if ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b
 
 
 class Fp8Linear(nn.Linear):
-    """nn.Linear whose matmul runs on float8 copies (torchao Float8Linear-like)."""
+    """nn.Linear as torchao's Float8Linear runs it: under autocast the input is cast to
+    the autocast dtype first (float8_linear.py), then the float8 matmul above."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(x.device.type, enabled=False):
+        kind = x.device.type
+        if torch.is_autocast_enabled(kind):
+            x = x.to(torch.get_autocast_dtype(kind))
+        with torch.autocast(kind, enabled=False):
             return _Fp8Matmul.apply(x, self.weight, self.bias)
 
 
