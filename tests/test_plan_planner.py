@@ -129,3 +129,72 @@ def test_min_gpus_is_the_smallest_count_that_fits():
     fit = formula(half, gpus=[h100]).fits[0]
     assert fit.required_bytes > 0.95 * fit.usable_bytes
     assert min_gpus(Job(model="llama-3.1-405b"), get_gpu("L4"), max_gpus=4) is None
+
+
+# --- the global batch: the planner keeps the maths of training -------------------------------
+
+
+def test_default_keeps_the_jobs_own_global_batch(result):
+    # JOB: batch_size 1 x grad_accum 1 x 1 GPU = 1 sample per step; every candidate keeps it
+    assert result.global_batch == 1
+    assert all(c.job.effective_batch == 1 for c in result.candidates)
+    assert any("own global batch is 1 sample" in n and "--global-batch" in n
+               for n in result.notes)
+
+
+def test_the_jobs_own_global_batch_with_accumulation_and_gpus():
+    # 2 per micro-batch x 4 accumulation x 2 data-parallel GPUs = 16 samples per step
+    job = JOB.with_changes(batch_size=2, grad_accum=4,
+                           parallel=Parallel(strategy="ddp", num_gpus=2))
+    found = plan(job, tokens=10**9, gpus=["H100-SXM"], max_gpus=64)
+    assert found.global_batch == 16 and found.candidates
+    assert {c.job.effective_batch for c in found.candidates} == {16}
+    # up to 16 data-parallel ranks x tp 8 = 128 GPUs can share 16 samples: every count up
+    # to 64 has a layout, none is reported unusable
+    assert max(c.num_gpus for c in found.candidates) <= 64
+    assert not any("GPUs not used" in n for n in found.notes)
+
+
+def test_global_batch_tokens_is_samples_of_the_sequence():
+    # 65,536 tokens / 2048 tokens per sample = 32 samples
+    found = plan(JOB, tokens=10**9, gpus=["H100-SXM"], max_gpus=8, global_batch_tokens=65_536)
+    assert found.global_batch == 32
+    assert {c.job.effective_batch for c in found.candidates} == {32}
+
+
+def test_global_batch_tokens_rounds_to_a_splittable_count():
+    from vramplan.plan.planner import _round_samples
+
+    # 4,000,000 / 2048 = 1953.125 samples: 2048 (a multiple of 1024) is 4.9% away
+    assert _round_samples(4_000_000 / 2048) == 2048
+    assert _round_samples(3.0) == 3          # 2 (a multiple of 2) is 33% away: keep 3
+    found = plan(JOB, tokens=10**9, gpus=["H100-SXM"], max_gpus=8,
+                 global_batch_tokens=4_000_000)
+    assert found.global_batch == 2048 and any("+4.9%" in n for n in found.notes)
+
+
+def test_512_gpus_cannot_share_a_global_batch_of_64():
+    # GPT-2 has 12 heads: tensor parallelism 1, 2 or 4 (12 % 8 != 0), no context parallelism
+    # at 1024 tokens. 512 GPUs / tp 4 = 128 data-parallel ranks > 64 samples: ruled out.
+    # 256 GPUs = tp 4 x 64 ranks of 1 sample each is the largest usable count.
+    job = Job(model="gpt2", seq_len=1024)
+    found = plan(job, tokens=10**9, gpus=["H100-SXM"], max_gpus=512, global_batch=64, top=50)
+    counts = {c.num_gpus for c in found.candidates}
+    assert 512 not in counts and max(counts) <= 256
+    assert {c.job.effective_batch for c in found.candidates} == {64}
+    assert all(64 % c.job.parallel.data_parallel == 0 for c in found.candidates)
+    assert any(n.startswith("512 GPUs not used") for n in found.notes)
+
+
+def test_allow_global_batch_frees_it():
+    found = plan(JOB, tokens=10**9, gpus=["H100-SXM"], max_gpus=8, allow=("global-batch",))
+    assert found.global_batch is None
+    assert all(c.job.grad_accum == 1 for c in found.candidates)
+    assert len({c.job.effective_batch for c in found.candidates}) > 1
+
+
+def test_global_batch_bad_input():
+    with pytest.raises(JobError, match="not both"):
+        plan(JOB, tokens=10, global_batch=8, global_batch_tokens=8192)
+    with pytest.raises(JobError, match="global_batch_tokens"):
+        plan(JOB, tokens=10, global_batch_tokens=0)

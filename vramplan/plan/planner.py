@@ -1,11 +1,14 @@
 """The planner: which GPU, how many, which techniques, how long, how much.
 
 It searches GPU type x GPU count (1, 2, 4, 8, then whole nodes) x data-parallel strategy
-x tensor / context parallel degree x checkpointing x micro-batch (with accumulation to
-reach a global batch when one is given), asks the formula engine whether each fits with
-the safety margin, and the performance model how fast it runs. By default it changes only
-what keeps the maths of training (techniques.py); `allow` opens LoRA, QLoRA, 8-bit
-optimizers, fp8 and offloading.
+x tensor / context parallel degree x checkpointing x micro-batch x accumulation, asks the
+formula engine whether each fits with the safety margin, and the performance model how
+fast it runs. By default it changes only what keeps the maths of training (techniques.py):
+the global batch (samples per optimizer step) stays the job's own, batch_size x grad_accum
+x data-parallel degree, or the one asked for (global_batch, global_batch_tokens), and each
+configuration reaches it with micro-batch x accumulation x data-parallel degree. `allow`
+opens LoRA, QLoRA, 8-bit optimizers, fp8, offloading and a free global batch
+("global-batch": the largest micro-batch that fits, no accumulation).
 
 Pruning keeps it fast: memory is GPU-independent (one formula call gives the fit on every
 GPU), a configuration that does not fit at micro-batch 1 needs no larger one, and for one
@@ -34,7 +37,9 @@ from vramplan.plan.techniques import ALLOW_NAMES
 
 SMALL_COUNTS = (1, 2, 4, 8)
 DEFAULT_MAX_GPUS = 512
-MICRO_BATCHES = (1, 2, 4, 8, 16, 32)  # tried when no global batch is given
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32)  # tried when the global batch is free
+PLANNER_ALLOW = "global-batch"         # the --allow name that frees the global batch
+SMALL_GLOBAL_BATCH = 8                 # samples: below this the job's own batch is noted
 LONG_SEQUENCE = 16384                  # from here context parallelism is tried
 GiB = 2**30
 
@@ -90,6 +95,8 @@ class Plan(_Frozen):
     fastest: Choice | None = None
     recommended: Choice | None = None
     ruled_out: list[RuledOut] = Field(default_factory=list)
+    global_batch: int | None = Field(None, description="samples per optimizer step every "
+                                     "candidate keeps (None: free, --allow global-batch)")
     closest_miss: str | None = None
     to_fit: list[str] = Field(default_factory=list)  # what would make it fit
     configurations: int = 0  # memory checks made
@@ -101,20 +108,70 @@ def plan(job: Job, *, tokens: int | None = None, samples: int | None = None,
          gpus: list[str] | None = None, max_gpus: int | None = None,
          max_cost: float | None = None, deadline_s: float | None = None,
          allow: tuple[str, ...] | list[str] = (), global_batch: int | None = None,
-         top: int = 10, margin: float = 0.05,
+         global_batch_tokens: int | None = None, top: int = 10, margin: float = 0.05,
          price_per_hour: float | None = None) -> Plan:
     """Search GPUs and techniques for `job`; see the module docstring."""
     amount = _amount(tokens, samples, epochs, dataset_samples, price_per_hour)
     _check_arguments(allow, max_gpus, max_cost, deadline_s, global_batch, top, margin)
+    if global_batch_tokens is not None and global_batch_tokens <= 0:
+        raise JobError(f"global_batch_tokens must be more than 0 (got {global_batch_tokens})")
+    if global_batch is not None and global_batch_tokens is not None:
+        raise JobError("give global_batch (samples) or global_batch_tokens, not both")
     catalog = [get_gpu(name) for name in gpus] if gpus else list_gpus()
     arch = load_architecture(job.model)
     if arch.kind == "cnn":
         raise JobError(f"{arch.name}: the planner needs step times, which are not modelled "
                        "for CNNs yet; use `vramplan estimate` for its memory")
-    search = _Search(job, catalog, amount, margin, allow, global_batch,
+    target, notes = target_global_batch(job, arch, global_batch, global_batch_tokens, allow)
+    search = _Search(job, catalog, amount, margin, allow, target,
                      max_gpus or DEFAULT_MAX_GPUS)
     search.run()
-    return search.answer(max_cost, deadline_s, top)
+    answer = search.answer(max_cost, deadline_s, top)
+    return answer.model_copy(update={"global_batch": target,
+                                     "notes": notes + answer.notes})
+
+
+def tokens_per_sample(job: Job, arch) -> int:
+    """Tokens one sample puts through the model (the performance model's count)."""
+    from vramplan.plan.flops import step_flops
+
+    one = step_flops(job.with_changes(batch_size=1, gpu=None), arch)
+    return max(1, one.tokens // max(1, one.samples))
+
+
+def target_global_batch(job: Job, arch, global_batch: int | None,
+                        global_batch_tokens: int | None, allow) -> tuple[int | None, list[str]]:
+    """The global batch (samples per optimizer step) every candidate keeps, None when the
+    user let the planner choose it, and notes saying where it comes from."""
+    if global_batch is not None:
+        return global_batch, []
+    if global_batch_tokens is not None:
+        per_sample = tokens_per_sample(job, arch)
+        exact = global_batch_tokens / per_sample
+        if exact == int(exact):
+            return int(exact), []
+        samples = _round_samples(exact)
+        change = samples * per_sample / global_batch_tokens - 1
+        return samples, [f"a global batch of {global_batch_tokens:,} tokens is {exact:,.1f} "
+                         f"samples of {per_sample:,} tokens; rounded to {samples:,} samples "
+                         f"({samples * per_sample:,} tokens, {100 * change:+.1f}%), a count "
+                         "that many data-parallel degrees divide"]
+    if PLANNER_ALLOW in allow:
+        return None, [f"--allow {PLANNER_ALLOW}: each configuration takes the largest "
+                      f"micro-batch that fits (up to {MICRO_BATCHES[-1]}) without "
+                      "accumulation, so the global batch (and the maths of training) "
+                      "differs between rows"]
+    own = job.effective_batch
+    notes = []
+    if own < SMALL_GLOBAL_BATCH:
+        per_sample = tokens_per_sample(job, arch)
+        notes.append(
+            f"the job's own global batch is {own} sample{'s' if own > 1 else ''} "
+            f"({own * per_sample:,} tokens: batch_size x grad_accum x data-parallel), so "
+            f"at most {own} data-parallel rank{'s' if own > 1 else ''} can share it; give "
+            "--global-batch N or --global-batch-tokens N (e.g. 1M) to plan for the batch "
+            f"you will train with, or --allow {PLANNER_ALLOW} to let the planner choose")
+    return own, notes
 
 
 def _amount(tokens, samples, epochs, dataset_samples, price_per_hour) -> TrainingAmount:
@@ -128,12 +185,26 @@ def _amount(tokens, samples, epochs, dataset_samples, price_per_hour) -> Trainin
             for e in error.errors())) from None
 
 
+def _round_samples(exact: float, tolerance: float = 0.05) -> int:
+    """The multiple of the largest power of two within `tolerance` of `exact` samples, so
+    that power-of-two GPU counts can split it (4M tokens of 2048: 1953.1 -> 2048)."""
+    k = max(0, int(exact).bit_length() - 1)
+    while k > 0:
+        step = 2**k
+        rounded = round(exact / step) * step
+        if rounded and abs(rounded - exact) <= tolerance * exact:
+            return rounded
+        k -= 1
+    return max(1, round(exact))
+
+
 def _check_arguments(allow, max_gpus, max_cost, deadline_s, global_batch, top, margin) -> None:
     problems = []
-    unknown = sorted(set(allow) - set(ALLOW_NAMES))
+    names = (*ALLOW_NAMES, PLANNER_ALLOW)
+    unknown = sorted(set(allow) - set(names))
     if unknown:
         problems.append(f"--allow {','.join(unknown)}: unknown; allowed: "
-                        f"{', '.join(ALLOW_NAMES)}")
+                        f"{', '.join(names)}")
     for name, value in (("max_gpus", max_gpus), ("max_cost", max_cost),
                         ("deadline", deadline_s), ("global_batch", global_batch)):
         if value is not None and value <= 0:
@@ -221,15 +292,23 @@ class _Search:
         if self.global_batch is None:
             return [(b, 1) for b in MICRO_BATCHES]
         if self.global_batch % dp:
-            return []
+            return []  # this data-parallel degree cannot split the global batch
         per_rank = self.global_batch // dp
         return [(b, per_rank // b) for b in range(1, per_rank + 1)
                 if per_rank % b == 0 and (b & (b - 1) == 0 or b == per_rank)][:8]
 
+    def layouts_for_batch(self, n: int) -> list[Parallel]:
+        """The layouts of n GPUs whose data-parallel degree splits the global batch."""
+        layouts = self.parallel_layouts(n)
+        if self.global_batch is None:
+            return layouts
+        return [p for p in layouts if self.global_batch % p.data_parallel == 0]
+
     def run(self) -> None:
+        self.unusable = [n for n in self.counts() if not self.layouts_for_batch(n)]
         for variant in self.variants():
             for n in self.counts():
-                for layout in self.parallel_layouts(n):
+                for layout in self.layouts_for_batch(n):
                     for ckpt in ("full", "selective", "none"):
                         if not self.configuration(variant, layout, ckpt):
                             break  # less checkpointing needs more memory: stop here
@@ -297,17 +376,12 @@ class _Search:
         if not everything:
             miss, to_fit = self.closest_miss()
             return Plan(status="nothing-fits", ruled_out=self.ruled_out([]), closest_miss=miss,
-                        to_fit=to_fit, **base)
+                        to_fit=to_fit, notes=self.batch_notes(), **base)
         kept = [c for c in everything
                 if (max_cost is None or (c.cost_usd is not None and c.cost_usd <= max_cost))
                 and (deadline_s is None or (c.training_time_s is not None
                                             and c.training_time_s <= deadline_s))]
-        notes = []
-        if self.global_batch is None:
-            notes.append(f"no global batch given: each configuration takes the largest "
-                         f"micro-batch that fits (up to {MICRO_BATCHES[-1]}) without "
-                         "accumulation, so the global batch differs between rows; give "
-                         "global_batch to keep it fixed")
+        notes = self.batch_notes()
         if (max_cost or deadline_s) and not self.amount.given:
             notes.append("max_cost and deadline need an amount of training (tokens, samples "
                          "or epochs): no candidate can be checked against them")
@@ -327,6 +401,14 @@ class _Search:
                 shown.append(c)
         return Plan(status="ok", candidates=sorted(shown, key=_time_key), front=front,
                     ruled_out=self.ruled_out(everything, kept), notes=notes, **picks, **base)
+
+    def batch_notes(self) -> list[str]:
+        if not self.unusable:
+            return []
+        counts = ", ".join(map(str, self.unusable))
+        return [f"{counts} GPUs not used: no layout of them has a data-parallel degree that "
+                f"divides the global batch of {self.global_batch} sample(s) (tensor, context "
+                "and pipeline parallelism cannot absorb the rest)"]
 
     def ruled_out(self, fitting: list[Candidate], kept: list[Candidate] | None = None):
         out = []
