@@ -122,12 +122,13 @@ def test_min_gpus_is_the_smallest_count_that_fits():
     job = Job(model="llama-3.1-8b", seq_len=2048, checkpointing="full")
     found = min_gpus(job, h100)
     n = found.parallel.num_gpus
-    assert n > 1 and found.parallel.strategy == "fsdp"
+    assert n > 1 and found.parallel.strategy in ("zero2", "fsdp")
     fit = formula(found, gpus=[h100]).fits[0]
     assert fit.required_bytes <= 0.95 * fit.usable_bytes
-    half = job.with_changes(parallel=Parallel(strategy="fsdp", num_gpus=n // 2))
-    fit = formula(half, gpus=[h100]).fits[0]
-    assert fit.required_bytes > 0.95 * fit.usable_bytes
+    for strategy in ("zero2", "fsdp"):  # half as many GPUs fit with neither strategy
+        half = job.with_changes(parallel=Parallel(strategy=strategy, num_gpus=n // 2))
+        fit = formula(half, gpus=[h100]).fits[0]
+        assert fit.required_bytes > 0.95 * fit.usable_bytes
     assert min_gpus(Job(model="llama-3.1-405b"), get_gpu("L4"), max_gpus=4) is None
 
 
@@ -198,3 +199,34 @@ def test_global_batch_bad_input():
         plan(JOB, tokens=10, global_batch=8, global_batch_tokens=8192)
     with pytest.raises(JobError, match="global_batch_tokens"):
         plan(JOB, tokens=10, global_batch_tokens=0)
+
+
+def test_gpu_count_search_records_every_trial_and_prefers_zero2():
+    from vramplan.plan.planner import search_gpu_count
+
+    h100 = get_gpu("H100-SXM")
+    job = Job(model="llama-3.1-8b", seq_len=2048, checkpointing="full")
+    result = search_gpu_count(job, h100)
+    assert result.fits and result.job.parallel.num_gpus == result.best
+    last = result.trials[-1]
+    assert last.fits and last.num_gpus == result.best and last.strategy == result.strategy
+    assert all(not t.fits for t in result.trials[:-1])
+    assert [t.num_gpus for t in result.trials][0] == 1 and result.trials[0].strategy == "none"
+    # at the answer's count, ZeRO-2 is tried first; FSDP only when ZeRO-2 did not fit
+    at_best = [t.strategy for t in result.trials if t.num_gpus == result.best]
+    assert at_best[0] == "zero2"
+    # a job that names its strategy keeps it
+    fsdp = search_gpu_count(job.with_changes(parallel=Parallel(strategy="fsdp")), h100)
+    assert {t.strategy for t in fsdp.trials if t.num_gpus > 1} == {"fsdp"}
+    assert fsdp.best <= result.best
+
+
+def test_gpu_count_search_says_what_more_gpus_cannot_shrink():
+    from vramplan.plan.planner import search_gpu_count
+
+    # 70B at 2048 tokens without checkpointing: activations alone outgrow an H100
+    result = search_gpu_count(Job(model="llama-3.1-70b", seq_len=2048), get_gpu("H100-SXM"),
+                              max_gpus=16)
+    assert not result.fits and result.best is None and result.job is None
+    assert max(t.num_gpus for t in result.trials) == 16
+    assert "--checkpointing full" in result.hint

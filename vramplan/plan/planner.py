@@ -556,23 +556,106 @@ def _recommended_reason(c: Candidate, best_cost: float, best_time: float) -> str
             f"lowest cost, {time:.2f}x the shortest time)")
 
 
-def min_gpus(job: Job, gpu: GPU, *, margin: float = 0.05, max_gpus: int = 4096,
-             strategies: tuple[str, ...] = ("fsdp", "zero2", "ddp")) -> Job | None:
+class GpuCountTrial(_Frozen):
+    """One layout `search num-gpus` tried."""
+
+    num_gpus: int
+    strategy: str
+    device_total_bytes: int | None = Field(description="per GPU; None when the layout is "
+                                           "impossible (see problem)")
+    fits: bool
+    problem: str = ""
+
+
+class GpuCountResult(_Frozen):
+    """The fewest GPUs of one type that fit the job, and every layout tried on the way."""
+
+    parameter: Literal["num_gpus"] = "num_gpus"
+    gpu: str
+    usable_bytes: int
+    limit_bytes: int = Field(description="usable x (1 - margin): what a layout must fit in")
+    margin: float
+    max_gpus: int
+    best: int | None = Field(description="the smallest GPU count that fits; None: none up to "
+                             "max_gpus")
+    strategy: str | None = None
+    job: Job | None = Field(None, description="the job on that many GPUs")
+    flags: str = ""
+    trials: list[GpuCountTrial] = Field(default_factory=list)
+    hint: str = Field("", description="when nothing fits: what more GPUs cannot shrink")
+
+    @property
+    def fits(self) -> bool:
+        return self.best is not None
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json") | {"fits": self.fits}
+
+
+def search_gpu_count(job: Job, gpu: GPU, *, margin: float = 0.05, max_gpus: int = 4096,
+                     strategies: tuple[str, ...] = ("zero2", "fsdp")) -> GpuCountResult:
     """The job on the fewest GPUs of type `gpu` that fits with `margin`, trying counts 1, 2,
-    4, ... and, at each, the sharding strategies in order (the rest of the job unchanged);
-    None when even `max_gpus` GPUs are not enough. `search num-gpus` answers with it."""
+    4, ... and, at each, the sharding strategies in order (the rest of the job unchanged:
+    the micro-batch per GPU stays, so the global batch grows with the data-parallel
+    degree). ZeRO-2 first: at a count where both fit it communicates less than FSDP (no
+    per-micro-batch all-gathers); DDP is not tried, it holds as much per GPU as one GPU.
+    A job that names its strategy keeps it."""
+    if max_gpus < 1:
+        raise JobError(f"max_gpus must be at least 1 (got {max_gpus})")
+    if not 0 <= margin < 0.5:
+        raise JobError(f"margin is a fraction of the GPU's memory, 0 to 0.5 (got {margin})")
+    if job.parallel.strategy != "none":
+        strategies = (job.parallel.strategy,)
     formula = get_engine("formula")
+    limit = int((1 - margin) * gpu.usable_bytes)
+    trials: list[GpuCountTrial] = []
+    found: Job | None = None
+    last = None  # the last report, for the hint
     n = 1
-    while n <= max_gpus:
-        tried = ["none"] if n == 1 else list(strategies)
+    while n <= max_gpus and found is None:
+        model_parallel = (job.parallel.tensor_parallel * job.parallel.context_parallel
+                          * getattr(job.parallel, "pipeline_parallel", 1))
+        tried = ["none"] if n == model_parallel else list(strategies)
         for strategy in tried:
             layout = job.parallel.model_copy(update={"num_gpus": n, "strategy": strategy})
             try:
                 candidate = job.with_changes(parallel=layout.model_dump(), gpu=None)
-                fit = formula.run(candidate, gpus=[gpu]).fits[0]
-            except (JobError, ValueError):
+                last = formula.run(candidate, gpus=[gpu])
+                fit = last.fits[0]
+            except (JobError, ValueError) as error:
+                if n >= model_parallel:
+                    trials.append(GpuCountTrial(num_gpus=n, strategy=strategy,
+                                                device_total_bytes=None, fits=False,
+                                                problem=str(error).splitlines()[0]))
                 continue
-            if fit.required_bytes <= (1 - margin) * fit.usable_bytes:
-                return candidate
+            fits = fit.supported and fit.required_bytes <= limit
+            trials.append(GpuCountTrial(num_gpus=n, strategy=strategy,
+                                        device_total_bytes=fit.required_bytes, fits=fits,
+                                        problem=fit.problem))
+            if fits:
+                found = candidate
+                break
         n *= 2
-    return None
+    flags = describe_changes(job, found)[1] if found else ""
+    hint = ""
+    if found is None and last is not None:
+        per_gpu = sum(last.categories[c] for c in ("activations", "inputs", "temporary"))
+        hint = (f"at {last.job.parallel.num_gpus} GPUs ({last.job.parallel.strategy}), "
+                f"activations, inputs and temporaries alone take {per_gpu / GiB:.1f} GiB per "
+                "GPU, which more data-parallel GPUs do not shrink: try --checkpointing full, "
+                "a smaller --batch-size, or --tp / --cp")
+    return GpuCountResult(gpu=gpu.name, usable_bytes=gpu.usable_bytes, limit_bytes=limit,
+                          margin=margin, max_gpus=max_gpus,
+                          best=found.parallel.num_gpus if found else None,
+                          strategy=found.parallel.strategy if found else None,
+                          job=found.with_changes(gpu=gpu.name) if found else None,
+                          flags=flags, trials=trials, hint=hint)
+
+
+def min_gpus(job: Job, gpu: GPU, *, margin: float = 0.05, max_gpus: int = 4096,
+             strategies: tuple[str, ...] = ("zero2", "fsdp")) -> Job | None:
+    """The job on the fewest GPUs of type `gpu` that fits with `margin` (search_gpu_count's
+    answer), None when even `max_gpus` GPUs are not enough."""
+    found = search_gpu_count(job, gpu, margin=margin, max_gpus=max_gpus,
+                             strategies=strategies).job
+    return found.with_changes(gpu=None) if found else None
