@@ -175,10 +175,10 @@ def test_global_batch_tokens_rounds_to_a_splittable_count():
 
 
 def test_512_gpus_cannot_share_a_global_batch_of_64():
-    # GPT-2 has 12 heads: tensor parallelism 1, 2 or 4 (12 % 8 != 0), no context parallelism
-    # at 1024 tokens. 512 GPUs / tp 4 = 128 data-parallel ranks > 64 samples: ruled out.
-    # 256 GPUs = tp 4 x 64 ranks of 1 sample each is the largest usable count.
-    job = Job(model="gpt2", seq_len=1024)
+    # BERT-base has 12 heads: tensor parallelism 1, 2 or 4 (12 % 8 != 0); it is an encoder,
+    # so no pipeline or context parallelism. 512 GPUs / tp 4 = 128 data-parallel ranks > 64
+    # samples: ruled out. 256 GPUs = tp 4 x 64 ranks of 1 sample is the largest usable.
+    job = Job(model="bert-base-uncased", seq_len=512)
     found = plan(job, tokens=10**9, gpus=["H100-SXM"], max_gpus=512, global_batch=64, top=50)
     counts = {c.num_gpus for c in found.candidates}
     assert 512 not in counts and max(counts) <= 256

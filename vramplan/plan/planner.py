@@ -272,19 +272,27 @@ class _Search:
     def parallel_layouts(self, n: int) -> list[Parallel]:
         seq = self.job.seq_len or 0
         heads = [(s.num_heads, s.num_kv_heads) for s in self.arch.stacks]
+        layers = sum(s.num_layers for s in self.arch.stacks)
+        tps = [tp for tp in (1, 2, 4, 8)
+               if tp <= n and not any(h % tp or (kv % tp and kv >= tp) for h, kv in heads)]
         layouts = []
-        for tp in (1, 2, 4, 8):
-            if tp > n or any(h % tp or (kv % tp and kv >= tp) for h, kv in heads):
-                continue
+        for tp in tps:
+            # pipeline stages only once tensor parallelism fills what it can (a node), as
+            # Megatron-LM lays out large jobs: TP inside a node, PP across nodes
+            pps = [1] + ([pp for pp in (2, 4, 8, 16) if pp <= layers]
+                         if tp == tps[-1] and self.arch.kind == "decoder" else [])
             for cp in ((1, 2, 4) if seq >= LONG_SEQUENCE and self.arch.kind == "decoder"
                        else (1,)):
-                if tp * cp > n or n % (tp * cp):
-                    continue
-                dp = n // (tp * cp)
-                strategies = ["none"] if dp == 1 else ["ddp", "zero2", "fsdp"] + (
-                    ["hybrid-shard"] if dp > 8 else [])
-                layouts += [Parallel(strategy=s, num_gpus=n, tensor_parallel=tp,
-                                     context_parallel=cp) for s in strategies]
+                for pp in pps:
+                    group = tp * cp * pp
+                    if group > n or n % group:
+                        continue
+                    dp = n // group
+                    strategies = ["none"] if dp == 1 else ["ddp", "zero2", "fsdp"] + (
+                        ["hybrid-shard"] if dp > 8 else [])
+                    layouts += [Parallel(strategy=s, num_gpus=n, tensor_parallel=tp,
+                                         context_parallel=cp, pipeline_parallel=pp)
+                                for s in strategies]
         return layouts
 
     def micro_batches(self, dp: int) -> list[tuple[int, int]]:
@@ -458,6 +466,8 @@ def _layout(job: Job) -> str:
         parts.append(f"tp {p.tensor_parallel}")
     if p.context_parallel > 1:
         parts.append(f"cp {p.context_parallel}")
+    if p.pipeline_parallel > 1:
+        parts.append(f"pp {p.pipeline_parallel} ({p.pipeline_schedule})")
     parts.append(f"{job.checkpointing} checkpointing")
     if job.peft:
         parts.append(job.peft.method)
@@ -478,7 +488,8 @@ def describe_changes(before: Job, after: Job) -> tuple[list[str], str]:
             flags.append(flag if isinstance(new, bool) else f"{flag} {new}")
     p0, p1 = before.parallel, after.parallel
     for name, flag in (("num_gpus", "-n"), ("strategy", "--strategy"),
-                       ("tensor_parallel", "--tp"), ("context_parallel", "--cp")):
+                       ("tensor_parallel", "--tp"), ("context_parallel", "--cp"),
+                       ("pipeline_parallel", "--pp"), ("pipeline_schedule", "--pp-schedule")):
         if getattr(p0, name) != getattr(p1, name):
             changes.append(f"{name} {getattr(p0, name)} -> {getattr(p1, name)}")
             flags.append(f"{flag} {getattr(p1, name)}")
@@ -613,8 +624,7 @@ def search_gpu_count(job: Job, gpu: GPU, *, margin: float = 0.05, max_gpus: int 
     last = None  # the last report, for the hint
     n = 1
     while n <= max_gpus and found is None:
-        model_parallel = (job.parallel.tensor_parallel * job.parallel.context_parallel
-                          * getattr(job.parallel, "pipeline_parallel", 1))
+        model_parallel = job.parallel.model_parallel
         tried = ["none"] if n == model_parallel else list(strategies)
         for strategy in tried:
             layout = job.parallel.model_copy(update={"num_gpus": n, "strategy": strategy})
