@@ -168,7 +168,8 @@ def _stage_report(job: Job, arch: Architecture, task: str, shapes: Shapes,
         step_temp = min(step_temp, _largest_trainable_bytes(job, arch, task) / tp)
     if job.offload.optimizer:
         step_temp = 0.0  # the step runs on the CPU, next to the offloaded states
-    unified = _unified_state_bytes(job, arch, task) / (tp * job.parallel.shard_degree)
+    unified = (_unified_state_bytes(job, arch, task) / (tp * job.parallel.shard_degree)
+               * params.trainable / max(whole.trainable, 1))  # a pipeline stage's share
 
     recompute = dict(activations=0.0, cast=0.0)
     layers = sum(st.num_layers for st in arch.stacks) * stage.layer_share  # on this GPU
