@@ -155,7 +155,8 @@ def _stage_report(job: Job, arch: Architecture, task: str, shapes: Shapes,
         notes.append(f"pipeline stage {stage.name} of {job.parallel.pipeline_parallel} "
                      f"({job.parallel.pipeline_schedule}): "
                      f"{pipeline.blocks_per_stage(job, arch)} blocks, activations of "
-                     f"{stage.in_flight:g} micro-batches in flight"
+                     f"{stage.in_flight:g} micro-batch{'' if stage.in_flight == 1 else 'es'}"
+                     " in flight"
                      + (", the embedding" if stage.embedding else ", the head and the loss"))
     ws = workspaces_bytes(job.runtime, runtime_gpu)
     inputs = shapes.input_bytes / cp
