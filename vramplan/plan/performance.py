@@ -72,6 +72,7 @@ class PhaseTerms:
     bytes: float = 0.0
     offload_bytes: float = 0.0   # optimizer offload: bytes over PCIe
     offload_params: float = 0.0  # optimizer offload: elements the CPU updates
+    modules: float = 0.0         # nn.Module calls (host time beside the launches)
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,8 @@ def _per_gpu_work(job: Job, arch: Architecture) -> dict:
         attention = share * by.get("attention", 0) / split
         moved = share * traffic.bytes[phase] / split
         if mm or attention or moved:
-            phases.append((phase, mm, attention, moved, share * traffic.kernels[phase]))
+            phases.append((phase, mm, attention, moved, share * traffic.kernels[phase],
+                           share * traffic.modules[phase]))
     shards = par.tensor_parallel * par.shard_degree
     trainable = (_param_memory(job, arch, _task(job, arch)).trainable / shards
                  * share if job.offload.optimizer else 0.0)
@@ -168,8 +170,8 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
     bandwidth = gpu.bandwidth_bytes_s
     unit = _per_gpu_work(job, arch)
     phases = [PhaseTerms(phase, job.grad_accum, mm / peak, attention / peak, moved / bandwidth,
-                         kernels, mm + attention, moved)
-              for phase, mm, attention, moved, kernels in unit["phases"]]
+                         kernels, mm + attention, moved, modules=modules)
+              for phase, mm, attention, moved, kernels, modules in unit["phases"]]
     if job.offload.optimizer:
         # gradients down and updated fp32 weights up over PCIe, the update on the CPU
         trainable = unit["offload_params"]
@@ -203,7 +205,7 @@ def phase_times(terms: StepTerms, factors: Factors) -> tuple[list[PhaseTime], fl
         attention_eff = factors.attention if terms.sdpa else factors.matmul
         compute = p.matmul_s / factors.matmul + p.attention_s / attention_eff
         memory = p.memory_s / factors.memory
-        host = p.kernels * factors.kernel_us * 1e-6
+        host = (p.kernels * factors.kernel_us + p.modules * factors.module_us) * 1e-6
         if p.offload_params:
             host += (p.offload_bytes / (factors.host_link_gb_s * 1e9)
                      + p.offload_params / factors.cpu_adam_params_per_s)
