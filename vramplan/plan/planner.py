@@ -526,8 +526,9 @@ def _cost_key(c: Candidate) -> float:
 
 
 def _summary(c: Candidate) -> str:
-    time = (f"{c.training_time_s / 3600:.1f} h" if c.training_time_s is not None
-            else f"{c.tokens_per_s:,.0f} tokens/s")
+    t = c.training_time_s
+    time = (f"{c.tokens_per_s:,.0f} tokens/s" if t is None else f"{t / 3600:.1f} h"
+            if t >= 3600 else f"{t / 60:.1f} min" if t >= 60 else f"{t:.0f} s")
     cost = (f"${c.cost_usd:,.0f}" if c.cost_usd is not None else
             f"${c.cost_per_million_tokens:.3f}/M tokens" if c.cost_per_million_tokens
             else "no price")
