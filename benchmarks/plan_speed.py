@@ -21,8 +21,11 @@ from vramplan.job import Job
 from vramplan.plan.planner import plan
 
 CASES = [
-    ("llama-3.1-70b full fine-tune, 10B tokens", Job(model="llama-3.1-70b", seq_len=2048),
-     dict(tokens=10_000_000_000)),
+    ("llama-3.1-70b full fine-tune, 10B tokens (the job's own global batch: 1 sample)",
+     Job(model="llama-3.1-70b", seq_len=2048), dict(tokens=10_000_000_000)),
+    ("llama-3.1-70b full fine-tune, 10B tokens, global batch 4M tokens",
+     Job(model="llama-3.1-70b", seq_len=2048),
+     dict(tokens=10_000_000_000, global_batch_tokens=4_000_000)),
     ("llama-3.1-70b, global batch 1024, allow lora,qlora,8bit", Job(model="llama-3.1-70b",
      seq_len=2048), dict(tokens=10_000_000_000, global_batch=1024,
                          allow=("lora", "qlora", "8bit"))),

@@ -73,6 +73,9 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=RESULTS / "gpu_validation.json")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--fit", action="store_true", help="print the all-runs fit to ship")
+    parser.add_argument("--module-us", default=None,
+                        help="host us per nn.Module call to try, e.g. 0,10,20,40 (fitted "
+                             "with the other factors, in every fold); default: the shipped")
     args = parser.parse_args()
     args.out = args.out or results_dir()
     machine, runs = load_runs(args.runs)
@@ -84,14 +87,18 @@ def main() -> None:
     started = time.perf_counter()
 
     # in sample: factors fitted on every scored run
-    all_fit = fit(shipped, [r["terms"] for r in scored], [r["measured_s"] for r in scored])
+    grid = tuple(float(v) for v in args.module_us.split(",")) if args.module_us else None
+    all_fit = fit(shipped, [r["terms"] for r in scored], [r["measured_s"] for r in scored],
+                  module_us=grid)
     # out of sample: leave one out
     for i, run in enumerate(scored):
         if QUICK and i >= 2:  # CI: two folds show the script works
             break
         others = scored[:i] + scored[i + 1:]
-        factors = fit(shipped, [r["terms"] for r in others], [r["measured_s"] for r in others])
-        run["loo_factors"] = [factors.matmul, factors.memory, factors.kernel_us]
+        factors = fit(shipped, [r["terms"] for r in others], [r["measured_s"] for r in others],
+                      module_us=grid)
+        run["loo_factors"] = [factors.matmul, factors.memory, factors.kernel_us,
+                              factors.module_us]
         run["loo_s"] = step_time(run["terms"], factors)
     for run in runs:
         run["in_sample_s"] = step_time(run["terms"], all_fit)
@@ -105,7 +112,8 @@ def main() -> None:
                     f"{platform.system()}, Python {platform.python_version()}, "
                     "2-core VM (the CPU side; the runs were measured on the GPU above)"},
         "fit_all_runs": all_fit.model_dump(include={"matmul", "attention", "memory",
-                                                    "kernel_us"}),
+                                                    "kernel_us", "module_us"}),
+        "module_us_tried": list(grid) if grid else None,
         "shipped_factors": shipped.model_dump(),
         "out_of_sample_leave_one_out": _summary([err(r, "loo_s") for r in scored
                                                  if "loo_s" in r]),
@@ -140,7 +148,10 @@ def markdown(result: dict) -> str:
                      f"{s['runs']} runs")
     f = result["fit_all_runs"]
     lines += ["", f"Fit on all runs: matmul {f['matmul']:.3f}, attention {f['attention']:.3f}, "
-              f"memory {f['memory']:.3f}, host {f['kernel_us']:.1f} us per kernel.", "",
+              f"memory {f['memory']:.3f}, host {f['kernel_us']:.1f} us per kernel"
+              + (f" + {f['module_us']:.1f} us per module call (tried: "
+                 f"{', '.join(f'{v:g}' for v in result['module_us_tried'])})"
+                 if result.get("module_us_tried") else "") + ".", "",
               "| job | measured s | out of sample s | error | in sample s | error | note |",
               "|---|---:|---:|---:|---:|---:|---|"]
     for r in result["rows"]:

@@ -84,3 +84,55 @@ def test_per_gpu_rows_that_fit_come_first_by_cost():
     assert fits == sorted(fits, reverse=True)
     priced = [perf.cost_usd for fit, perf in rows if fit.fits and perf.cost_usd is not None]
     assert priced == sorted(priced)
+
+
+def test_search_num_gpus_json_out_and_exit_codes(run_cli, tmp_path):
+    out_file = tmp_path / "n.json"
+    code, out, err = run_cli("search", "num-gpus", "llama-3.1-8b", "-s", "2048",
+                             "--checkpointing", "full", "--gpu", "H100-SXM", "--json",
+                             "--out", str(out_file))
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["fits"] and data["best"] > 1 and data["strategy"] in ("zero2", "fsdp")
+    assert json.loads(out_file.read_text()) == data
+    assert data["flags"] == f"-n {data['best']} --strategy {data['strategy']}"
+    code, out, _ = run_cli("search", "num-gpus", "llama-3.1-405b", "--gpu", "L4",
+                           "--max-gpus", "4")
+    assert code == 1 and "does not fit on up to 4 L4 GPUs" in out
+    code, _, err = run_cli("search", "num-gpus", "llama-3.1-8b")
+    assert code == 2 and "--gpu" in err
+
+
+def test_plan_global_batch_tokens_flag(run_cli):
+    code, out, err = run_cli("plan", "llama-3.2-1b", "-s", "2048", "--tokens", "1B", "--gpus",
+                             "H100-SXM", "--max-gpus", "8", "--global-batch-tokens", "64k",
+                             "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    # 64,000 tokens / 2048 = 31.25 samples -> 32 (a multiple of 32, 2.4% away)
+    assert data["global_batch"] == 32
+    assert all(c["job"]["batch_size"] * c["job"]["grad_accum"]
+               * c["num_gpus"] // (c["job"]["parallel"]["tensor_parallel"]
+                                   * c["job"]["parallel"]["context_parallel"]) == 32
+               for c in data["candidates"])
+
+
+def test_estimate_json_carries_the_fixes_when_it_does_not_fit(run_cli):
+    from vramplan.engines.formula import estimate as formula
+    from vramplan.engines.report import MemoryReport
+    from vramplan.hardware import get_gpu
+
+    code, out, _ = run_cli("estimate", "llama-3.2-1b", "-b", "8", "-s", "2048", "--gpu", "L4",
+                           "--json")
+    assert code == 1
+    data = json.loads(out)
+    report = MemoryReport.model_validate(data)
+    assert report.to_json_dict() == data  # a valid MemoryReport that round-trips
+    assert report.to_fit and not report.to_fit[0].changes_maths
+    for fix in report.to_fit:  # every fix really fits the L4 (estimate's margin is 0)
+        fit = formula(fix.job, gpus=[get_gpu("L4")]).fits[0]
+        assert fit.fits and fit.required_bytes == fix.device_total_bytes
+        assert fix.flags.startswith("--")
+    code, out, _ = run_cli("estimate", "llama-3.2-1b", "-s", "2048", "--gpu", "H100-SXM",
+                           "--json")
+    assert code == 0 and json.loads(out)["to_fit"] == []

@@ -71,3 +71,23 @@ def test_bad_files(config_dir):
     bad.write_text(json.dumps({"job": {"model": "llama-3.2-1b"}, "measured": {}}))
     with pytest.raises(JobError, match="no job with a measured step time"):
         calibrate([bad])
+
+
+def test_fit_finds_the_module_term_it_was_given():
+    # runs generated with 20 us per nn.Module call: the fit over (0, 20, 40) finds it
+    from vramplan.hardware import get_gpu
+    from vramplan.job import Job
+    from vramplan.plan.calibrate import fit
+    from vramplan.plan.efficiency import factors_for
+    from vramplan.plan.performance import step_terms, step_time
+
+    gpu = get_gpu("H200")
+    base = factors_for(gpu, calibrated=False)
+    truth = base.model_copy(update={"module_us": 20.0})
+    jobs = [Job(model="bert-base-uncased", batch_size=8, seq_len=128),
+            Job(model="gpt2", batch_size=2, seq_len=256),
+            Job(model="llama-3.2-1b", batch_size=4, seq_len=2048)]
+    terms = [step_terms(job, gpu) for job in jobs]
+    measured = [step_time(t, truth) for t in terms]
+    assert measured[0] > step_time(terms[0], base)  # the term matters for a small model
+    assert fit(base, terms, measured, module_us=(0.0, 20.0, 40.0)).module_us == 20.0

@@ -122,10 +122,111 @@ def test_min_gpus_is_the_smallest_count_that_fits():
     job = Job(model="llama-3.1-8b", seq_len=2048, checkpointing="full")
     found = min_gpus(job, h100)
     n = found.parallel.num_gpus
-    assert n > 1 and found.parallel.strategy == "fsdp"
+    assert n > 1 and found.parallel.strategy in ("zero2", "fsdp")
     fit = formula(found, gpus=[h100]).fits[0]
     assert fit.required_bytes <= 0.95 * fit.usable_bytes
-    half = job.with_changes(parallel=Parallel(strategy="fsdp", num_gpus=n // 2))
-    fit = formula(half, gpus=[h100]).fits[0]
-    assert fit.required_bytes > 0.95 * fit.usable_bytes
+    for strategy in ("zero2", "fsdp"):  # half as many GPUs fit with neither strategy
+        half = job.with_changes(parallel=Parallel(strategy=strategy, num_gpus=n // 2))
+        fit = formula(half, gpus=[h100]).fits[0]
+        assert fit.required_bytes > 0.95 * fit.usable_bytes
     assert min_gpus(Job(model="llama-3.1-405b"), get_gpu("L4"), max_gpus=4) is None
+
+
+# --- the global batch: the planner keeps the maths of training -------------------------------
+
+
+def test_default_keeps_the_jobs_own_global_batch(result):
+    # JOB: batch_size 1 x grad_accum 1 x 1 GPU = 1 sample per step; every candidate keeps it
+    assert result.global_batch == 1
+    assert all(c.job.effective_batch == 1 for c in result.candidates)
+    assert any("own global batch is 1 sample" in n and "--global-batch" in n
+               for n in result.notes)
+
+
+def test_the_jobs_own_global_batch_with_accumulation_and_gpus():
+    # 2 per micro-batch x 4 accumulation x 2 data-parallel GPUs = 16 samples per step
+    job = JOB.with_changes(batch_size=2, grad_accum=4,
+                           parallel=Parallel(strategy="ddp", num_gpus=2))
+    found = plan(job, tokens=10**9, gpus=["H100-SXM"], max_gpus=64)
+    assert found.global_batch == 16 and found.candidates
+    assert {c.job.effective_batch for c in found.candidates} == {16}
+    # up to 16 data-parallel ranks x tp 8 = 128 GPUs can share 16 samples: every count up
+    # to 64 has a layout, none is reported unusable
+    assert max(c.num_gpus for c in found.candidates) <= 64
+    assert not any("GPUs not used" in n for n in found.notes)
+
+
+def test_global_batch_tokens_is_samples_of_the_sequence():
+    # 65,536 tokens / 2048 tokens per sample = 32 samples
+    found = plan(JOB, tokens=10**9, gpus=["H100-SXM"], max_gpus=8, global_batch_tokens=65_536)
+    assert found.global_batch == 32
+    assert {c.job.effective_batch for c in found.candidates} == {32}
+
+
+def test_global_batch_tokens_rounds_to_a_splittable_count():
+    from vramplan.plan.planner import _round_samples
+
+    # 4,000,000 / 2048 = 1953.125 samples: 2048 (a multiple of 1024) is 4.9% away
+    assert _round_samples(4_000_000 / 2048) == 2048
+    assert _round_samples(3.0) == 3          # 2 (a multiple of 2) is 33% away: keep 3
+    found = plan(JOB, tokens=10**9, gpus=["H100-SXM"], max_gpus=8,
+                 global_batch_tokens=4_000_000)
+    assert found.global_batch == 2048 and any("+4.9%" in n for n in found.notes)
+
+
+def test_512_gpus_cannot_share_a_global_batch_of_64():
+    # BERT-base has 12 heads: tensor parallelism 1, 2 or 4 (12 % 8 != 0); it is an encoder,
+    # so no pipeline or context parallelism. 512 GPUs / tp 4 = 128 data-parallel ranks > 64
+    # samples: ruled out. 256 GPUs = tp 4 x 64 ranks of 1 sample is the largest usable.
+    job = Job(model="bert-base-uncased", seq_len=512)
+    found = plan(job, tokens=10**9, gpus=["H100-SXM"], max_gpus=512, global_batch=64, top=50)
+    counts = {c.num_gpus for c in found.candidates}
+    assert 512 not in counts and max(counts) <= 256
+    assert {c.job.effective_batch for c in found.candidates} == {64}
+    assert all(64 % c.job.parallel.data_parallel == 0 for c in found.candidates)
+    assert any(n.startswith("512 GPUs not used") for n in found.notes)
+
+
+def test_allow_global_batch_frees_it():
+    found = plan(JOB, tokens=10**9, gpus=["H100-SXM"], max_gpus=8, allow=("global-batch",))
+    assert found.global_batch is None
+    assert all(c.job.grad_accum == 1 for c in found.candidates)
+    assert len({c.job.effective_batch for c in found.candidates}) > 1
+
+
+def test_global_batch_bad_input():
+    with pytest.raises(JobError, match="not both"):
+        plan(JOB, tokens=10, global_batch=8, global_batch_tokens=8192)
+    with pytest.raises(JobError, match="global_batch_tokens"):
+        plan(JOB, tokens=10, global_batch_tokens=0)
+
+
+def test_gpu_count_search_records_every_trial_and_prefers_zero2():
+    from vramplan.plan.planner import search_gpu_count
+
+    h100 = get_gpu("H100-SXM")
+    job = Job(model="llama-3.1-8b", seq_len=2048, checkpointing="full")
+    result = search_gpu_count(job, h100)
+    assert result.fits and result.job.parallel.num_gpus == result.best
+    last = result.trials[-1]
+    assert last.fits and last.num_gpus == result.best and last.strategy == result.strategy
+    assert all(not t.fits for t in result.trials[:-1])
+    assert [t.num_gpus for t in result.trials][0] == 1 and result.trials[0].strategy == "none"
+    # at the answer's count, ZeRO-2 is tried first; FSDP only when ZeRO-2 did not fit
+    at_best = [t.strategy for t in result.trials if t.num_gpus == result.best]
+    assert at_best[0] == "zero2"
+    # a job that names its strategy keeps it
+    fsdp = search_gpu_count(job.with_changes(parallel=Parallel(strategy="fsdp")), h100)
+    assert {t.strategy for t in fsdp.trials if t.num_gpus > 1} == {"fsdp"}
+    assert fsdp.best <= result.best
+
+
+def test_gpu_count_search_says_what_more_gpus_cannot_shrink():
+    from vramplan.plan.planner import search_gpu_count
+
+    # 70B at 2048 tokens without checkpointing: activations alone outgrow an H100
+    result = search_gpu_count(Job(model="llama-3.1-70b", seq_len=2048), get_gpu("H100-SXM"),
+                              max_gpus=16)
+    assert not result.fits and result.best is None and result.job is None
+    assert max(t.num_gpus for t in result.trials) == 16
+    assert "--checkpointing full" in result.hint

@@ -192,9 +192,9 @@ def test_figures_export_png_and_svg(formula_report, tmp_path):
 def test_flag_table_matches_the_cli():
     from vramplan.cli.options import _JOB_FLAGS
 
-    assert {path: f"--{name.replace('_', '-')}" if name not in ("tensor_parallel",
-                                                                  "context_parallel")
-            else {"tensor_parallel": "--tp", "context_parallel": "--cp"}[name]
+    short = {"tensor_parallel": "--tp", "context_parallel": "--cp",
+             "pipeline_parallel": "--pp", "pipeline_schedule": "--pp-schedule"}
+    assert {path: short.get(name, f"--{name.replace('_', '-')}")
             for name, (path, _, _) in _JOB_FLAGS.items()} == FLAGS
 
 

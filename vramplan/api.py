@@ -66,7 +66,8 @@ def plan(job: Job, **options):
     """Which GPU, how many, which techniques, how long, how much: a typed Plan.
 
     Options: tokens / samples / epochs (+ dataset_samples), gpus, max_gpus, max_cost,
-    deadline_s, allow (lora, qlora, 8bit, fp8, offload), global_batch, top, margin,
+    deadline_s, allow (lora, qlora, 8bit, fp8, offload, global-batch), global_batch or
+    global_batch_tokens (default: the job's own global batch), top, margin,
     price_per_hour (vramplan.plan.planner.plan).
 
     >>> p = plan(Job(model="llama-3.1-8b", seq_len=2048), tokens=2_000_000_000)

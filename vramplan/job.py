@@ -47,6 +47,9 @@ Loss = Literal["standard", "chunked", "chunked:torchtune-linear", "chunked:torch
 CHUNKED_LOSS_CHUNKS = 8  # chunks of the sequence the chunked loss scores one at a time
 Strategy = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "hybrid-shard"]
 PeftMethod = Literal["lora", "qlora"]
+# 1f1b: one forward one backward (PipeDream-Flush, Megatron-LM's default); interleaved:
+# each GPU runs pipeline_chunks model chunks (Megatron-LM's virtual pipeline stages)
+PipelineSchedule = Literal["1f1b", "interleaved"]
 # The training framework whose defaults the job takes (vramplan/frameworks/profiles.toml)
 Framework = Literal["plain", "hf-trainer", "torchtune", "torchtitan", "lightning", "accelerate"]
 AdapterDtype = Literal["fp32", "model"]
@@ -101,20 +104,31 @@ class Peft(_Strict):
 
 
 class Parallel(_Strict):
-    """How the job is spread over GPUs. num_gpus = data x tensor x context parallel."""
+    """How the job is spread over GPUs. num_gpus = data x tensor x context x pipeline
+    parallel."""
 
     strategy: Strategy = "none"
     num_gpus: int = Field(1, ge=1, le=1_000_000)
     gpus_per_node: int = Field(8, ge=1, le=1024)  # hybrid-shard shards within a node
     tensor_parallel: int = Field(1, ge=1, le=1024)
     context_parallel: int = Field(1, ge=1, le=1024)
+    # pipeline stages: each holds a contiguous share of the blocks (the embedding on the
+    # first, the head on the last); the micro-batches of a step (grad_accum) flow through
+    pipeline_parallel: int = Field(1, ge=1, le=1024)
+    pipeline_schedule: PipelineSchedule = "1f1b"
+    pipeline_chunks: int = Field(2, ge=2, le=64)  # interleaved: model chunks per GPU
     # FSDP/ZeRO shard over data-parallel x context-parallel ranks, as torchtitan's dp_shard_cp
     # mesh does (distributed/parallel_dims.py); False: over data-parallel ranks only
     shard_over_context_parallel: bool = False
 
     @property
+    def model_parallel(self) -> int:
+        """GPUs that hold one copy of the model between them: tensor x context x pipeline."""
+        return self.tensor_parallel * self.context_parallel * self.pipeline_parallel
+
+    @property
     def data_parallel(self) -> int:
-        return self.num_gpus // (self.tensor_parallel * self.context_parallel)
+        return self.num_gpus // self.model_parallel
 
     @property
     def shard_degree(self) -> int:
@@ -127,11 +141,11 @@ class Parallel(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Parallel:
-        model_parallel = self.tensor_parallel * self.context_parallel
+        model_parallel = self.model_parallel
         if self.num_gpus % model_parallel:
             raise ValueError(
                 f"num_gpus={self.num_gpus} is not a multiple of tensor_parallel x "
-                f"context_parallel = {model_parallel}")
+                f"context_parallel x pipeline_parallel = {model_parallel}")
         if self.data_parallel > 1 and self.strategy == "none":
             raise ValueError(
                 f"{self.data_parallel} data-parallel ranks need a strategy: "

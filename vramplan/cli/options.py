@@ -87,6 +87,11 @@ _JOB_FLAGS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
     "tensor_parallel": (("parallel", "tensor_parallel"), ("--tp",), "tensor-parallel degree"),
     "context_parallel": (("parallel", "context_parallel"), ("--cp",),
                          "context-parallel degree"),
+    "pipeline_parallel": (("parallel", "pipeline_parallel"), ("--pp",),
+                          "pipeline-parallel stages (the blocks split between them)"),
+    "pipeline_schedule": (("parallel", "pipeline_schedule"), ("--pp-schedule",),
+                          "1f1b, or interleaved (--set parallel.pipeline_chunks=N chunks "
+                          "per GPU, default 2)"),
     "offload_optimizer": (("offload", "optimizer"), (), "optimizer states in CPU memory"),
     "offload_params": (("offload", "params"), (), "parameters in CPU memory (zero3/fsdp)"),
     "gpu": (("gpu",), ("-g",), "the GPU to check (default: every catalog GPU)"),

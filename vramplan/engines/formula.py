@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from vramplan.engines import activations as act
 from vramplan.engines import optimizer_states as opt_states
+from vramplan.engines import pipeline
 from vramplan.engines.precision import (
     NF4_BYTES_PER_PARAM,
     NF4_DOUBLE_QUANT_BYTES_PER_PARAM,
@@ -115,23 +116,49 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None,
     runtime_gpu = get_gpu(job.gpu) if job.gpu else None
     if runtime_gpu:
         check_precision_supported(job, runtime_gpu)
-    params = _param_memory(job, arch, task)
+    whole = _param_memory(job, arch, task)
     dt = _activation_dtypes(job)
-
-    tp, cp = job.parallel.tensor_parallel, job.parallel.context_parallel
     _check_parallel(job, arch)
     _check_context_parallel_split(job, shapes)
+    # with pipeline stages, the first (most activations) or the last (the head) is largest
+    reports = [_stage_report(job, arch, task, shapes, runtime_gpu, whole, dt, stage)
+               for stage in pipeline.stages(job, arch)]
+    report = max(reports, key=lambda r: r.device_total)
+    catalog = gpus if gpus is not None else ([runtime_gpu] if runtime_gpu else list_gpus())
+    return report.model_copy(update={"fits": fit_table(report, job.runtime, catalog,
+                                                       runtime_gpu)})
+
+
+def _stage_report(job: Job, arch: Architecture, task: str, shapes: Shapes,
+                  runtime_gpu: GPU | None, whole: ParamMemory, dt: Dtypes,
+                  stage: pipeline.Stage) -> MemoryReport:
+    """The report of one pipeline stage (the whole model without a pipeline)."""
+    params = _stage_params(job, arch, task, whole, stage)
+    tp, cp = job.parallel.tensor_parallel, job.parallel.context_parallel
     layer_acts, block_acts = _stack_activations(job, arch, shapes, dt)
-    activations = (layer_acts + _outside_block_activations(job, arch, shapes, dt, task)) / (tp * cp)
+    layer_acts *= stage.layer_share * stage.in_flight
+    activations = (layer_acts + _outside_block_activations(job, arch, shapes, dt, task, stage)
+                   ) / (tp * cp)
     if job.activation_offload and arch.stacks:  # (a CNN has no blocks to offload)
         if job.checkpointing == "none":
             activations = min(activations, 2 * block_acts / (tp * cp))
         else:
             activations = _offloaded_checkpoint_activations(job, arch, shapes, dt, task,
                                                             layer_acts) / (tp * cp)
-    logits_fwd, logits_bwd = _loss_buffers(job, arch, shapes, dt, task)
+    logits_fwd, logits_bwd = (_loss_buffers(job, arch, shapes, dt, task) if stage.head
+                              else (0.0, 0.0))
 
     w, g, o, cast, gathered, root_gathered, comm, notes = _per_gpu_params(job, params)
+    if stage is not pipeline.WHOLE:
+        # a received activation and the gradient sent back: the stages' p2p buffers
+        comm += 2 * job.batch_size * shapes.stack_seq[-1] * _hidden(arch) * dt.compute / (
+            tp * cp)
+        notes.append(f"pipeline stage {stage.name} of {job.parallel.pipeline_parallel} "
+                     f"({job.parallel.pipeline_schedule}): "
+                     f"{pipeline.blocks_per_stage(job, arch)} blocks, activations of "
+                     f"{stage.in_flight:g} micro-batch{'' if stage.in_flight == 1 else 'es'}"
+                     " in flight"
+                     + (", the embedding" if stage.embedding else ", the head and the loss"))
     ws = workspaces_bytes(job.runtime, runtime_gpu)
     inputs = shapes.input_bytes / cp
     keeps_grads = job.keep_grads_between_steps and not job.optimizer_in_backward
@@ -143,10 +170,11 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None,
         step_temp = min(step_temp, _largest_trainable_bytes(job, arch, task) / tp)
     if job.offload.optimizer:
         step_temp = 0.0  # the step runs on the CPU, next to the offloaded states
-    unified = _unified_state_bytes(job, arch, task) / (tp * job.parallel.shard_degree)
+    unified = (_unified_state_bytes(job, arch, task) / (tp * job.parallel.shard_degree)
+               * params.trainable / max(whole.trainable, 1))  # a pipeline stage's share
 
     recompute = dict(activations=0.0, cast=0.0)
-    layers = sum(st.num_layers for st in arch.stacks)
+    layers = sum(st.num_layers for st in arch.stacks) * stage.layer_share  # on this GPU
     cast_fwd = cast  # autocast's cache keeps every copy until the forward ends
     if job.checkpointing != "none" and layers:
         # saved tensors of checkpointed blocks hold no weight copies, so those copies go
@@ -191,7 +219,7 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None,
 
     report = MemoryReport(
         engine="formula", job=job, model_name=arch.name,
-        params_total=params.total, params_trainable=params.trainable,
+        params_total=whole.total, params_trainable=whole.trainable,
         per_gpu_of=job.parallel.num_gpus,
         categories={c: at_peak[c] for c in CATEGORIES},
         phase_peaks={k: int(round(v)) for k, v in phase_peaks.items()},
@@ -202,9 +230,39 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None,
                *_framework_notes(job, unified)],
         unified_memory_bytes=int(round(unified)),
     )
-    catalog = gpus if gpus is not None else ([runtime_gpu] if runtime_gpu else list_gpus())
-    return report.model_copy(update={"fits": fit_table(report, job.runtime, catalog,
-                                                       runtime_gpu)})
+    return report
+
+
+def _stage_params(job: Job, arch: Architecture, task: str, whole: ParamMemory,
+                  stage: pipeline.Stage) -> ParamMemory:
+    """The parameter memory a pipeline stage holds: its share of the blocks and its part
+    of what lies outside them (engines/pipeline.py)."""
+    if stage is pipeline.WHOLE:
+        return whole
+    from dataclasses import replace
+
+    in_blocks = sum(s.num_layers * s.params_per_layer for s in arch.stacks)
+    outside = whole.total - in_blocks
+    here = pipeline.outside_params(arch, task, stage)
+    outside_bytes = whole.outside_blocks * here / outside if outside else 0.0
+    weights = stage.layer_share * (whole.weights - whole.outside_blocks) + outside_bytes
+    if job.peft is None:
+        trained = (stage.layer_share * in_blocks + here) / whole.total
+    else:  # adapters sit in the blocks; a classifier head trains on the last stage
+        head = arch.head_params[task] if task in CLASSIFIER_TASKS else 0
+        trained = (stage.layer_share * (whole.trainable - head)
+                   + (head if stage.head else 0)) / max(whole.trainable, 1)
+    qlora = job.peft is not None and job.peft.method == "qlora"
+    return replace(
+        whole, total=round(stage.layer_share * in_blocks + here),
+        trainable=round(whole.trainable * trained), weights=weights,
+        gradients=whole.gradients * trained, optimizer=whole.optimizer * trained,
+        step_temp=whole.step_temp * trained,
+        cast_copies=whole.cast_copies * stage.layer_share,
+        # the head's 16-bit copy lives with the head; QLoRA's is one dequantised weight
+        cast_head=whole.cast_head if (stage.head or qlora) else 0.0,
+        tied_grad_transient=whole.tied_grad_transient if stage.head else 0.0,
+        outside_blocks=outside_bytes)
 
 
 # --- the job's shape --------------------------------------------------------------------
@@ -527,19 +585,26 @@ def _norms_per_block(arch: Architecture, stack: Stack) -> int:
 
 
 def _outside_block_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes,
-                               task: str) -> float:
-    """Embeddings, final norm, task head input, vision/audio frontends."""
+                               task: str, stage: pipeline.Stage = pipeline.WHOLE) -> float:
+    """Embeddings, final norm, task head input, vision/audio frontends (of a pipeline
+    stage: the embedding's on the first, for each micro-batch in flight; the rest on the
+    last)."""
     b, c = job.batch_size, dt.compute
     if arch.kind == "cnn":
         size = job.image_size or arch.image_size
         return sum(ch * (size // stride) ** 2 for ch, stride in arch.feature_maps) * b * c
-    total = 0.0
+    first = 0.0
+    if arch.hidden_dropout > 0:  # the embeddings' dropout mask
+        first = sum(b * s * st.hidden_size for st, s in zip(arch.stacks, shapes.stack_seq))
+    if stage is not pipeline.WHOLE:
+        return (first * stage.in_flight if stage.embedding else 0.0) + (
+            _outside_block_activations(job, arch, shapes, dt, task) - first
+            if stage.head else 0.0)
+    total = first
     last = arch.stacks[-1]
     n_last = b * shapes.stack_seq[-1] * last.hidden_size
     norm_bytes = (8 if last.norm == "rmsnorm" else 4) if dt.autocast or dt.residual == 4 else 6
     total += norm_bytes * n_last  # final norm
-    if arch.hidden_dropout > 0:
-        total += sum(b * s * st.hidden_size for st, s in zip(arch.stacks, shapes.stack_seq))
     head_trains = job.peft is None  # a frozen head needs no input saved
     if task in ("causal-lm", "masked-lm", "seq2seq", "speech-seq2seq") and head_trains:
         total += c * n_last  # the LM head's (cast) input
@@ -614,6 +679,7 @@ def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task
 
 
 def _check_parallel(job: Job, arch: Architecture) -> None:
+    pipeline.check_pipeline(job, arch)
     tp = job.parallel.tensor_parallel
     for stack in arch.stacks:
         if stack.num_heads % tp or stack.num_kv_heads % tp and stack.num_kv_heads >= tp:

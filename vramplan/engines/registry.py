@@ -47,6 +47,10 @@ class LazyEngine:
         unknown = set(options) - self.options
         if unknown:
             raise TypeError(f"engine {self.name!r} takes no option(s) {sorted(unknown)}")
+        if job.parallel.pipeline_parallel > 1 and self.name != "formula":
+            from vramplan.errors import EngineError
+            raise EngineError(f"the {self.name} engine does not run pipeline parallelism yet: "
+                              "use --engine formula")
         return getattr(importlib.import_module(self.module), self.function)(job, **options)
 
     def accepted(self, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -169,6 +169,10 @@ class MemoryReport(_Frozen):
                                       "host when it is short (never an out-of-memory error)")
     performance: Performance | None = Field(None, description="predicted time and cost on "
                                             "one GPU type (estimate with a GPU)")
+    to_fit: list[Fix] = Field(default_factory=list, description="when the job does not fit "
+                              "the GPU asked for (estimate --gpu): the smallest changes that "
+                              "make it fit, those that keep the maths of training first, then "
+                              "the fastest; empty when it fits or no GPU was named")
 
     @model_validator(mode="before")
     @classmethod
@@ -251,4 +255,20 @@ class Performance(_Frozen):
     notes: list[str] = Field(default_factory=list, description="assumptions of the prediction")
 
 
-MemoryReport.model_rebuild()  # resolves its `performance: Performance | None` field
+class Fix(_Frozen):
+    """Changes that make the job fit one GPU type, as a Job and CLI flags, with their
+    effect (vramplan/plan/make_fit.py finds them)."""
+
+    job: Job = Field(description="the job with the changes made")
+    changes: list[str] = Field(description="the changes, in words")
+    flags: str = Field(description="CLI flags that make them")
+    changes_maths: bool = Field(description="true when training computes something different "
+                                "(LoRA, QLoRA, 8-bit optimizer, fp8)")
+    device_total_bytes: int = Field(description="device_total per GPU after the changes")
+    usable_bytes: int = Field(description="the GPU's usable memory")
+    tokens_per_s: float | None = Field(description="predicted tokens per second after the "
+                                       "changes, all GPUs; null when not modelled")
+    summary: str = Field(description="the memory after the changes and the speed, in words")
+
+
+MemoryReport.model_rebuild()  # resolves its `performance` and `to_fit` fields

@@ -80,10 +80,16 @@ def _loss(terms: list, measured: list[float], factors: Factors) -> float:
                for t, m in zip(terms, measured)) / len(terms)
 
 
-def fit(base: Factors, terms: list, measured: list[float]) -> Factors:
+def fit(base: Factors, terms: list, measured: list[float],
+        module_us: tuple[float, ...] | None = None) -> Factors:
     """Factors that best predict `measured` from the step `terms` (performance.step_terms):
     a coarse-to-fine grid over (matmul, memory, host time per kernel), or one common scale
-    with fewer than three runs."""
+    with fewer than three runs. `module_us`: host times per module call to try (the
+    three factors are fitted at each; the best fit wins); default: the base's."""
+    if module_us is not None:
+        fits = [fit(base.model_copy(update={"module_us": m}), terms, measured)
+                for m in module_us]
+        return min(fits, key=lambda f: _loss(terms, measured, f))
     if len(terms) < MIN_RUNS_FOR_THREE_FACTORS:
         scales = [0.25 * 1.02 ** i for i in range(140)]
         best = min(scales, key=lambda s: _loss(terms, measured, _factors(

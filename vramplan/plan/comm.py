@@ -17,13 +17,24 @@ that for an all-reduce. A group that fits in one node runs over the GPU intercon
               (Megatron-LM), on the critical path
   context     ring attention: each rank passes its k and v chunk around the ring,
               forward and (with their gradients) backward, overlapped with attention
+  pipeline    per micro-batch, each stage sends its output activation forward and the
+              gradient of its input back (point to point; v times over for an
+              interleaved schedule of v chunks), on the critical path. Stages are the
+              outermost dimension (Megatron-LM's order): they cross nodes when the job does
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vramplan.engines.formula import _activation_dtypes, _param_memory, _shapes, _task
+from vramplan.engines import pipeline
+from vramplan.engines.formula import (
+    _activation_dtypes,
+    _param_memory,
+    _shapes,
+    _stage_params,
+    _task,
+)
 from vramplan.engines.precision import dtypes_for
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job
@@ -52,7 +63,10 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
     """Every collective of one step of `job` on GPUs of kind `gpu`."""
     par = job.parallel
     task = _task(job, arch)
-    params = _param_memory(job, arch, task)
+    # with a pipeline, the last stage (its blocks and the head) is the busiest
+    stage = pipeline.stages(job, arch)[-1]
+    params = _stage_params(job, arch, task, _param_memory(job, arch, task), stage)
+    share = stage.layer_share
     tp, cp, dp = par.tensor_parallel, par.context_parallel, par.data_parallel
     grads = params.gradients / tp  # bytes of gradients per model-parallel rank
     per_node = gpu.gpus_per_node
@@ -63,6 +77,7 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
         return "interconnect" if group * stride <= per_node else "network"
 
     model_parallel = tp * cp
+    pp = par.pipeline_parallel
     if dp > 1:
         strategy = par.strategy
         dp_link = link(dp, model_parallel)
@@ -98,8 +113,9 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
     if tp > 1:
         dt = _activation_dtypes(job)
         shapes = _shapes(job, arch, task)
-        activations = sum(4 * s.num_layers * job.batch_size * seq * s.hidden_size * dt.compute
-                          for s, seq in zip(arch.stacks, shapes.stack_seq)) / cp
+        activations = share * sum(4 * s.num_layers * job.batch_size * seq * s.hidden_size
+                                  * dt.compute for s, seq in zip(arch.stacks, shapes.stack_seq)
+                                  ) / cp
         out.append(Collective("activation all-reduces (tensor parallel)",
                               ring_bytes("all-reduce", activations, tp), "micro-batch", "",
                               link(tp, 1), tp))
@@ -108,8 +124,18 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
         shapes = _shapes(job, arch, task)
         # each rank's k and v chunk goes round the ring (cp - 1 hops) forward; backward
         # sends k, v and their gradients: 3x the forward volume in all
-        kv = sum(s.num_layers * 2 * job.batch_size * seq / cp * s.num_kv_heads * s.head_dim
-                 * dt.compute for s, seq in zip(arch.stacks, shapes.stack_seq))
+        kv = share * sum(s.num_layers * 2 * job.batch_size * seq / cp * s.num_kv_heads
+                         * s.head_dim * dt.compute for s, seq in zip(arch.stacks,
+                                                                     shapes.stack_seq))
         out.append(Collective("k/v ring exchange (context parallel)", 3 * (cp - 1) * kv / tp,
                               "micro-batch", "both", link(cp, tp), cp))
+    if pp > 1:
+        dt = _activation_dtypes(job)
+        shapes = _shapes(job, arch, task)
+        chunks = par.pipeline_chunks if par.pipeline_schedule == "interleaved" else 1
+        boundary = job.batch_size * shapes.stack_seq[-1] * arch.stacks[-1].hidden_size * (
+            dt.compute) / (tp * cp)
+        out.append(Collective("activation send / gradient receive (pipeline)",
+                              2 * chunks * boundary, "micro-batch", "",
+                              link(pp, tp * cp * dp), pp))
     return out

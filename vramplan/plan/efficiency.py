@@ -20,6 +20,7 @@ class Factors(BaseModel):
     attention: float = Field(gt=0, le=1)
     memory: float = Field(gt=0, le=1)
     kernel_us: float = Field(ge=0)
+    module_us: float = Field(0.0, ge=0)  # host time per nn.Module call
     collective: float = Field(gt=0, le=1)
     overlap: float = Field(ge=0, le=1)
     host_link_gb_s: float = Field(gt=0)

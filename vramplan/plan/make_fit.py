@@ -11,9 +11,8 @@ until the job fits. Each fix says the memory before and after, and the predicted
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
-
 from vramplan.engines.registry import get_engine
+from vramplan.engines.report import Fix, MemoryReport
 from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.errors import JobError
 from vramplan.hardware.gpu import GPU
@@ -22,20 +21,7 @@ from vramplan.plan.performance import performance_for
 
 GiB = 2**30
 
-
-class Fix(BaseModel):
-    """Changes that make the job fit, as Job changes and CLI flags, with their effect."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    job: Job
-    changes: list[str]
-    flags: str
-    changes_maths: bool
-    device_total_bytes: int
-    usable_bytes: int
-    tokens_per_s: float | None
-    summary: str
+__all__ = ["Fix", "make_it_fit", "with_fixes"]
 
 
 def _steps(job: Job, allow) -> list[tuple[str, dict, str, bool]]:
@@ -152,3 +138,17 @@ def make_it_fit(job: Job, gpu: GPU, *, margin: float = SAFETY_MARGIN, allow=(),
                 fixes.append(_fix(check, job, chosen))
                 break
     return sorted(fixes, key=lambda f: (f.changes_maths, -(f.tokens_per_s or 0)))[:limit]
+
+
+def with_fixes(report: MemoryReport, job: Job, *, allow=None, margin: float = 0.0,
+               limit: int = 3) -> MemoryReport:
+    """`report` with `to_fit` filled when the job names a GPU it does not fit (estimate):
+    every technique is offered, those that keep the maths of training first."""
+    from vramplan.hardware import get_gpu
+    from vramplan.plan.techniques import ALLOW_NAMES
+
+    if not job.gpu or not report.fits or any(f.fits for f in report.fits):
+        return report
+    fixes = make_it_fit(job, get_gpu(job.gpu), margin=margin,
+                        allow=ALLOW_NAMES if allow is None else allow, limit=limit)
+    return report.model_copy(update={"to_fit": fixes})

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vramplan.engines import pipeline
 from vramplan.engines.formula import _param_memory, _task
 from vramplan.engines.report import Performance, PhaseTime
 from vramplan.hardware.gpu import GPU
@@ -71,6 +72,7 @@ class PhaseTerms:
     bytes: float = 0.0
     offload_bytes: float = 0.0   # optimizer offload: bytes over PCIe
     offload_params: float = 0.0  # optimizer offload: elements the CPU updates
+    modules: float = 0.0         # nn.Module calls (host time beside the launches)
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class StepTerms:
     model_flops_gpu: float   # per GPU per step, without recomputation
     flops_per_step: float    # executed, all GPUs
     notes: tuple[str, ...] = ()
+    bubble: float = 0.0      # pipeline: share of the step the stages sit idle
 
 
 _WORK: dict[Job, tuple] = {}  # job -> (flops, traffic): the same for every GPU type
@@ -131,24 +134,30 @@ def _per_gpu_work(job: Job, arch: Architecture) -> dict:
     flops, traffic, _ = _work(job, arch)
     par = job.parallel
     split = par.tensor_parallel * par.context_parallel  # model-parallel ranks share the work
+    # a pipeline's slowest stage sets the pace: the last, with its share of the blocks and
+    # the head (memory-bound bytes and kernels scale with the blocks' share)
+    share = pipeline.stages(job, arch)[-1].layer_share
     phases = []
     for phase in MICRO_PHASES:
-        mm = sum(getattr(flops.by_class[c], phase) for c in ("linear", "lora", "head",
-                                                             "frontend")) / split
-        attention = getattr(flops.by_class["attention"], phase) / split
-        moved = traffic.bytes[phase] / split
+        by = {c: getattr(flops.by_class[c], phase) for c in flops.by_class}
+        mm = (share * (by.get("linear", 0) + by.get("lora", 0)) + by.get("head", 0)
+              + (by.get("frontend", 0) if share == 1 else 0)) / split
+        attention = share * by.get("attention", 0) / split
+        moved = share * traffic.bytes[phase] / split
         if mm or attention or moved:
-            phases.append((phase, mm, attention, moved, traffic.kernels[phase]))
+            phases.append((phase, mm, attention, moved, share * traffic.kernels[phase],
+                           share * traffic.modules[phase]))
     shards = par.tensor_parallel * par.shard_degree
     trainable = (_param_memory(job, arch, _task(job, arch)).trainable / shards
-                 if job.offload.optimizer else 0.0)
+                 * share if job.offload.optimizer else 0.0)
     dp = par.data_parallel
     memo["unit"] = unit = dict(
-        phases=phases, optimizer_bytes=traffic.bytes["optimizer"] / shards,
+        phases=phases, optimizer_bytes=share * traffic.bytes["optimizer"] / shards,
         optimizer_kernels=traffic.kernels["optimizer"], offload_params=trainable,
+        bubble=pipeline.bubble_fraction(job),
         tokens_per_step=flops.tokens * job.grad_accum * dp,
         samples_per_step=flops.samples * job.grad_accum * dp,
-        model_flops_gpu=flops.model_flops * job.grad_accum / split,
+        model_flops_gpu=flops.model_flops * job.grad_accum / (split * par.pipeline_parallel),
         flops_per_step=flops.total * job.grad_accum * dp, notes=list(flops.notes))
     return unit
 
@@ -161,8 +170,8 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
     bandwidth = gpu.bandwidth_bytes_s
     unit = _per_gpu_work(job, arch)
     phases = [PhaseTerms(phase, job.grad_accum, mm / peak, attention / peak, moved / bandwidth,
-                         kernels, mm + attention, moved)
-              for phase, mm, attention, moved, kernels in unit["phases"]]
+                         kernels, mm + attention, moved, modules=modules)
+              for phase, mm, attention, moved, kernels, modules in unit["phases"]]
     if job.offload.optimizer:
         # gradients down and updated fp32 weights up over PCIe, the update on the CPU
         trainable = unit["offload_params"]
@@ -186,7 +195,7 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
                      samples_per_step=unit["samples_per_step"],
                      model_flops_gpu=unit["model_flops_gpu"],
                      flops_per_step=unit["flops_per_step"],
-                     notes=tuple(dict.fromkeys(notes + unit["notes"])))
+                     notes=tuple(dict.fromkeys(notes + unit["notes"])), bubble=unit["bubble"])
 
 
 def phase_times(terms: StepTerms, factors: Factors) -> tuple[list[PhaseTime], float]:
@@ -196,7 +205,7 @@ def phase_times(terms: StepTerms, factors: Factors) -> tuple[list[PhaseTime], fl
         attention_eff = factors.attention if terms.sdpa else factors.matmul
         compute = p.matmul_s / factors.matmul + p.attention_s / attention_eff
         memory = p.memory_s / factors.memory
-        host = p.kernels * factors.kernel_us * 1e-6
+        host = (p.kernels * factors.kernel_us + p.modules * factors.module_us) * 1e-6
         if p.offload_params:
             host += (p.offload_bytes / (factors.host_link_gb_s * 1e9)
                      + p.offload_params / factors.cpu_adam_params_per_s)
@@ -204,6 +213,13 @@ def phase_times(terms: StepTerms, factors: Factors) -> tuple[list[PhaseTime], fl
         bound = "host" if host > device else ("compute" if compute >= memory else "memory")
         out.append(PhaseTime(phase=p.phase, time_s=max(device, host), per_step=p.per_step,
                              bound=bound, flops=p.flops, bytes=p.bytes, kernels=p.kernels))
+    if terms.bubble:
+        # (p - 1) / (m + p - 1) of the step idle: the micro-batches' time / (1 - bubble)
+        micro = [p for p in out if p.phase in MICRO_PHASES]
+        busy = sum(p.time_s * p.per_step for p in micro)
+        slowest = max(micro, key=lambda p: p.time_s * p.per_step)
+        out.append(PhaseTime(phase="pipeline bubble", time_s=busy * terms.bubble
+                             / (1 - terms.bubble), per_step=1, bound=slowest.bound))
     by_phase = {p.phase: p.time_s for p in out}
     exposed = 0.0
     for c in terms.collectives:

@@ -1,11 +1,14 @@
 """The planner: which GPU, how many, which techniques, how long, how much.
 
 It searches GPU type x GPU count (1, 2, 4, 8, then whole nodes) x data-parallel strategy
-x tensor / context parallel degree x checkpointing x micro-batch (with accumulation to
-reach a global batch when one is given), asks the formula engine whether each fits with
-the safety margin, and the performance model how fast it runs. By default it changes only
-what keeps the maths of training (techniques.py); `allow` opens LoRA, QLoRA, 8-bit
-optimizers, fp8 and offloading.
+x tensor / context parallel degree x checkpointing x micro-batch x accumulation, asks the
+formula engine whether each fits with the safety margin, and the performance model how
+fast it runs. By default it changes only what keeps the maths of training (techniques.py):
+the global batch (samples per optimizer step) stays the job's own, batch_size x grad_accum
+x data-parallel degree, or the one asked for (global_batch, global_batch_tokens), and each
+configuration reaches it with micro-batch x accumulation x data-parallel degree. `allow`
+opens LoRA, QLoRA, 8-bit optimizers, fp8, offloading and a free global batch
+("global-batch": the largest micro-batch that fits, no accumulation).
 
 Pruning keeps it fast: memory is GPU-independent (one formula call gives the fit on every
 GPU), a configuration that does not fit at micro-batch 1 needs no larger one, and for one
@@ -35,7 +38,9 @@ from vramplan.plan.techniques import ALLOW_NAMES
 
 SMALL_COUNTS = (1, 2, 4, 8)
 DEFAULT_MAX_GPUS = 512
-MICRO_BATCHES = (1, 2, 4, 8, 16, 32)  # tried when no global batch is given
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32)  # tried when the global batch is free
+PLANNER_ALLOW = "global-batch"         # the --allow name that frees the global batch
+SMALL_GLOBAL_BATCH = 8                 # samples: below this the job's own batch is noted
 LONG_SEQUENCE = 16384                  # from here context parallelism is tried
 GiB = 2**30
 
@@ -91,6 +96,8 @@ class Plan(_Frozen):
     fastest: Choice | None = None
     recommended: Choice | None = None
     ruled_out: list[RuledOut] = Field(default_factory=list)
+    global_batch: int | None = Field(None, description="samples per optimizer step every "
+                                     "candidate keeps (None: free, --allow global-batch)")
     closest_miss: str | None = None
     to_fit: list[str] = Field(default_factory=list)  # what would make it fit
     configurations: int = 0  # memory checks made
@@ -102,20 +109,70 @@ def plan(job: Job, *, tokens: int | None = None, samples: int | None = None,
          gpus: list[str] | None = None, max_gpus: int | None = None,
          max_cost: float | None = None, deadline_s: float | None = None,
          allow: tuple[str, ...] | list[str] = (), global_batch: int | None = None,
-         top: int = 10, margin: float = SAFETY_MARGIN,
+         global_batch_tokens: int | None = None, top: int = 10, margin: float = SAFETY_MARGIN,
          price_per_hour: float | None = None) -> Plan:
     """Search GPUs and techniques for `job`; see the module docstring."""
     amount = _amount(tokens, samples, epochs, dataset_samples, price_per_hour)
     _check_arguments(allow, max_gpus, max_cost, deadline_s, global_batch, top, margin)
+    if global_batch_tokens is not None and global_batch_tokens <= 0:
+        raise JobError(f"global_batch_tokens must be more than 0 (got {global_batch_tokens})")
+    if global_batch is not None and global_batch_tokens is not None:
+        raise JobError("give global_batch (samples) or global_batch_tokens, not both")
     catalog = [get_gpu(name) for name in gpus] if gpus else list_gpus()
     arch = load_architecture(job.model)
     if arch.kind == "cnn":
         raise JobError(f"{arch.name}: the planner needs step times, which are not modelled "
                        "for CNNs yet; use `vramplan estimate` for its memory")
-    search = _Search(job, catalog, amount, margin, allow, global_batch,
+    target, notes = target_global_batch(job, arch, global_batch, global_batch_tokens, allow)
+    search = _Search(job, catalog, amount, margin, allow, target,
                      max_gpus or DEFAULT_MAX_GPUS)
     search.run()
-    return search.answer(max_cost, deadline_s, top)
+    answer = search.answer(max_cost, deadline_s, top)
+    return answer.model_copy(update={"global_batch": target,
+                                     "notes": notes + answer.notes})
+
+
+def tokens_per_sample(job: Job, arch) -> int:
+    """Tokens one sample puts through the model (the performance model's count)."""
+    from vramplan.plan.flops import step_flops
+
+    one = step_flops(job.with_changes(batch_size=1, gpu=None), arch)
+    return max(1, one.tokens // max(1, one.samples))
+
+
+def target_global_batch(job: Job, arch, global_batch: int | None,
+                        global_batch_tokens: int | None, allow) -> tuple[int | None, list[str]]:
+    """The global batch (samples per optimizer step) every candidate keeps, None when the
+    user let the planner choose it, and notes saying where it comes from."""
+    if global_batch is not None:
+        return global_batch, []
+    if global_batch_tokens is not None:
+        per_sample = tokens_per_sample(job, arch)
+        exact = global_batch_tokens / per_sample
+        if exact == int(exact):
+            return int(exact), []
+        samples = _round_samples(exact)
+        change = samples * per_sample / global_batch_tokens - 1
+        return samples, [f"a global batch of {global_batch_tokens:,} tokens is {exact:,.1f} "
+                         f"samples of {per_sample:,} tokens; rounded to {samples:,} samples "
+                         f"({samples * per_sample:,} tokens, {100 * change:+.1f}%), a count "
+                         "that many data-parallel degrees divide"]
+    if PLANNER_ALLOW in allow:
+        return None, [f"--allow {PLANNER_ALLOW}: each configuration takes the largest "
+                      f"micro-batch that fits (up to {MICRO_BATCHES[-1]}) without "
+                      "accumulation, so the global batch (and the maths of training) "
+                      "differs between rows"]
+    own = job.effective_batch
+    notes = []
+    if own < SMALL_GLOBAL_BATCH:
+        per_sample = tokens_per_sample(job, arch)
+        notes.append(
+            f"the job's own global batch is {own} sample{'s' if own > 1 else ''} "
+            f"({own * per_sample:,} tokens: batch_size x grad_accum x data-parallel), so "
+            f"at most {own} data-parallel rank{'s' if own > 1 else ''} can share it; give "
+            "--global-batch N or --global-batch-tokens N (e.g. 1M) to plan for the batch "
+            f"you will train with, or --allow {PLANNER_ALLOW} to let the planner choose")
+    return own, notes
 
 
 def _amount(tokens, samples, epochs, dataset_samples, price_per_hour) -> TrainingAmount:
@@ -129,12 +186,26 @@ def _amount(tokens, samples, epochs, dataset_samples, price_per_hour) -> Trainin
             for e in error.errors())) from None
 
 
+def _round_samples(exact: float, tolerance: float = 0.05) -> int:
+    """The multiple of the largest power of two within `tolerance` of `exact` samples, so
+    that power-of-two GPU counts can split it (4M tokens of 2048: 1953.1 -> 2048)."""
+    k = max(0, int(exact).bit_length() - 1)
+    while k > 0:
+        step = 2**k
+        rounded = round(exact / step) * step
+        if rounded and abs(rounded - exact) <= tolerance * exact:
+            return rounded
+        k -= 1
+    return max(1, round(exact))
+
+
 def _check_arguments(allow, max_gpus, max_cost, deadline_s, global_batch, top, margin) -> None:
     problems = []
-    unknown = sorted(set(allow) - set(ALLOW_NAMES))
+    names = (*ALLOW_NAMES, PLANNER_ALLOW)
+    unknown = sorted(set(allow) - set(names))
     if unknown:
         problems.append(f"--allow {','.join(unknown)}: unknown; allowed: "
-                        f"{', '.join(ALLOW_NAMES)}")
+                        f"{', '.join(names)}")
     for name, value in (("max_gpus", max_gpus), ("max_cost", max_cost),
                         ("deadline", deadline_s), ("global_batch", global_batch)):
         if value is not None and value <= 0:
@@ -202,19 +273,27 @@ class _Search:
     def parallel_layouts(self, n: int) -> list[Parallel]:
         seq = self.job.seq_len or 0
         heads = [(s.num_heads, s.num_kv_heads) for s in self.arch.stacks]
+        layers = sum(s.num_layers for s in self.arch.stacks)
+        tps = [tp for tp in (1, 2, 4, 8)
+               if tp <= n and not any(h % tp or (kv % tp and kv >= tp) for h, kv in heads)]
         layouts = []
-        for tp in (1, 2, 4, 8):
-            if tp > n or any(h % tp or (kv % tp and kv >= tp) for h, kv in heads):
-                continue
+        for tp in tps:
+            # pipeline stages only once tensor parallelism fills what it can (a node), as
+            # Megatron-LM lays out large jobs: TP inside a node, PP across nodes
+            pps = [1] + ([pp for pp in (2, 4, 8, 16) if pp <= layers]
+                         if tp == tps[-1] and self.arch.kind == "decoder" else [])
             for cp in ((1, 2, 4) if seq >= LONG_SEQUENCE and self.arch.kind == "decoder"
                        else (1,)):
-                if tp * cp > n or n % (tp * cp):
-                    continue
-                dp = n // (tp * cp)
-                strategies = ["none"] if dp == 1 else ["ddp", "zero2", "fsdp"] + (
-                    ["hybrid-shard"] if dp > 8 else [])
-                layouts += [Parallel(strategy=s, num_gpus=n, tensor_parallel=tp,
-                                     context_parallel=cp) for s in strategies]
+                for pp in pps:
+                    group = tp * cp * pp
+                    if group > n or n % group:
+                        continue
+                    dp = n // group
+                    strategies = ["none"] if dp == 1 else ["ddp", "zero2", "fsdp"] + (
+                        ["hybrid-shard"] if dp > 8 else [])
+                    layouts += [Parallel(strategy=s, num_gpus=n, tensor_parallel=tp,
+                                         context_parallel=cp, pipeline_parallel=pp)
+                                for s in strategies]
         return layouts
 
     def micro_batches(self, dp: int) -> list[tuple[int, int]]:
@@ -222,15 +301,23 @@ class _Search:
         if self.global_batch is None:
             return [(b, 1) for b in MICRO_BATCHES]
         if self.global_batch % dp:
-            return []
+            return []  # this data-parallel degree cannot split the global batch
         per_rank = self.global_batch // dp
         return [(b, per_rank // b) for b in range(1, per_rank + 1)
                 if per_rank % b == 0 and (b & (b - 1) == 0 or b == per_rank)][:8]
 
+    def layouts_for_batch(self, n: int) -> list[Parallel]:
+        """The layouts of n GPUs whose data-parallel degree splits the global batch."""
+        layouts = self.parallel_layouts(n)
+        if self.global_batch is None:
+            return layouts
+        return [p for p in layouts if self.global_batch % p.data_parallel == 0]
+
     def run(self) -> None:
+        self.unusable = [n for n in self.counts() if not self.layouts_for_batch(n)]
         for variant in self.variants():
             for n in self.counts():
-                for layout in self.parallel_layouts(n):
+                for layout in self.layouts_for_batch(n):
                     for ckpt in ("full", "selective", "none"):
                         if not self.configuration(variant, layout, ckpt):
                             break  # less checkpointing needs more memory: stop here
@@ -298,17 +385,12 @@ class _Search:
         if not everything:
             miss, to_fit = self.closest_miss()
             return Plan(status="nothing-fits", ruled_out=self.ruled_out([]), closest_miss=miss,
-                        to_fit=to_fit, **base)
+                        to_fit=to_fit, notes=self.batch_notes(), **base)
         kept = [c for c in everything
                 if (max_cost is None or (c.cost_usd is not None and c.cost_usd <= max_cost))
                 and (deadline_s is None or (c.training_time_s is not None
                                             and c.training_time_s <= deadline_s))]
-        notes = []
-        if self.global_batch is None:
-            notes.append(f"no global batch given: each configuration takes the largest "
-                         f"micro-batch that fits (up to {MICRO_BATCHES[-1]}) without "
-                         "accumulation, so the global batch differs between rows; give "
-                         "global_batch to keep it fixed")
+        notes = self.batch_notes()
         if (max_cost or deadline_s) and not self.amount.given:
             notes.append("max_cost and deadline need an amount of training (tokens, samples "
                          "or epochs): no candidate can be checked against them")
@@ -328,6 +410,14 @@ class _Search:
                 shown.append(c)
         return Plan(status="ok", candidates=sorted(shown, key=_time_key), front=front,
                     ruled_out=self.ruled_out(everything, kept), notes=notes, **picks, **base)
+
+    def batch_notes(self) -> list[str]:
+        if not self.unusable:
+            return []
+        counts = ", ".join(map(str, self.unusable))
+        return [f"{counts} GPUs not used: no layout of them has a data-parallel degree that "
+                f"divides the global batch of {self.global_batch} sample(s) (tensor, context "
+                "and pipeline parallelism cannot absorb the rest)"]
 
     def ruled_out(self, fitting: list[Candidate], kept: list[Candidate] | None = None):
         out = []
@@ -377,6 +467,8 @@ def _layout(job: Job) -> str:
         parts.append(f"tp {p.tensor_parallel}")
     if p.context_parallel > 1:
         parts.append(f"cp {p.context_parallel}")
+    if p.pipeline_parallel > 1:
+        parts.append(f"pp {p.pipeline_parallel} ({p.pipeline_schedule})")
     parts.append(f"{job.checkpointing} checkpointing")
     if job.peft:
         parts.append(job.peft.method)
@@ -397,7 +489,8 @@ def describe_changes(before: Job, after: Job) -> tuple[list[str], str]:
             flags.append(flag if isinstance(new, bool) else f"{flag} {new}")
     p0, p1 = before.parallel, after.parallel
     for name, flag in (("num_gpus", "-n"), ("strategy", "--strategy"),
-                       ("tensor_parallel", "--tp"), ("context_parallel", "--cp")):
+                       ("tensor_parallel", "--tp"), ("context_parallel", "--cp"),
+                       ("pipeline_parallel", "--pp"), ("pipeline_schedule", "--pp-schedule")):
         if getattr(p0, name) != getattr(p1, name):
             changes.append(f"{name} {getattr(p0, name)} -> {getattr(p1, name)}")
             flags.append(f"{flag} {getattr(p1, name)}")
@@ -434,8 +527,9 @@ def _cost_key(c: Candidate) -> float:
 
 
 def _summary(c: Candidate) -> str:
-    time = (f"{c.training_time_s / 3600:.1f} h" if c.training_time_s is not None
-            else f"{c.tokens_per_s:,.0f} tokens/s")
+    t = c.training_time_s
+    time = (f"{c.tokens_per_s:,.0f} tokens/s" if t is None else f"{t / 3600:.1f} h"
+            if t >= 3600 else f"{t / 60:.1f} min" if t >= 60 else f"{t:.0f} s")
     cost = (f"${c.cost_usd:,.0f}" if c.cost_usd is not None else
             f"${c.cost_per_million_tokens:.3f}/M tokens" if c.cost_per_million_tokens
             else "no price")
@@ -475,23 +569,105 @@ def _recommended_reason(c: Candidate, best_cost: float, best_time: float) -> str
             f"lowest cost, {time:.2f}x the shortest time)")
 
 
-def min_gpus(job: Job, gpu: GPU, *, margin: float = SAFETY_MARGIN, max_gpus: int = 4096,
-             strategies: tuple[str, ...] = ("fsdp", "zero2", "ddp")) -> Job | None:
+class GpuCountTrial(_Frozen):
+    """One layout `search num-gpus` tried."""
+
+    num_gpus: int
+    strategy: str
+    device_total_bytes: int | None = Field(description="per GPU; None when the layout is "
+                                           "impossible (see problem)")
+    fits: bool
+    problem: str = ""
+
+
+class GpuCountResult(_Frozen):
+    """The fewest GPUs of one type that fit the job, and every layout tried on the way."""
+
+    parameter: Literal["num_gpus"] = "num_gpus"
+    gpu: str
+    usable_bytes: int
+    limit_bytes: int = Field(description="usable x (1 - margin): what a layout must fit in")
+    margin: float
+    max_gpus: int
+    best: int | None = Field(description="the smallest GPU count that fits; None: none up to "
+                             "max_gpus")
+    strategy: str | None = None
+    job: Job | None = Field(None, description="the job on that many GPUs")
+    flags: str = ""
+    trials: list[GpuCountTrial] = Field(default_factory=list)
+    hint: str = Field("", description="when nothing fits: what more GPUs cannot shrink")
+
+    @property
+    def fits(self) -> bool:
+        return self.best is not None
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json") | {"fits": self.fits}
+
+
+def search_gpu_count(job: Job, gpu: GPU, *, margin: float = SAFETY_MARGIN, max_gpus: int = 4096,
+                     strategies: tuple[str, ...] = ("zero2", "fsdp")) -> GpuCountResult:
     """The job on the fewest GPUs of type `gpu` that fits with `margin`, trying counts 1, 2,
-    4, ... and, at each, the sharding strategies in order (the rest of the job unchanged);
-    None when even `max_gpus` GPUs are not enough. `search num-gpus` answers with it."""
+    4, ... and, at each, the sharding strategies in order (the rest of the job unchanged:
+    the micro-batch per GPU stays, so the global batch grows with the data-parallel
+    degree). ZeRO-2 first: at a count where both fit it communicates less than FSDP (no
+    per-micro-batch all-gathers); DDP is not tried, it holds as much per GPU as one GPU.
+    A job that names its strategy keeps it."""
+    if max_gpus < 1:
+        raise JobError(f"max_gpus must be at least 1 (got {max_gpus})")
+    if not 0 <= margin < 0.5:
+        raise JobError(f"margin is a fraction of the GPU's memory, 0 to 0.5 (got {margin})")
+    if job.parallel.strategy != "none":
+        strategies = (job.parallel.strategy,)
     formula = get_engine("formula")
+    limit = int((1 - margin) * gpu.usable_bytes)
+    trials: list[GpuCountTrial] = []
+    found: Job | None = None
+    last = None  # the last report, for the hint
     n = 1
-    while n <= max_gpus:
-        tried = ["none"] if n == 1 else list(strategies)
+    while n <= max_gpus and found is None:
+        model_parallel = job.parallel.model_parallel
+        tried = ["none"] if n == model_parallel else list(strategies)
         for strategy in tried:
             layout = job.parallel.model_copy(update={"num_gpus": n, "strategy": strategy})
             try:
                 candidate = job.with_changes(parallel=layout.model_dump(), gpu=None)
-                fit = formula.run(candidate, gpus=[gpu]).fits[0]
-            except (JobError, ValueError):
+                last = formula.run(candidate, gpus=[gpu])
+                fit = last.fits[0]
+            except (JobError, ValueError) as error:
+                if n >= model_parallel:
+                    trials.append(GpuCountTrial(num_gpus=n, strategy=strategy,
+                                                device_total_bytes=None, fits=False,
+                                                problem=str(error).splitlines()[0]))
                 continue
-            if fit.required_bytes <= (1 - margin) * fit.usable_bytes:
-                return candidate
+            fits = fit.supported and fit.required_bytes <= limit
+            trials.append(GpuCountTrial(num_gpus=n, strategy=strategy,
+                                        device_total_bytes=fit.required_bytes, fits=fits,
+                                        problem=fit.problem))
+            if fits:
+                found = candidate
+                break
         n *= 2
-    return None
+    flags = describe_changes(job, found)[1] if found else ""
+    hint = ""
+    if found is None and last is not None:
+        per_gpu = sum(last.categories[c] for c in ("activations", "inputs", "temporary"))
+        hint = (f"at {last.job.parallel.num_gpus} GPUs ({last.job.parallel.strategy}), "
+                f"activations, inputs and temporaries alone take {per_gpu / GiB:.1f} GiB per "
+                "GPU, which more data-parallel GPUs do not shrink: try --checkpointing full, "
+                "a smaller --batch-size, or --tp / --cp")
+    return GpuCountResult(gpu=gpu.name, usable_bytes=gpu.usable_bytes, limit_bytes=limit,
+                          margin=margin, max_gpus=max_gpus,
+                          best=found.parallel.num_gpus if found else None,
+                          strategy=found.parallel.strategy if found else None,
+                          job=found.with_changes(gpu=gpu.name) if found else None,
+                          flags=flags, trials=trials, hint=hint)
+
+
+def min_gpus(job: Job, gpu: GPU, *, margin: float = SAFETY_MARGIN, max_gpus: int = 4096,
+             strategies: tuple[str, ...] = ("zero2", "fsdp")) -> Job | None:
+    """The job on the fewest GPUs of type `gpu` that fits with `margin` (search_gpu_count's
+    answer), None when even `max_gpus` GPUs are not enough."""
+    found = search_gpu_count(job, gpu, margin=margin, max_gpus=max_gpus,
+                             strategies=strategies).job
+    return found.with_changes(gpu=None) if found else None

@@ -64,6 +64,12 @@ TECHNIQUES: tuple[Technique, ...] = (
               "activations of long sequences split over N GPUs",
               "k/v ring exchange, overlapped with attention",
               False, categories=("activations",)),
+    Technique("pipeline parallelism", {"parallel": {"pipeline_parallel": "N"}},
+              "--pp N --grad-accum M",
+              "each of N stages holds 1/N of the blocks; stage 0 keeps up to N micro-batches "
+              "of activations (1F1B)",
+              "idle bubble of (N - 1) / (M + N - 1) of the step (less interleaved), p2p sends",
+              False, categories=("weights", "optimizer_states", "gradients")),
     Technique("more GPUs", {"parallel": {"num_gpus": "N"}}, "-n N",
               "sharded state divides by the shard degree",
               "faster, unless communication dominates; cost per token rises with it",

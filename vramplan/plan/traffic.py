@@ -75,6 +75,9 @@ class Traffic:
     kernels: dict[str, float] = field(default_factory=lambda: {
         "forward": 0.0, "backward": 0.0, "recompute": 0.0, "optimizer": 0.0})
     by_op: dict[str, float] = field(default_factory=dict)  # op -> bytes (all phases)
+    # nn.Module calls (Python __call__, hooks) per micro-batch; backward calls no module
+    modules: dict[str, float] = field(default_factory=lambda: {
+        "forward": 0.0, "backward": 0.0, "recompute": 0.0, "optimizer": 0.0})
 
     def add(self, op: str, phase: str, nbytes: float, kernels: float = 1.0) -> None:
         self.bytes[phase] += nbytes
@@ -108,10 +111,32 @@ def step_traffic(job: Job, arch: Architecture | None = None) -> Traffic:
                                                      + linear_bwd)
         if recompute:
             t.kernels["recompute"] += stack.num_layers * (kernels + linear_fwd)
+        calls = stack.num_layers * block_modules(job, arch, stack)
+        t.modules["forward"] += calls
+        if recompute:
+            t.modules["recompute"] += calls
+    t.modules["forward"] += OUTSIDE_MODULES
     _loss(job, arch, task, shapes, dt, t)
     _weights(job, arch, params, t)
     _optimizer(job, params.trainable, _trainable_tensors(job, arch), t)
     return t
+
+
+OUTSIDE_MODULES = 4  # the model, the embedding, the final norm, the head
+
+
+def block_modules(job: Job, arch: Architecture, stack: Stack) -> float:
+    """nn.Module calls of one block's forward: its linears (each expert of an MoE), norms,
+    activation, dropouts, the block and its attention and MLP containers, LoRA's A, B and
+    dropout per adapted linear."""
+    linears = sum(ln.count for ln in stack.linears)
+    dropouts = 3 if (arch.hidden_dropout or arch.attention_dropout) else 0
+    adapted = 0
+    if job.peft is not None:
+        targets = set(job.peft.target_modules)
+        adapted = sum(ln.count for ln in stack.linears
+                      if "all-linear" in targets or ln.name in targets)
+    return linears + _norms_per_block(arch, stack) + 1 + dropouts + 3 + 3 * adapted
 
 
 def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, attention: str):

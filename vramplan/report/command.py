@@ -47,6 +47,8 @@ FLAGS: dict[tuple[str, ...], str] = {
     ("parallel", "strategy"): "--strategy",
     ("parallel", "tensor_parallel"): "--tp",
     ("parallel", "context_parallel"): "--cp",
+    ("parallel", "pipeline_parallel"): "--pp",
+    ("parallel", "pipeline_schedule"): "--pp-schedule",
     ("offload", "optimizer"): "--offload-optimizer",
     ("offload", "params"): "--offload-params",
     ("gpu",): "--gpu",

@@ -84,6 +84,10 @@ def estimate(
             samples=parse_count(samples, "samples") if samples else None, epochs=epochs,
             dataset_samples=parse_count(dataset_samples, "dataset samples")
             if dataset_samples else None, price_per_hour=price_per_hour)})
+    if job.gpu:  # the smallest changes that make it fit, when it does not
+        from vramplan.plan.make_fit import with_fixes
+
+        report = with_fixes(report, job)
     show(report, job, as_json=as_json, unit=unit)
     if not job.gpu and (sort or tokens or samples or epochs) and not as_json:
         from vramplan.plan.amount import TrainingAmount, parse_count
@@ -128,15 +132,9 @@ def show(report: MemoryReport, job: Job, *, as_json: bool, unit: str = "GiB") ->
         from vramplan.report.plan_view import print_performance
 
         print_performance(report.performance, console)
-    if job.gpu and report.fits and not any(f.fits for f in report.fits):
-        from vramplan.hardware import get_gpu
-        from vramplan.plan.make_fit import make_it_fit
-        from vramplan.plan.techniques import ALLOW_NAMES
-
-        fixes = make_it_fit(job, get_gpu(job.gpu), allow=ALLOW_NAMES, margin=0.0)
-        if fixes:
-            console.print(f"\nTo make it fit on {job.gpu}:")
-        for fix in fixes:
+    if report.to_fit:
+        console.print(f"\nTo make it fit on {job.gpu}:")
+        for fix in report.to_fit:
             maths = " (changes the maths of training)" if fix.changes_maths else ""
             console.print(f"  {fix.flags}: {fix.summary}{maths}", soft_wrap=True)
 

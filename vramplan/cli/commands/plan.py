@@ -45,10 +45,14 @@ def plan(
     deadline: Annotated[Optional[str], typer.Option(
         help="longest training time, e.g. 24h, 3d")] = None,
     allow: Annotated[Optional[str], typer.Option(
-        help="changes to the maths of training you accept: lora,qlora,8bit,fp8,offload")]
+        help="changes to the maths of training you accept: lora,qlora,8bit,fp8,offload,"
+             "global-batch")]
     = None,
     global_batch: Annotated[Optional[int], typer.Option(
-        help="samples per optimizer step to keep (default: free)")] = None,
+        help="samples per optimizer step every configuration keeps (default: the job's "
+             "own, batch size x grad accum x data-parallel GPUs)")] = None,
+    global_batch_tokens: Annotated[Optional[str], typer.Option(
+        help="the global batch in tokens, e.g. 4M (rounded to whole samples)")] = None,
     price_per_hour: Annotated[Optional[float], typer.Option(
         help="USD per GPU-hour (default: the catalog's)")] = None,
     top: Annotated[int, typer.Option(help="rows to show")] = 10,
@@ -77,7 +81,9 @@ def plan(
         max_gpus=max_gpus, max_cost=max_cost,
         deadline_s=parse_duration(deadline) if deadline else None,
         allow=tuple(a.strip() for a in allow.split(",") if a.strip()) if allow else (),
-        global_batch=global_batch, top=top, margin=margin, price_per_hour=price_per_hour)
+        global_batch=global_batch,
+        global_batch_tokens=parse_count(global_batch_tokens, "global batch tokens")
+        if global_batch_tokens else None, top=top, margin=margin, price_per_hour=price_per_hour)
     data = result.model_dump(mode="json")
     if html:
         from vramplan.report.command import cli_command

@@ -1,6 +1,8 @@
-"""`vramplan search batch-size|seq-len` and `vramplan sweep`: thin shells over vramplan.search.
+"""`vramplan search batch-size|seq-len|num-gpus` and `vramplan sweep`: thin shells over
+vramplan.search (and the planner's GPU count search).
 
     vramplan search batch-size llama-3.2-1b -s 2048 --gpu L4
+    vramplan search num-gpus llama-3.1-70b -s 2048 --gpu H100-SXM
     vramplan search seq-len llama-3.2-1b -b 4 --budget 40GiB --engine trace
     vramplan sweep llama-3.2-1b --batch-sizes 1,2,4,8 --seq-lens 512,1024 --gpu L4 --plot m.png
 """
@@ -38,7 +40,8 @@ from vramplan.job import Job
 from vramplan.search.oracle import budget_of, explaining_engine, oracle_for
 from vramplan.units import GiB, MiB
 
-search_app = typer.Typer(help="Largest batch size or sequence length that fits.",
+search_app = typer.Typer(help="Largest batch size or sequence length, or fewest GPUs, that "
+                         "fits.",
                          no_args_is_help=True)
 
 Budget = Annotated[Optional[str], typer.Option(
@@ -136,6 +139,67 @@ def seq_len(
     _write_html(html, result, job, "search seq-len", engine)
     _finish(result, what, as_json, out,
             f"the longest the model accepts: {positions} positions" if positions else None)
+
+
+@search_app.command("num-gpus")
+@job_command
+def num_gpus(
+    job: Job, margin: Margin = SAFETY_MARGIN,
+    max_gpus: Annotated[int, typer.Option(help="most GPUs to try")] = 1024,
+    as_json: AsJson = False, out: Out = None,
+) -> None:
+    """Fewest GPUs of the --gpu type that fit the job (counts 1, 2, 4, ...; at each,
+    ZeRO-2 then FSDP, or the job's own --strategy), formula engine.
+
+    The micro-batch per GPU stays as given. Exit code 1 when no count up to --max-gpus fits.
+
+    Example: vramplan search num-gpus llama-3.1-70b -s 2048 --gpu H100-SXM
+    """
+    from vramplan.hardware import get_gpu
+    from vramplan.plan.planner import search_gpu_count
+
+    check_writable(out)
+    if not job.gpu:
+        raise JobError("search num-gpus needs the GPU type to count: --gpu NAME "
+                       "(e.g. --gpu H100-SXM)")
+    result = search_gpu_count(job, get_gpu(job.gpu), margin=margin, max_gpus=max_gpus)
+    data = result.to_dict()
+    if as_json:
+        print_json(data)
+    else:
+        _print_gpu_count(result)
+    if out:
+        write_or_print(out, json.dumps(data, indent=2) + "\n")
+    if not result.fits:
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+def _print_gpu_count(result) -> None:
+    unit = _unit(result.usable_bytes)
+    table = Table(title=f"GPU count search on {result.gpu}", caption=(
+        f"fits iff device total per GPU <= {_size(result.limit_bytes, unit)} {unit[0]} = "
+        f"{result.gpu} usable {_size(result.usable_bytes, unit)} {unit[0]} x "
+        f"(1 - {result.margin:g} margin)"))
+    for col in ("trial", "GPUs", "strategy", f"per GPU {unit[0]}", "fits"):
+        table.add_column(col, justify="left" if col == "strategy" else "right")
+    for i, t in enumerate(result.trials, 1):
+        verdict = "yes" if t.fits else ("refused" if t.device_total_bytes is None else "no")
+        table.add_row(str(i), str(t.num_gpus), t.strategy, _size(t.device_total_bytes, unit),
+                      verdict)
+    console.print(table)
+    if result.fits:
+        console.print(f"[bold]fewest {result.gpu} GPUs that fit: {result.best}[/] "
+                      f"({result.strategy}), found in {len(result.trials)} trials")
+        if result.flags:
+            console.print(f"  flags: {result.flags}", soft_wrap=True)
+        return
+    console.print(f"[bold red]does not fit on up to {result.max_gpus} {result.gpu} GPUs[/]")
+    if result.hint:
+        console.print(f"  {result.hint}", soft_wrap=True)
+    for t in result.trials:
+        if t.problem:
+            console.print(f"  {t.num_gpus} GPUs, {t.strategy}: {t.problem}", soft_wrap=True)
+            break
 
 
 def _finish(result: _search.SearchResult, what: str, as_json: bool, out: Path | None,

@@ -1,0 +1,145 @@
+"""Pipeline parallelism: the stages' memory, the schedules, the bubble, the sends, and bad
+input. Expected values are derived here from the model's shapes."""
+
+from __future__ import annotations
+
+import pytest
+
+from vramplan.engines import formula, pipeline
+from vramplan.errors import EngineError, JobError
+from vramplan.hardware import get_gpu
+from vramplan.job import Job, Parallel
+from vramplan.models import load_architecture
+from vramplan.plan.comm import collectives
+from vramplan.plan.performance import predict
+
+ARCH = load_architecture("llama-3.2-1b")  # 16 blocks, hidden 2048, tied embeddings
+
+
+def _job(pp: int, m: int, schedule: str = "1f1b", **changes) -> Job:
+    return Job(model="llama-3.2-1b", seq_len=2048, grad_accum=m, **changes,
+               parallel=Parallel(num_gpus=pp, pipeline_parallel=pp, pipeline_schedule=schedule))
+
+
+def _stage_reports(job: Job):
+    task = formula._task(job, ARCH)
+    shapes = formula._shapes(job, ARCH, task)
+    whole = formula._param_memory(job, ARCH, task)
+    dt = formula._activation_dtypes(job)
+    return {s.name: formula._stage_report(job, ARCH, task, shapes, None, whole, dt, s)
+            for s in pipeline.stages(job, ARCH)}, formula._stack_activations(job, ARCH,
+                                                                             shapes, dt)[0]
+
+
+def test_in_flight_micro_batches_per_schedule():
+    # 1F1B: rank r keeps min(p - r, m) micro-batches
+    assert [pipeline.in_flight(_job(4, 8), r) for r in range(4)] == [4, 3, 2, 1]
+    assert pipeline.in_flight(_job(4, 2), 0) == 2  # fewer micro-batches than stages
+    # interleaved, v = 2 chunks: min(2 (p - r - 1) + (v - 1) p + 1, m v) / v;
+    # rank 0 of 4: (6 + 4 + 1) / 2 = 5.5 = p (1 + (p - 1) / (p v)) (Korthikanti et al.)
+    assert pipeline.in_flight(_job(4, 8, "interleaved"), 0) == 5.5
+    assert pipeline.in_flight(_job(4, 8, "interleaved"), 3) == (4 + 1) / 2
+    assert pipeline.in_flight(_job(4, 2, "interleaved"), 0) == 4 / 2  # m v = 4 chunks
+
+
+def test_bubble_fraction():
+    assert pipeline.bubble_fraction(_job(1, 8)) == 0
+    assert pipeline.bubble_fraction(_job(4, 8)) == 3 / 11          # (p - 1) / (m + p - 1)
+    assert pipeline.bubble_fraction(_job(4, 8, "interleaved")) == 3 / 22  # / v = 2
+
+
+def test_first_stage_weights_and_activations():
+    job = _job(2, 4, batch_size=4)
+    reports, layer_acts = _stage_reports(job)
+    first, last = reports["first"], reports["last"]
+    block = ARCH.stacks[0].params_per_layer
+    # bf16-mixed keeps fp32 weights: 8 of 16 blocks and the embedding on the first stage;
+    # 8 blocks, the final norm and a copy of the tied embedding (the head) on the last
+    assert first.categories["weights"] == 4 * (8 * block + ARCH.embedding_params)
+    assert last.categories["weights"] == 4 * (8 * block + ARCH.other_params
+                                              + ARCH.vocab_size * 2048)
+    assert first.categories["gradients"] == first.categories["weights"]  # fp32, accumulating
+    # 1F1B, 2 stages, 4 micro-batches: stage 0 keeps 2 micro-batches of its 8 blocks, as
+    # much as the whole model's blocks for one (llama has no embedding dropout)
+    assert first.peak_phase in ("forward", "backward")  # activations are all live
+    assert first.categories["activations"] == round(layer_acts * 8 / 16 * 2)
+    whole = formula.estimate(job.with_changes(parallel=Parallel()))
+    assert whole.categories["weights"] == 4 * ARCH.total_params("causal-lm")
+    # the report is that of the larger stage
+    assert formula.estimate(job).device_total == max(first.device_total, last.device_total)
+
+
+def test_interleaved_first_stage_keeps_more():
+    job = _job(4, 8, "interleaved", batch_size=4)
+    reports, layer_acts = _stage_reports(job)
+    # 4 of 16 blocks, 5.5 micro-batches in flight
+    assert reports["first"].categories["activations"] == round(layer_acts * 4 / 16 * 5.5)
+
+
+def test_step_time_bubble_and_sends():
+    h100 = get_gpu("H100-SXM")
+    job = _job(4, 8)
+    perf = predict(job, h100)
+    phases = {p.phase: p for p in perf.phases}
+    busy = sum(phases[p].time_s * phases[p].per_step for p in ("forward", "backward"))
+    # idle share (p - 1) / (m + p - 1) = 3/11 of the step: busy x (3/11) / (8/11) = busy x 3/8
+    assert phases["pipeline bubble"].time_s == pytest.approx(busy * 3 / 8, rel=1e-12)
+    sends = [c for c in collectives(job, ARCH, h100) if "pipeline" in c.name]
+    # per micro-batch: one activation out and one gradient back, 1 x 2048 x 2048 bf16 each
+    assert len(sends) == 1 and sends[0].bytes_per_gpu == 2 * 2048 * 2048 * 2
+    assert sends[0].per == "micro-batch" and sends[0].link == "interconnect"
+    # the interleaved schedule's bubble is half as long, with twice the sends
+    inter = predict(_job(4, 8, "interleaved"), h100)
+    assert {p.phase: p for p in inter.phases}["pipeline bubble"].time_s == pytest.approx(
+        busy * (3 / 22) / (19 / 22), rel=1e-12)
+    # each of 4 stages does a quarter of the blocks' matmuls (the last also the head)
+    one = {p.phase: p for p in predict(_job(1, 8), h100).phases}
+    assert phases["forward"].flops < one["forward"].flops / 2
+
+
+@pytest.mark.parametrize("parallel,message", [
+    (Parallel(num_gpus=32, pipeline_parallel=32), "only 16 blocks"),
+    (Parallel(num_gpus=16, pipeline_parallel=16, pipeline_schedule="interleaved"),
+     "16 x pipeline_chunks=2"),
+])
+def test_more_stages_than_blocks_is_refused(parallel, message):
+    with pytest.raises(JobError, match=message):
+        formula.estimate(Job(model="llama-3.2-1b", parallel=parallel))
+
+
+def test_pipeline_needs_a_decoder_and_the_formula():
+    with pytest.raises(JobError, match="decoder-only"):
+        formula.estimate(Job(model="bert-base-uncased",
+                             parallel=Parallel(num_gpus=2, pipeline_parallel=2)))
+    from vramplan.engines.registry import run_engine
+    with pytest.raises(EngineError, match="pipeline"):
+        run_engine(_job(2, 2), "trace")
+
+
+def test_gpus_must_be_a_multiple_of_the_model_parallel_group():
+    with pytest.raises(ValueError, match="pipeline_parallel = 4"):
+        Parallel(num_gpus=6, tensor_parallel=2, pipeline_parallel=2)
+    assert Parallel(num_gpus=16, tensor_parallel=2, pipeline_parallel=4,
+                    strategy="fsdp").data_parallel == 2
+
+
+def test_cli_pp_flags_and_bad_stages(run_cli):
+    import json
+
+    code, out, err = run_cli("estimate", "llama-3.2-1b", "-n", "4", "--pp", "4",
+                             "--pp-schedule", "interleaved", "--grad-accum", "8", "--json")
+    assert code == 0, err
+    assert json.loads(out)["job"]["parallel"]["pipeline_schedule"] == "interleaved"
+    code, _, err = run_cli("estimate", "llama-3.2-1b", "-n", "32", "--pp", "32")
+    assert code == 2 and "only 16 blocks" in err and err.count("\n") == 1
+
+
+def test_planner_uses_pipeline_stages_when_tensor_parallelism_is_not_enough():
+    from vramplan.plan.planner import plan
+
+    # 70B at a global batch of 1: 8-way TP alone leaves ~140 GB of state per H100
+    found = plan(Job(model="llama-3.1-70b", seq_len=2048), tokens=10**9,
+                 gpus=["H100-SXM"], max_gpus=64)
+    assert found.candidates
+    assert all(c.job.parallel.pipeline_parallel > 1 for c in found.candidates)
+    assert all("--pp" in c.flags for c in found.candidates)

@@ -1,0 +1,116 @@
+"""Pipeline parallelism: what each stage holds, and the schedule's bubble.
+
+The blocks are split into `pipeline_parallel` contiguous stages of ceil(L / p) blocks (the
+most any stage holds; Megatron-LM splits evenly), the token embedding on the first stage,
+the final norm and the head on the last (a tied head keeps its own copy of the embedding
+there, as Megatron-LM's shared embedding group does). The micro-batches of one step
+(grad_accum of them) flow through the stages.
+
+Activations in flight (Megatron-LM, schedules.py: forward_backward_pipelining_without_
+interleaving / _with_interleaving): a rank r of p runs `warmup` forwards before its first
+backward and keeps their activations until their backward runs,
+
+    1f1b          warmup = p - r - 1,                        in flight = min(warmup + 1, m)
+    interleaved   warmup = 2 (p - r - 1) + (v - 1) p   model chunks of L / (p v) blocks,
+                  in flight = min(warmup + 1, m v) / v   (in units of a stage's L / p blocks)
+
+so stage 0 holds the most: p micro-batches for 1F1B, p (1 + (p - 1) / (p v)) interleaved
+(Korthikanti et al. 2022, "Reducing Activation Recomputation", section 4.2.3); the last
+stage holds 1 (1F1B). Bubble: (p - 1) / (m + p - 1) of the step for 1F1B, divided by v
+interleaved (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training", 2.2).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vramplan.errors import JobError
+from vramplan.job import Job
+from vramplan.models import Architecture
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What one pipeline stage holds, as shares of the whole model's figures."""
+
+    name: str               # "first", "last", or "all" (no pipeline)
+    layer_share: float      # blocks on the stage / all blocks
+    in_flight: float        # micro-batches of the stage's blocks whose activations it keeps
+    embedding: bool         # holds the token embedding (and the inputs' activations)
+    head: bool              # holds the final norm, the head and the loss
+
+
+WHOLE = Stage("all", 1.0, 1.0, True, True)
+
+
+def check_pipeline(job: Job, arch: Architecture) -> None:
+    """One line for a pipeline the model cannot be split into."""
+    p = job.parallel.pipeline_parallel
+    if p == 1:
+        return
+    layers = sum(s.num_layers for s in arch.stacks)
+    if arch.kind != "decoder":
+        raise JobError("pipeline_parallel is modelled for decoder-only language models only "
+                       f"({arch.name} is {arch.kind or 'not a transformer'}): use "
+                       "tensor_parallel or fsdp")
+    v = job.parallel.pipeline_chunks if job.parallel.pipeline_schedule == "interleaved" else 1
+    if p * v > layers:
+        what = (f"pipeline_parallel={p} stages" if v == 1 else
+                f"pipeline_parallel={p} x pipeline_chunks={v} model chunks")
+        raise JobError(f"{what} but {arch.name} has only {layers} blocks: use at most "
+                       f"{layers // v} stages")
+    if job.activation_offload:
+        raise JobError("activation offloading with pipeline parallelism is not modelled: "
+                       "drop one of them")
+
+
+def blocks_per_stage(job: Job, arch: Architecture) -> int:
+    layers = sum(s.num_layers for s in arch.stacks)
+    return math.ceil(layers / job.parallel.pipeline_parallel)
+
+
+def in_flight(job: Job, rank: int) -> float:
+    """Micro-batches of a stage's blocks whose activations rank `rank` keeps at once."""
+    par, m = job.parallel, job.grad_accum
+    p = par.pipeline_parallel
+    if par.pipeline_schedule == "interleaved" and p > 1:
+        v = par.pipeline_chunks
+        return min(2 * (p - rank - 1) + (v - 1) * p + 1, m * v) / v
+    return min(p - rank, m)
+
+
+def stages(job: Job, arch: Architecture) -> tuple[Stage, ...]:
+    """The stages whose memory can be the largest: the first (most activations, the
+    embedding) and the last (the head and the loss); the whole model without a pipeline."""
+    p = job.parallel.pipeline_parallel
+    if p == 1:
+        return (WHOLE,)
+    layers = sum(s.num_layers for s in arch.stacks)
+    share = blocks_per_stage(job, arch) / layers
+    return (Stage("first", share, in_flight(job, 0), True, False),
+            Stage("last", share, in_flight(job, p - 1), False, True))
+
+
+def bubble_fraction(job: Job) -> float:
+    """Share of the step the pipeline's GPUs sit idle: (p - 1) / (m + p - 1), / v."""
+    par = job.parallel
+    p, m = par.pipeline_parallel, job.grad_accum
+    if p == 1:
+        return 0.0
+    v = par.pipeline_chunks if par.pipeline_schedule == "interleaved" else 1
+    return (p - 1) / (m + p - 1) / v
+
+
+def outside_params(arch: Architecture, task: str, stage: Stage) -> int:
+    """Parameters outside the blocks that `stage` holds: the embedding on the first; the
+    final norm, the head (a copy of a tied embedding) on the last."""
+    if stage is WHOLE or stage.name == "all":
+        return arch.total_params(task) - sum(s.num_layers * s.params_per_layer
+                                             for s in arch.stacks)
+    if stage.embedding:
+        return arch.embedding_params
+    head = arch.head_params[task]
+    tied_copy = (arch.vocab_size * arch.stacks[-1].hidden_size
+                 if arch.tied_embeddings and not head else 0)
+    return head + arch.other_params + tied_copy
