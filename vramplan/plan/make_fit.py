@@ -140,7 +140,7 @@ def make_it_fit(job: Job, gpu: GPU, *, margin: float = SAFETY_MARGIN, allow=(),
     return sorted(fixes, key=lambda f: (f.changes_maths, -(f.tokens_per_s or 0)))[:limit]
 
 
-def with_fixes(report: MemoryReport, job: Job, *, allow=None, margin: float = 0.0,
+def with_fixes(report: MemoryReport, job: Job, *, allow=None, margin: float = SAFETY_MARGIN,
                limit: int = 3) -> MemoryReport:
     """`report` with `to_fit` filled when the job names a GPU it does not fit (estimate):
     every technique is offered, those that keep the maths of training first."""

@@ -87,7 +87,7 @@ def estimate(
     if job.gpu:  # the smallest changes that make it fit, when it does not
         from vramplan.plan.make_fit import with_fixes
 
-        report = with_fixes(report, job)
+        report = with_fixes(report, job, margin=margin)
     show(report, job, as_json=as_json, unit=unit)
     if not job.gpu and (sort or tokens or samples or epochs) and not as_json:
         from vramplan.plan.amount import TrainingAmount, parse_count
