@@ -375,3 +375,13 @@ def test_an_unknown_device_is_refused(device):
     with pytest.raises(EngineError, match="use cpu, cuda or cuda:N"):
         measure(Job(model="tiny", batch_size=1, seq_len=8), device=device or "x",
                 model_config=LEAK_CONFIG)
+
+
+def test_a_multi_gpu_job_needs_torchrun(monkeypatch):
+    # a 4-GPU ZeRO-3 job was measured unsharded in one process and reported as one rank's
+    from vramplan.errors import EngineError
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    job = Job(model="tiny", batch_size=1, seq_len=8,
+              parallel={"strategy": "zero3", "num_gpus": 4})
+    with pytest.raises(EngineError, match="torchrun --nproc-per-node 4"):
+        measure(job, device="cpu", model_config=LEAK_CONFIG)
