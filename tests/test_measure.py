@@ -385,3 +385,23 @@ def test_a_multi_gpu_job_needs_torchrun(monkeypatch):
               parallel={"strategy": "zero3", "num_gpus": 4})
     with pytest.raises(EngineError, match="torchrun --nproc-per-node 4"):
         measure(job, device="cpu", model_config=LEAK_CONFIG)
+
+
+def test_measure_without_a_completed_step_exits_2(run_cli, tmp_path, monkeypatch):
+    # measure printed a partial step's figures and exited 0 when the forward always raised
+    (tmp_path / "vp_failing_forward.py").write_text(
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n"
+        "        raise ValueError('boom in forward')\n"
+        "def build():\n"
+        "    return {'model': Net(), 'input_shapes': (4,)}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = run_cli("measure", "vp_failing_forward:build", "--device", "cpu",
+                           "--steps", "1")
+    assert code == 2
+    assert err.startswith("error: no training step completed (stopped by ValueError: boom")
+    assert len(err.strip().splitlines()) == 1
