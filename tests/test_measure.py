@@ -375,3 +375,33 @@ def test_an_unknown_device_is_refused(device):
     with pytest.raises(EngineError, match="use cpu, cuda or cuda:N"):
         measure(Job(model="tiny", batch_size=1, seq_len=8), device=device or "x",
                 model_config=LEAK_CONFIG)
+
+
+def test_a_multi_gpu_job_needs_torchrun(monkeypatch):
+    # a 4-GPU ZeRO-3 job was measured unsharded in one process and reported as one rank's
+    from vramplan.errors import EngineError
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    job = Job(model="tiny", batch_size=1, seq_len=8,
+              parallel={"strategy": "zero3", "num_gpus": 4})
+    with pytest.raises(EngineError, match="torchrun --nproc-per-node 4"):
+        measure(job, device="cpu", model_config=LEAK_CONFIG)
+
+
+def test_measure_without_a_completed_step_exits_2(run_cli, tmp_path, monkeypatch):
+    # measure printed a partial step's figures and exited 0 when the forward always raised
+    (tmp_path / "vp_failing_forward.py").write_text(
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n"
+        "        raise ValueError('boom in forward')\n"
+        "def build():\n"
+        "    return {'model': Net(), 'input_shapes': (4,)}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = run_cli("measure", "vp_failing_forward:build", "--device", "cpu",
+                           "--steps", "1")
+    assert code == 2
+    assert err.startswith("error: no training step completed (stopped by ValueError: boom")
+    assert len(err.strip().splitlines()) == 1

@@ -220,6 +220,10 @@ def user_module(tmp_path, monkeypatch):
         def not_a_module():
             return 42
 
+        def exits():
+            import sys
+            sys.exit(3)
+
         def slow():
             import time
             class Slow(nn.Module):
@@ -257,6 +261,12 @@ def test_factory_that_cannot_be_imported():
 def test_factory_that_raises(user_module):
     with pytest.raises(ModelConfigError, match="raised RuntimeError: checkpoint not found"):
         trace(_job(model=f"{user_module}:raises"))
+
+
+def test_factory_that_calls_sys_exit(user_module):
+    # vramplan ended silently with the factory's exit code 3
+    with pytest.raises(ModelConfigError, match=r"called sys.exit\(3\)"):
+        trace(_job(model=f"{user_module}:exits"))
 
 
 def test_factory_that_returns_no_module(user_module):

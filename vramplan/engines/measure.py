@@ -64,6 +64,14 @@ def measure(job: Job, *, steps: int = 5, warmup: int = 2, emulate_gpu: str | Non
         raise EngineError("measure on cuda needs a CUDA build of torch and a visible GPU; "
                           "use --device cpu (with --budget to stand in for the GPU's memory)")
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # started by torchrun
+    if job.parallel.num_gpus > 1 and not distributed:
+        # one process would run the whole job unsharded, and its peak would pass for a
+        # rank's: a wrong "fits" for sharded jobs
+        n = job.parallel.num_gpus
+        raise EngineError(f"the job runs on {n} GPUs ({job.parallel.strategy}): measure it "
+                          f"with one process per GPU, `torchrun --nproc-per-node {n} -m "
+                          "vramplan measure ...`, or use --engine trace to see one rank "
+                          "without GPUs")
     if distributed:
         device = _join_process_group(job, device)
     setup = build_training_setup(job, device=device, model_config=model_config)

@@ -31,12 +31,18 @@ def from_factory(job: Job, device: torch.device, notes: list[str]):
         factory: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             factory = getattr(factory, part)
+    except SystemExit as stop:  # sys.exit() in the user's module would end vramplan silently
+        raise ModelConfigError(f"importing factory module {module_name!r} called "
+                               f"sys.exit({stop.code!r}); a factory module must not exit") from None
     except Exception as error:  # any import-time failure of the user's module
         raise ModelConfigError(f"cannot load factory {job.model!r}: {type(error).__name__}: "
                                f"{error}") from None
     try:
         wants_job = len(inspect.signature(factory).parameters) > 0
         result = factory(job) if wants_job else factory()
+    except SystemExit as stop:
+        raise ModelConfigError(f"factory {job.model!r} called sys.exit({stop.code!r}); return "
+                               "a model instead of exiting") from None
     except Exception as error:
         raise ModelConfigError(f"factory {job.model!r} raised {type(error).__name__}: "
                                f"{error}") from None

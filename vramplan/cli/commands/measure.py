@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Annotated, Optional
 
 import typer
@@ -18,6 +19,7 @@ from rich.table import Table
 
 from vramplan.cli.options import (
     EXIT_DOES_NOT_FIT,
+    EXIT_INTERRUPTED,
     AsJson,
     HtmlOut,
     Out,
@@ -31,7 +33,7 @@ from vramplan.cli.options import (
 )
 from vramplan.compare import comparison_rows, run_for_compare
 from vramplan.engines.report import MemoryReport
-from vramplan.errors import JobError
+from vramplan.errors import EngineError, JobError
 from vramplan.job import Job
 from vramplan.search.oom import describe_oom, is_out_of_memory
 from vramplan.units import GiB, MiB, parse_bytes
@@ -86,13 +88,28 @@ def measure(
         write_html(html, report_html(report, command=cli_command(job, "measure", words)))
     if as_json:
         print_json(report.to_json_dict())
-        return
-    from vramplan.report.terminal import print_report
+    else:
+        from vramplan.report.terminal import print_report
 
-    print_report(report, console, highlight_gpu=job.gpu)
-    print_measured(report)
-    if out:
-        console.print(f"wrote {out}")
+        print_report(report, console, highlight_gpu=job.gpu)
+        print_measured(report)
+        if out:
+            console.print(f"wrote {out}")
+    _exit_if_incomplete(report)
+
+
+def _exit_if_incomplete(report: MemoryReport) -> None:
+    """A run that stopped early was shown (and written) above; its exit code says so: 130
+    for Ctrl-C, 2 when not one step completed (the peak is not a step's)."""
+    m = report.measured
+    if m is None or m.complete:
+        return
+    if m.stopped.startswith("interrupted"):
+        sys.stderr.write(f"{m.stopped}; the partial result is above\n")
+        raise SystemExit(EXIT_INTERRUPTED)
+    if m.steps == 0:
+        raise EngineError(f"no training step completed ({m.stopped}); the figures above are "
+                          "a partial step's, not a measurement")
 
 
 def print_measured(report: MemoryReport) -> None:
