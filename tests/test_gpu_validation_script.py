@@ -54,8 +54,8 @@ def test_the_jobs_cover_every_profile_and_technique(script):
     assert any(j.loss == "chunked" for j in jobs) and any(j.activation_offload for j in jobs)
     assert {True, False} == {j.compile for j in jobs}
     assert max(j.seq_len or 0 for j in jobs) >= 16384
-    moe = [f["model"] for f in script.JOBS if "mixtral" in f["model"]]
-    assert "mixtral-8x7b" in moe and any(m.endswith("mixtral-mini.json") for m in moe)
+    moe = [j for j in jobs if j.model.endswith("mixtral-mini.json")]
+    assert {None, "lora", "qlora"} == {j.peft.method if j.peft else None for j in moe}
     # every compiled job has an eager twin (same fields without compile)
     for fields in script.JOBS:
         if fields.get("compile"):

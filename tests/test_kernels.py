@@ -252,3 +252,18 @@ def test_torchao_low_bit_state_layout_matches(bits):
 
 def test_kernels_default_is_all_stand_in_free():
     assert Kernels().note() == "" and Kernels().real
+
+
+def test_real_fp8_converts_the_block_linears_with_torchao():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pytest.importorskip("torchao.float8")
+    from vramplan.training.setup import build_training_setup
+
+    job = Job(model="tiny", batch_size=2, seq_len=32, precision="fp8")
+    setup = build_training_setup(job, "cpu", model_config=TINY_LLAMA,
+                                 kernels=select_kernels(job, "cpu", real=True))
+    converted = [m for m in setup.model.modules() if type(m).__name__ == "Float8Linear"]
+    assert len(converted) == 2 * 7  # every block linear; the 512-wide head stays nn.Linear
+    assert type(setup.model.get_output_embeddings()) is nn.Linear
+    assert any("torchao Float8Linear" in note for note in setup.notes)
