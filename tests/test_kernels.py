@@ -267,3 +267,40 @@ def test_real_fp8_converts_the_block_linears_with_torchao():
     assert len(converted) == 2 * 7  # every block linear; the 512-wide head stays nn.Linear
     assert type(setup.model.get_output_embeddings()) is nn.Linear
     assert any("torchao Float8Linear" in note for note in setup.notes)
+
+
+@pytest.mark.parametrize("real", [False, True])
+def test_measure_counts_low_bit_states_held_in_dicts_and_tensor_subclasses(real):
+    if real:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pytest.importorskip("torchao.optim")
+    from vramplan.engines.measure import tensor_bytes
+    from vramplan.training.setup import build_training_setup, train_step
+
+    job = Job(model="tiny", batch_size=2, seq_len=32, optimizer="adamw-4bit", peft={"rank": 8})
+    setup = build_training_setup(job, "cpu", model_config=TINY_LLAMA,
+                                 kernels=select_kernels(job, "cpu", real=real))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        train_step(setup, 1)
+    # LoRA rank 8 on q, k, v, o of 2 layers: per layer q 8x64 + 64x8, k and v 8x64 + 32x8,
+    # o 8x64 + 64x8 = 3584 values; every tensor is under 4096 values, so both states are
+    # plain fp32: 2 x 7168 x 4 B. torchao also keeps a 4-byte step tensor per parameter (16).
+    assert setup.params_trainable == 7168
+    assert tensor_bytes(setup)["optimizer_states"] == 2 * 7168 * 4 + (16 * 4 if real else 0)
+
+
+def test_paged_states_are_unified_memory_not_optimizer_states():
+    from vramplan.engines.measure import tensor_bytes
+    from vramplan.training.setup import TrainingSetup
+
+    model = nn.Linear(256, 256, bias=False)
+    opt = torch.optim.SGD(model.parameters())
+    paged, plain = torch.zeros(65536, dtype=torch.uint8), torch.zeros(256, dtype=torch.float32)
+    paged.is_paged = True  # what bitsandbytes' get_paged sets on cudaMallocManaged buffers
+    opt.state[model.weight] = {"state1": paged, "absmax1": plain, "step": 1}
+    setup = TrainingSetup(model, opt, lambda: {"input_ids": torch.zeros(1, 4, dtype=torch.long)},
+                          lambda m, b: m(b), None, torch.device("cpu"), "linear")
+    sizes = tensor_bytes(setup)
+    assert (sizes["optimizer_states"], sizes["unified_memory"]) == (1024, 65536)
