@@ -36,7 +36,8 @@ def quantize_linears_4bit(model: nn.Module, skip: set[int], double_quant: bool,
             weight = torch.empty(child.out_features, child.in_features, dtype=compute_dtype,
                                  device=device).normal_(0.0, std)
             layer.weight = bnb.nn.Params4bit(weight, requires_grad=False,
-                                             compress_statistics=double_quant, quant_type=NF4)
+                                             compress_statistics=double_quant, quant_type=NF4,
+                                             module=layer)
             if child.bias is not None:
                 layer.bias = nn.Parameter(torch.zeros(child.out_features, dtype=compute_dtype,
                                                       device=device), requires_grad=False)
