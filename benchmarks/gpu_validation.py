@@ -18,7 +18,8 @@ so a run ends within 10 minutes on one H200.
     PYTHONPATH=. python benchmarks/gpu_validation.py --quick     # two jobs, a smoke test
 
 The predictions need no GPU, so GPU time can be saved by making them first on any machine
-and handing them over:
+and handing them over (benchmarks/results/gpu_validation_v2_predictions.json holds them for
+the v2 jobs, made on the 2-core VM):
 
     PYTHONPATH=. python benchmarks/gpu_validation.py --predict-only predictions.json
     PYTHONPATH=. python benchmarks/gpu_validation.py --predictions predictions.json
@@ -29,8 +30,11 @@ measurements, on any machine (the measurements do not change):
     PYTHONPATH=. python benchmarks/gpu_validation.py --rescore
 
 Writes gpu_validation.json and gpu_validation.md (with the GPU's name, driver, CUDA and
-torch versions) after every job, so a run cut short still leaves its rows. The lent H200
-has torch and transformers but no pydantic: carry its wheel (see the device tool's README).
+torch versions, and per job the versions of the libraries measure used) after every job, so
+a run cut short still leaves its rows. The lent H200 has torch and transformers but no
+pydantic, bitsandbytes or torchao and no network: carry their wheels and install them with
+`pip install --no-deps` (see the device tool's README); without bitsandbytes / torchao the
+jobs that need them fail with a one-line error naming the package, and the rest run.
 """
 
 from __future__ import annotations
@@ -362,17 +366,19 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         sys.exit("gpu_validation needs a CUDA GPU; none is visible to torch")
     facts = gpu_facts()
-    predict_row = None
+    saved = {}
     if args.predictions:
-        saved = json.loads(args.predictions.read_text())["rows"]
-        predicted = [next((r for r in saved if r["job"] == fields), None) or {"job": fields}
-                     for fields in jobs]
-        facts["predictions_from"] = "--predictions (made before the GPU run)"
-    else:  # predicted job by job, inside the time budget
-        predicted, predict_row = [{"job": fields} for fields in jobs], predict
-    rows = run_jobs(predicted, lambda row: validate(row, args.steps, args.warmup),
-                    args.budget_s, write=lambda rows: _write(args.out, facts, rows),
-                    predict_row=predict_row)
+        saved = {json.dumps(r["job"], sort_keys=True): r
+                 for r in json.loads(args.predictions.read_text())["rows"]}
+        facts["predictions_from"] = ("--predictions (made before the GPU run; jobs missing "
+                                     "from the file are predicted in the run)")
+
+    def predict_row(fields: dict) -> dict:  # job by job, inside the time budget
+        return saved.get(json.dumps(fields, sort_keys=True)) or predict(fields)
+
+    rows = run_jobs([{"job": fields} for fields in jobs],
+                    lambda row: validate(row, args.steps, args.warmup), args.budget_s,
+                    write=lambda rows: _write(args.out, facts, rows), predict_row=predict_row)
     print(markdown(facts, rows))
 
 

@@ -128,3 +128,23 @@ def test_out_defaults_to_the_device_machines_out_folder(script, monkeypatch, tmp
     assert script.default_out() == tmp_path
     monkeypatch.delenv("OUT")
     assert script.default_out() == ROOT / "benchmarks" / "results"
+
+
+def test_a_gpu_run_takes_saved_predictions_and_predicts_the_missing_ones(script, tmp_path,
+                                                                         monkeypatch):
+    import torch
+
+    jobs = [dict(model="a", batch_size=1), dict(model="b", batch_size=1)]
+    saved = {"rows": [{"job": jobs[0], "formula": {"peak_allocated": 7}}]}
+    (tmp_path / "p.json").write_text(json.dumps(saved))
+    monkeypatch.setattr(script, "JOBS", jobs)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(script, "gpu_facts", lambda: {
+        "gpu": "fake", "cuda": "0", "torch": "0", "python": "3", "platform": "x"})
+    monkeypatch.setattr(script, "predict", lambda fields: {"job": fields, "predicted": "now"})
+    monkeypatch.setattr(script, "validate", lambda row, steps, warmup: {**row, "ran": steps})
+    script.main(["--predictions", str(tmp_path / "p.json"), "--out", str(tmp_path / "o"),
+                 "--steps", "4"])
+    rows = json.loads((tmp_path / "o" / "gpu_validation.json").read_text())["rows"]
+    assert rows == [{"job": jobs[0], "formula": {"peak_allocated": 7}, "ran": 4},
+                    {"job": jobs[1], "predicted": "now", "ran": 4}]
