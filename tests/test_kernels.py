@@ -304,3 +304,26 @@ def test_paged_states_are_unified_memory_not_optimizer_states():
                           lambda m, b: m(b), None, torch.device("cpu"), "linear")
     sizes = tensor_bytes(setup)
     assert (sizes["optimizer_states"], sizes["unified_memory"]) == (1024, 65536)
+
+
+def test_measure_with_the_real_kernels_on_the_cpu_records_them():
+    _bnb()
+    from vramplan.engines.measure import measure
+
+    job = QLORA_8BIT
+    real = measure(job, steps=1, warmup=1, device="cpu", model_config=TINY_LLAMA,
+                   real_kernels=True)
+    stand_in = measure(job, steps=1, warmup=1, device="cpu", model_config=TINY_LLAMA)
+    import bitsandbytes
+
+    assert real.measured.complete
+    assert real.measured.libraries["bitsandbytes"] == bitsandbytes.__version__
+    assert real.measured.kernels.startswith("low-bit kernels are real kernels")
+    assert stand_in.measured.kernels.startswith("low-bit kernels are vramplan's stand-ins")
+    assert "bitsandbytes" not in stand_in.measured.libraries
+    # the same tensors but bitsandbytes' code maps: 14 double-quantised weights x (16 + 256
+    # fp32 map entries + an fp32 offset) = 14 x 1092 B
+    assert real.categories["weights"] - stand_in.categories["weights"] == 14 * 1092
+    # optimizer states: every LoRA tensor is under 4096 values, so fp32 states in both and
+    # no 8-bit tensor for which bitsandbytes would make its code maps
+    assert real.categories["optimizer_states"] == stand_in.categories["optimizer_states"]

@@ -47,12 +47,13 @@ CUDA_BLOCK = 512  # the caching allocator rounds every request up to 512 bytes
 
 def measure(job: Job, *, steps: int = 5, warmup: int = 2, emulate_gpu: str | None = None,
             budget_bytes: int | None = None, device: str | None = None,
-            model_config: dict | None = None) -> MemoryReport:
+            model_config: dict | None = None, real_kernels: bool | None = None) -> MemoryReport:
     """Run `warmup` + `steps` optimizer steps of the job and report what the device saw.
 
     emulate_gpu: cap this process to that catalog GPU's usable memory (CUDA only).
     budget_bytes: a step that needs more raises BudgetExceeded (CUDA: a memory cap).
     model_config: a Hugging Face config dict used instead of looking up job.model.
+    real_kernels: run bitsandbytes / torchao rather than the stand-ins; None: on CUDA only.
     Out-of-memory errors propagate (search relies on them); any other error in the step,
     and Ctrl-C, end the run early with a partial report that says why.
     """
@@ -64,7 +65,7 @@ def measure(job: Job, *, steps: int = 5, warmup: int = 2, emulate_gpu: str | Non
     if distributed:
         device = _join_process_group(job, device)
     # the real bitsandbytes / torchao kernels on CUDA, the stand-ins on the CPU
-    kernels = select_kernels(job, torch.device(device))
+    kernels = select_kernels(job, torch.device(device), real=real_kernels)
     setup = build_training_setup(job, device=device, model_config=model_config, kernels=kernels)
     counts = {"params_total": setup.params_total, "params_trainable": setup.params_trainable}
     if distributed:
