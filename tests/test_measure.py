@@ -343,3 +343,14 @@ def test_a_cpu_measurement_fills_the_fit_table_with_each_gpus_runtime():
     # the CPU run has neither cuBLAS workspaces nor a CUDA context: the L4's are added
     assert fit.gpu == "L4" and fit.required_bytes == report.device_total + workspaces_bytes(
         job.runtime, l4) + runtime_context_bytes(job.runtime, l4)
+
+
+@pytest.mark.parametrize("fields", [dict(activation_offload=True, checkpointing="full"),
+                                    dict(offload={"optimizer": True}, parallel={
+                                        "strategy": "zero2", "num_gpus": 1})])
+def test_measure_refuses_offload_it_would_not_run(fields):
+    from vramplan.errors import EngineError
+
+    # the step would run without offloading and be reported as the offloaded one
+    with pytest.raises(EngineError, match="not run by the trace and measure engines yet"):
+        measure(Job(model="tiny", **fields), device="cpu", model_config=TINY_LLAMA)

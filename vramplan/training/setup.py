@@ -219,6 +219,11 @@ def _check_modelled(job: Job) -> None:
     if job.compile:
         raise EngineError("the trace and measure engines do not run torch.compile yet: drop "
                           "compile (the eager step's memory is an upper bound)")
+    if job.activation_offload or job.offload.optimizer or job.offload.params:
+        # measure would run the step without offloading and report it as the offloaded one
+        raise EngineError("CPU offload (activation_offload, offload.optimizer, offload.params) "
+                          "is not run by the trace and measure engines yet: use --engine "
+                          "formula")
     if job.loss.startswith("chunked:torchtune"):
         raise EngineError(f"loss {job.loss} is modelled by the formula engine only: use "
                           "--engine formula, or loss standard or chunked")
