@@ -1,15 +1,25 @@
 """GPU validation: predicted (formula, trace) against measured memory on a real CUDA GPU.
 
 One command on a machine with a CUDA GPU runs each job below for real (warm-up plus timed
-steps with the measure engine) and records torch.cuda.max_memory_allocated(),
-max_memory_reserved(), NVML's used memory and the context overhead beside the trace and
-formula predictions. The set is sized to finish in under 8 minutes on one H200.
+steps with the measure engine, which runs the real bitsandbytes / torchao kernels on CUDA)
+and records torch.cuda.max_memory_allocated(), max_memory_reserved(), NVML's used memory,
+the context overhead and the step times (for the performance model) beside the trace and
+formula predictions, with the versions of the libraries each job used.
 
-    PYTHONPATH=. python benchmarks/gpu_validation.py --out benchmarks/results
+v2: the first 19 jobs are v1's (so old results stay comparable); then the framework
+profiles, real QLoRA / 8-bit / paged / 4-bit / fp8 kernels, checkpointing policies, chunked
+losses, activation offload, dense and MoE, long sequences and compile on and off (a job the
+engines refuse, e.g. compile before it is modelled, is recorded as skipped). Each job is
+guarded: one failure does not stop the rest. No job starts after --budget-s (default 540 s),
+so a run ends within 10 minutes on one H200.
+
+    PYTHONPATH=. python benchmarks/gpu_validation.py             # writes to $OUT if set,
+                                                                 # else benchmarks/results
     PYTHONPATH=. python benchmarks/gpu_validation.py --quick     # two jobs, a smoke test
 
 The predictions need no GPU, so GPU time can be saved by making them first on any machine
-and handing them over:
+and handing them over (benchmarks/results/gpu_validation_v2_predictions.json holds them for
+the v2 jobs, made on the 2-core VM):
 
     PYTHONPATH=. python benchmarks/gpu_validation.py --predict-only predictions.json
     PYTHONPATH=. python benchmarks/gpu_validation.py --predictions predictions.json
@@ -20,14 +30,18 @@ measurements, on any machine (the measurements do not change):
     PYTHONPATH=. python benchmarks/gpu_validation.py --rescore
 
 Writes gpu_validation.json and gpu_validation.md (with the GPU's name, driver, CUDA and
-torch versions) after every job, so a run cut short still leaves its rows. The lent H200
-has torch and transformers but no pydantic: carry its wheel (see the device tool's README).
+torch versions, and per job the versions of the libraries measure used) after every job, so
+a run cut short still leaves its rows. The lent H200 has torch and transformers but no
+pydantic, bitsandbytes or torchao and no network: carry their wheels and install them with
+`pip install --no-deps` (see the device tool's README); without bitsandbytes / torchao the
+jobs that need them fail with a one-line error naming the package, and the rest run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -65,7 +79,60 @@ JOBS: list[dict] = [
     dict(model="whisper-small", batch_size=8, seq_len=128),
     dict(model="t5-base", batch_size=8, seq_len=512, precision="bf16-pure"),
     dict(model="llama-3.2-1b", batch_size=4, seq_len=2048, precision="fp8"),
+    # --- v2 (2026-11-30) -----------------------------------------------------------------
+    # framework profiles (profiles.toml): their defaults, with measurable losses
+    dict(model="llama-3.2-1b", batch_size=4, seq_len=2048, framework="hf-trainer",
+         precision="bf16-mixed"),
+    dict(model="llama-3.2-1b", batch_size=4, seq_len=2048, framework="torchtitan"),
+    dict(model="llama-3.2-1b", batch_size=4, seq_len=2048, framework="torchtitan",
+         checkpointing="selective:every-2nd-layer"),
+    dict(model="llama-3.2-3b", batch_size=4, seq_len=2048, framework="torchtune", loss="chunked"),
+    dict(model="llama-3.1-8b", batch_size=4, seq_len=2048, framework="torchtune", loss="chunked",
+         peft={"rank": 16}),
+    dict(model="llama-3.1-8b", batch_size=4, seq_len=2048, framework="torchtune", loss="chunked",
+         peft={"rank": 16}, activation_offload=True),
+    dict(model="qwen2.5-1.5b", batch_size=4, seq_len=2048, framework="lightning",
+         precision="bf16-mixed"),
+    dict(model="qwen2.5-0.5b", batch_size=8, seq_len=2048, framework="accelerate",
+         precision="bf16-mixed", keep_grads_between_steps=True),
+    dict(model="llama-3.2-3b", batch_size=2, seq_len=2048, precision="bf16-pure",
+         optimizer_in_backward=True),
+    # low-bit optimizers, real kernels: bitsandbytes 8-bit / paged, torchao 4-bit / fp8
+    dict(model="llama-3.2-1b", batch_size=4, seq_len=2048, optimizer="paged-adamw"),
+    dict(model="llama-3.2-3b", batch_size=2, seq_len=2048, optimizer="paged-adamw-8bit"),
+    dict(model="qwen2.5-1.5b", batch_size=4, seq_len=2048, optimizer="adamw-4bit"),
+    dict(model="qwen2.5-1.5b", batch_size=4, seq_len=2048, optimizer="adamw-fp8"),
+    # QLoRA with bitsandbytes Linear4bit, quantised layer by layer
+    dict(model="llama-3.2-3b", batch_size=4, seq_len=2048, peft={"method": "qlora", "rank": 16}),
+    dict(model="llama-3.1-8b", batch_size=4, seq_len=2048, checkpointing="full",
+         peft={"method": "qlora", "rank": 16, "double_quant": False}),
+    # fp8 training (torchao Float8Linear)
+    dict(model="llama-3.2-3b", batch_size=2, seq_len=2048, precision="fp8"),
+    dict(model="llama-3.2-1b", batch_size=8, seq_len=2048, precision="fp8",
+         checkpointing="full"),
+    # checkpointing policies and chunked loss
+    dict(model="llama-3.2-3b", batch_size=4, seq_len=2048, checkpointing="selective:torchtitan-op"),
+    dict(model="qwen2.5-7b", batch_size=2, seq_len=2048, peft={"rank": 16},
+         checkpointing="selective", loss="chunked"),
+    # mixture of experts: a small Mixtral (benchmarks/configs/mixtral-mini.json: the catalog's
+    # mixtral-8x7b shape, narrower). transformers keeps experts as 3-D parameters, which
+    # QLoRA (bitsandbytes swaps nn.Linear only) leaves in 16 bits: hence no Mixtral-8x7B here
+    dict(model="benchmarks/configs/mixtral-mini.json", batch_size=4, seq_len=2048),
+    dict(model="benchmarks/configs/mixtral-mini.json", batch_size=4, seq_len=2048,
+         peft={"rank": 16}, checkpointing="full"),
+    dict(model="benchmarks/configs/mixtral-mini.json", batch_size=4, seq_len=2048,
+         peft={"method": "qlora", "rank": 16}),
+    # long sequences
+    dict(model="llama-3.2-1b", batch_size=1, seq_len=16384, checkpointing="full"),
+    dict(model="llama-3.1-8b", batch_size=1, seq_len=16384, checkpointing="full",
+         peft={"rank": 16}, loss="chunked"),
+    # torch.compile on (its eager twins are jobs 0, 5 and 9 above)
+    dict(model="llama-3.2-1b", batch_size=4, seq_len=2048, compile=True),
+    dict(model="qwen2.5-0.5b", batch_size=8, seq_len=2048, optimizer_impl="fused", compile=True),
+    dict(model="llama-3.1-8b", batch_size=2, seq_len=4096, peft={"rank": 16}, compile=True),
 ]
+V1_JOBS = 19  # JOBS[:19] are the jobs of the v1 results
+BUDGET_S = 540  # no job starts after this; v1's longest job took 57 s (stand-in kernels)
 
 
 def gpu_facts() -> dict:
@@ -108,6 +175,7 @@ def validate(row: dict, steps: int, warmup: int) -> dict:
     import torch
 
     from vramplan.engines.measure import measure
+    from vramplan.errors import VramplanError
 
     job = Job.model_validate(row["job"])
     row = dict(row, allocated_before=torch.cuda.memory_allocated())
@@ -117,8 +185,12 @@ def validate(row: dict, steps: int, warmup: int) -> dict:
         row["measured"] = {**_figures(report), **{
             k: getattr(report.measured, k) for k in (
                 "peak_reserved", "nvml_used_max", "context_overhead", "step_time_median_s",
-                "tokens_per_s", "samples_per_s", "gpu_util_mean", "complete", "stopped",
-                "losses")}, "notes": report.notes}
+                "step_time_p90_s", "step_times_s", "tokens_per_s", "samples_per_s",
+                "gpu_util_mean", "complete", "stopped", "losses", "libraries", "kernels")},
+            "unified_memory_bytes": report.unified_memory_bytes,
+            "tokens_per_step": report.tokens_per_step, "notes": report.notes}
+    except VramplanError as error:  # the engine refuses the job (e.g. compile): not a failure
+        row["skipped"] = f"{type(error).__name__}: {error}"
     except Exception as error:
         row["measure_error"] = f"{type(error).__name__}: {error}"
         traceback.print_exc()
@@ -174,7 +246,8 @@ def markdown(facts: dict, rows: list[dict]) -> str:
         job = ", ".join(f"{k}={v}" for k, v in row["job"].items())
         m = row.get("measured")
         if not m:
-            why = row.get("measure_error", "not run")[:100].replace("|", "/")
+            why = (row.get("measure_error") or (f"skipped: {row['skipped']}" if "skipped" in row
+                                                 else "not run"))[:100].replace("|", "/")
             lines.append(f"| {job} | failed: {why} |" + " |" * 10)
             continue
         cells = [job]
@@ -208,7 +281,7 @@ def _write(out: Path, facts: dict, rows: list[dict]) -> None:
     (out / "gpu_validation.md").write_text(markdown(facts, rows))
 
 
-MEASURED_KEYS = ("measured", "measure_error", "seconds", "allocated_before")
+MEASURED_KEYS = ("measured", "measure_error", "skipped", "seconds", "allocated_before")
 
 
 def rescore(out: Path) -> None:
@@ -226,9 +299,40 @@ def rescore(out: Path) -> None:
     print(markdown(facts, rows))
 
 
-def main() -> None:
+def default_out() -> Path:
+    return Path(os.environ["OUT"]) if os.environ.get("OUT") else (
+        Path(__file__).parent / "results")
+
+
+def run_jobs(predicted: list[dict], validate_row, budget_s: float, write=lambda rows: None,
+             clock=time.monotonic, predict_row=None) -> list[dict]:
+    """Measure each job in turn (predicting it first when predict_row is given); none starts
+    after budget_s seconds: those rows say so. validate_row guards its own errors; anything
+    that still escapes is recorded on the row, and the next job runs."""
+    start, rows = clock(), []
+    for row in predicted:
+        if clock() - start >= budget_s:
+            row = {**row, "skipped": f"time budget: not started after {budget_s:.0f} s"}
+        else:
+            try:
+                row = predict_row(row["job"]) if predict_row else row
+                row = validate_row(row)
+            except Exception as error:  # a job must not stop the others
+                row = {**row, "measure_error": f"{type(error).__name__}: {error}"}
+        rows.append(row)
+        print(json.dumps({k: v for k, v in rows[-1].items() if k not in (
+            "formula", "trace")}, default=str), flush=True)
+        write(rows)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--out", type=Path, default=default_out(),
+                        help="where results go: $OUT when set (the device machine), else "
+                        "benchmarks/results")
+    parser.add_argument("--budget-s", type=float, default=BUDGET_S,
+                        help="start no job after this many seconds")
     parser.add_argument("--quick", action="store_true", help="two jobs only")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
@@ -238,7 +342,9 @@ def main() -> None:
                         help="predictions made earlier with --predict-only")
     parser.add_argument("--rescore", action="store_true",
                         help="recompute the predictions of the run saved in --out (no GPU)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.out = args.out.resolve()
+    os.chdir(Path(__file__).resolve().parent.parent)  # job paths are relative to the repo
     jobs = JOBS[:2] if args.quick else JOBS
 
     if args.rescore:
@@ -260,18 +366,19 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("gpu_validation needs a CUDA GPU; none is visible to torch")
     facts = gpu_facts()
+    saved = {}
     if args.predictions:
-        saved = json.loads(args.predictions.read_text())["rows"]
-        predicted = [next(r for r in saved if r["job"] == fields) for fields in jobs]
-        facts["predictions_from"] = "--predictions (made before the GPU run)"
-    else:
-        predicted = [predict(fields) for fields in jobs]
-    rows = []
-    for row in predicted:
-        rows.append(validate(row, args.steps, args.warmup))
-        print(json.dumps({k: v for k, v in rows[-1].items() if k not in (
-            "formula", "trace")}, default=str), flush=True)
-        _write(args.out, facts, rows)
+        saved = {json.dumps(r["job"], sort_keys=True): r
+                 for r in json.loads(args.predictions.read_text())["rows"]}
+        facts["predictions_from"] = ("--predictions (made before the GPU run; jobs missing "
+                                     "from the file are predicted in the run)")
+
+    def predict_row(fields: dict) -> dict:  # job by job, inside the time budget
+        return saved.get(json.dumps(fields, sort_keys=True)) or predict(fields)
+
+    rows = run_jobs([{"job": fields} for fields in jobs],
+                    lambda row: validate(row, args.steps, args.warmup), args.budget_s,
+                    write=lambda rows: _write(args.out, facts, rows), predict_row=predict_row)
     print(markdown(facts, rows))
 
 

@@ -405,3 +405,14 @@ def test_measure_without_a_completed_step_exits_2(run_cli, tmp_path, monkeypatch
     assert code == 2
     assert err.startswith("error: no training step completed (stopped by ValueError: boom")
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("fields", [dict(activation_offload=True, checkpointing="full"),
+                                    dict(offload={"optimizer": True}, parallel={
+                                        "strategy": "zero2", "num_gpus": 1})])
+def test_measure_refuses_offload_it_would_not_run(fields):
+    from vramplan.errors import EngineError
+
+    # the step would run without offloading and be reported as the offloaded one
+    with pytest.raises(EngineError, match="not run by the trace and measure engines yet"):
+        measure(Job(model="tiny", **fields), device="cpu", model_config=TINY_LLAMA)

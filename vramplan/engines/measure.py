@@ -34,6 +34,8 @@ from vramplan.hardware.nvml import NvmlSampler, nvml_used
 from vramplan.job import Job
 from vramplan.search.oom import is_out_of_memory
 from vramplan.training.fsdp import fully_shard_setup
+from vramplan.training.kernels import select_kernels
+from vramplan.training.real_kernels import is_paged, quant_state_tensors, tensor_leaves
 from vramplan.training.saved import SavedTensorBytes
 from vramplan.training.setup import MAX_GRAD_NORM, TrainingSetup, build_training_setup, train_step
 from vramplan.units import format_bytes, p90
@@ -46,12 +48,13 @@ CUDA_BLOCK = 512  # the caching allocator rounds every request up to 512 bytes
 
 def measure(job: Job, *, steps: int = 5, warmup: int = 2, emulate_gpu: str | None = None,
             budget_bytes: int | None = None, device: str | None = None,
-            model_config: dict | None = None) -> MemoryReport:
+            model_config: dict | None = None, real_kernels: bool | None = None) -> MemoryReport:
     """Run `warmup` + `steps` optimizer steps of the job and report what the device saw.
 
     emulate_gpu: cap this process to that catalog GPU's usable memory (CUDA only).
     budget_bytes: a step that needs more raises BudgetExceeded (CUDA: a memory cap).
     model_config: a Hugging Face config dict used instead of looking up job.model.
+    real_kernels: run bitsandbytes / torchao rather than the stand-ins; None: on CUDA only.
     Out-of-memory errors propagate (search relies on them); any other error in the step,
     and Ctrl-C, end the run early with a partial report that says why.
     """
@@ -74,7 +77,9 @@ def measure(job: Job, *, steps: int = 5, warmup: int = 2, emulate_gpu: str | Non
                           "without GPUs")
     if distributed:
         device = _join_process_group(job, device)
-    setup = build_training_setup(job, device=device, model_config=model_config)
+    # the real bitsandbytes / torchao kernels on CUDA, the stand-ins on the CPU
+    kernels = select_kernels(job, torch.device(device), real=real_kernels)
+    setup = build_training_setup(job, device=device, model_config=model_config, kernels=kernels)
     counts = {"params_total": setup.params_total, "params_trainable": setup.params_trainable}
     if distributed:
         _shard(setup, job)
@@ -245,12 +250,15 @@ def _report(job: Job, setup: TrainingSetup, run: _Run, probe) -> MemoryReport:
         samples_per_s=samples / median if median else None,
         tokens_per_s=tokens / median if median and tokens else None,
         losses=run.losses, non_finite_losses=run.non_finite, skipped_steps=run.skipped,
-        peak_allocated=peak, **probe.measured())
+        peak_allocated=peak, libraries=_libraries(setup),
+        kernels=setup.kernels.note() if setup.kernels is not None else "",
+        **probe.measured())
     report = MemoryReport(
         engine="measure", job=job, model_name=setup.model_name,
         params_total=setup.params_total, params_trainable=setup.params_trainable,
         categories=categories, phase_peaks=dict(probe.phase_peaks), peak_phase=probe.peak_phase,
         runtime_gpu=probe.runtime_gpu, tokens_per_step=tokens * job.parallel.data_parallel,
+        unified_memory_bytes=sizes["unified_memory"],
         notes=notes, measured=measured)
     from vramplan.hardware import get_gpu
     runtime_gpu = get_gpu(probe.runtime_gpu) if probe.runtime_gpu else None
@@ -258,6 +266,12 @@ def _report(job: Job, setup: TrainingSetup, run: _Run, probe) -> MemoryReport:
     fits = runtime.fits_for_job(report, job, runtime_gpu,
                                 workspaces_included=probe.device.type == "cuda")
     return report.model_copy(update={"fits": fits})
+
+
+def _libraries(setup: TrainingSetup) -> dict[str, str]:
+    if setup.kernels is not None:
+        return dict(setup.kernels.libraries)
+    return {"torch": torch.__version__}  # a setup built by hand
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -283,10 +297,15 @@ def tensor_bytes(setup: TrainingSetup, round_to: int = 1) -> dict[str, int]:
             n += -(-storage.nbytes() // round_to) * round_to
         return n
     model = setup.model
-    weights = total([*model.parameters(), *model.buffers()])
+    # bitsandbytes 4-bit weights keep absmax and code maps outside parameters and buffers
+    weights = total([*model.parameters(), *model.buffers(), *quant_state_tensors(model)])
     gradients = sum(-(-_local(p).numel() * p.element_size() // round_to) * round_to
                     for p in setup.trainable)  # what backward allocates, once each
-    states = total(v for s in setup.optimizer.state.values() for v in s.values())
+    # dicts (stand-ins) and tensor subclasses (torchao) hold the real state tensors; paged
+    # ones (bitsandbytes) live in CUDA unified memory, outside torch's allocator
+    leaves = tensor_leaves([*setup.optimizer.state.values()])
+    states = total(t for t in leaves if not is_paged(t))
+    unified = total(t for t in leaves if is_paged(t))
     with torch.no_grad():
         batch = setup.make_batch()
     values = list(batch.values()) if isinstance(batch, dict) else (
@@ -294,6 +313,7 @@ def tensor_bytes(setup: TrainingSetup, round_to: int = 1) -> dict[str, int]:
     ids = batch.get("input_ids") if isinstance(batch, dict) else None
     labels = batch.get("labels") if isinstance(batch, dict) else None
     return {"weights": weights, "gradients": gradients, "optimizer_states": states,
+            "unified_memory": unified,
             "inputs": total(values), "tokens": int(ids.numel()) if ids is not None else 0,
             "labels": labels.untyped_storage().nbytes() if labels is not None else 0}
 

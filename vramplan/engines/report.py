@@ -128,6 +128,11 @@ class Measured(_Frozen):
                                          "memory (track)")
     process_rss_at_start: int | None = None
     peak_rss_increase: int | None = None
+    libraries: dict[str, str] = Field(default_factory=dict, description="versions of the "
+                                      "libraries the run used: torch, transformers, peft, and "
+                                      "bitsandbytes / torchao when the job needs them")
+    kernels: str = Field("", description="whether the low-bit pieces (QLoRA base, 8-bit / 4-bit / "
+                         "paged optimizer, fp8) ran the real libraries or vramplan's stand-ins")
     world_size: int | None = Field(None, description="ranks measured (torchrun)")
     worst_rank: int | None = None
     peak_allocated_max: int | None = None

@@ -15,6 +15,7 @@ from vramplan.job import Job
 from vramplan.models.families import TRAINED_ATTENTION_BIAS
 from vramplan.training.checkpointing import apply_checkpointing
 from vramplan.training.emulate import lowbit
+from vramplan.training.kernels import BNB, TORCHAO, Kernels
 from vramplan.training.peft import apply_peft
 from vramplan.training.tensors import replace_tensors
 
@@ -101,7 +102,8 @@ def _hf_config(config: dict, task: str, job: Job):
 # --- Hugging Face models ----------------------------------------------------------------------
 
 def build_hf_model(config: dict, task: str, job: Job, *, device: torch.device, empty: bool,
-                   notes: list[str]) -> nn.Module:
+                   notes: list[str], kernels: Kernels | None = None) -> nn.Module:
+    """kernels: the real libraries to use (training/kernels.py); None: the stand-ins."""
     import transformers
     hf_config = _hf_config(config, task, job)
     auto = getattr(transformers, AUTO_CLASSES[task])
@@ -111,12 +113,41 @@ def build_hf_model(config: dict, task: str, job: Job, *, device: torch.device, e
         dtype = SIXTEEN_BIT.get(job.precision, torch.float32)
     # empty: everything up to the materialisation runs on meta, outside the caller's
     # FakeTensorMode (peft cannot swap fake parameters)
+    kernels = kernels or Kernels()
+    if kernels.qlora == BNB and not empty:
+        return _build_qlora(auto, hf_config, job, dtype, device, task, notes, kernels)
     with _no_dispatch_modes() if empty else contextlib.nullcontext():
         model = _build_on(auto, hf_config, job, dtype, torch.device("meta") if empty else device,
-                          task, notes)
+                          task, notes, kernels)
     if empty:
         _materialize(model, device)
     return model
+
+
+def _build_qlora(auto, hf_config, job: Job, dtype: torch.dtype, device: torch.device, task: str,
+                 notes: list[str], kernels: Kernels) -> nn.Module:
+    """QLoRA with bitsandbytes, as from_pretrained(quantization_config=...) leaves it: the
+    model is built on meta, its linears quantised one by one on the device, the rest made
+    and initialised there, then peft wraps the Linear4bit layers (its bnb LoRA layers)."""
+    from vramplan.training import real_kernels
+
+    model = _from_config(auto, hf_config, job, dtype, task, notes, torch.device("meta"))
+    head = model.get_output_embeddings()
+    skip = {id(m) for m in (head, getattr(model, "classifier", None)) if m is not None}
+    count = real_kernels.quantize_linears_4bit(model, skip, job.peft.double_quant, device,
+                                               compute_dtype=dtype)
+    _materialize(model, device)
+    for module in model.modules():  # built on meta: transformers marked them initialised
+        if type(module).__name__ != "Linear4bit":
+            module.__dict__.pop("_is_hf_initialized", None)
+    model.initialize_weights()  # its own init rules, rotary buffers included
+    model.is_loaded_in_4bit = True  # what peft reads to pick its bitsandbytes LoRA layers
+    notes.append(f"QLoRA: {count} linears are bitsandbytes Linear4bit (nf4"
+                 + (", double-quantised" if job.peft.double_quant else "")
+                 + "), quantised layer by layer on the device")
+    apply_checkpointing(model, job, notes)
+    with device:
+        return apply_peft(model, task, job, skip, notes, kernels)
 
 
 def _no_dispatch_modes():
@@ -128,8 +159,27 @@ def _no_dispatch_modes():
 
 
 def _build_on(auto, hf_config, job: Job, dtype: torch.dtype, device: torch.device, task: str,
-              notes: list[str]) -> nn.Module:
-    peft = job.peft
+              notes: list[str], kernels: Kernels) -> nn.Module:
+    model = _from_config(auto, hf_config, job, dtype, task, notes, device)
+    skip = {id(model.get_output_embeddings())} if model.get_output_embeddings() else set()
+    if job.precision == "fp8" and kernels.fp8 == TORCHAO:
+        from vramplan.training import real_kernels
+        count = real_kernels.convert_to_fp8(model, skip)
+        notes.append(f"fp8: {count} linears are torchao Float8Linear "
+                     "(convert_to_float8_training, tensorwise scaling)")
+    elif job.precision == "fp8":
+        count = lowbit.convert_to_fp8(model, skip)
+        notes.append(f"fp8: {count} linears keep float8 copies of their inputs and weights for "
+                     "backward (torchao Float8Linear-like); weights fp32 + bf16 autocast")
+    apply_checkpointing(model, job, notes)
+    if job.peft is not None:
+        with device:
+            model = apply_peft(model, task, job, skip, notes, kernels)
+    return model
+
+
+def _from_config(auto, hf_config, job: Job, dtype: torch.dtype, task: str, notes: list[str],
+                 device: torch.device) -> nn.Module:
     try:
         with device:
             try:
@@ -149,15 +199,6 @@ def _build_on(auto, hf_config, job: Job, dtype: torch.dtype, device: torch.devic
     except ValueError as error:
         raise ModelConfigError(f"{hf_config.model_type!r} has no {task} model in transformers: "
                                f"{str(error).splitlines()[0]}") from None
-    skip = {id(model.get_output_embeddings())} if model.get_output_embeddings() else set()
-    if job.precision == "fp8":
-        count = lowbit.convert_to_fp8(model, skip)
-        notes.append(f"fp8: {count} linears keep float8 copies of their inputs and weights for "
-                     "backward (torchao Float8Linear-like); weights fp32 + bf16 autocast")
-    apply_checkpointing(model, job, notes)
-    if peft is not None:
-        with device:
-            model = apply_peft(model, task, job, skip, notes)
     return model
 
 

@@ -10,6 +10,7 @@ from torch import nn
 from vramplan.errors import EngineError, ModelConfigError
 from vramplan.job import Job
 from vramplan.training.emulate import lowbit
+from vramplan.training.kernels import BNB, TORCHAO, Kernels
 
 
 class _ValueFreeAdafactor(torch.optim.Adafactor):
@@ -50,9 +51,19 @@ class Lion(torch.optim.Optimizer):
                 m.lerp_(p.grad, 1 - beta2)
 
 
-def build_optimizer(job: Job, params: list[nn.Parameter], notes: list[str]):
+def build_optimizer(job: Job, params: list[nn.Parameter], notes: list[str],
+                    kernels: Kernels | None = None):
+    """kernels.optimizer names the real library to use (training/kernels.py); else the
+    stand-ins of training/emulate."""
     if not params:
         raise ModelConfigError("the model has no trainable parameters")
+    if kernels is not None and kernels.optimizer in (BNB, TORCHAO):
+        from vramplan.training import real_kernels
+
+        if job.optimizer_impl != "foreach":
+            notes.append(f"{job.optimizer}: {kernels.optimizer} has one implementation; "
+                         f"optimizer_impl {job.optimizer_impl} does not apply")
+        return real_kernels.build_optimizer(job.optimizer, params)
     impl = {"foreach": dict(foreach=True), "fused": dict(fused=True),
             "loop": dict(foreach=False)}[job.optimizer_impl]
     name = job.optimizer

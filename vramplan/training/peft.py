@@ -11,6 +11,7 @@ from vramplan.engines.precision import adapter_bytes
 from vramplan.errors import ModelConfigError
 from vramplan.job import Job
 from vramplan.training.emulate import lowbit
+from vramplan.training.kernels import BNB, Kernels
 
 # Whisper gets no task type: peft's seq2seq wrapper passes input_ids, which Whisper's
 # decoder then receives twice (Hugging Face's Whisper LoRA recipes leave task_type unset)
@@ -19,7 +20,9 @@ _PEFT_TASK_TYPES = {"causal-lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM",
 
 
 def apply_peft(model: nn.Module, task: str, job: Job, skip: set[int],
-                notes: list[str]) -> nn.Module:
+               notes: list[str], kernels: Kernels | None = None) -> nn.Module:
+    """LoRA adapters by peft; QLoRA packs the frozen base with the stand-in, unless the
+    base is already bitsandbytes Linear4bit (kernels.qlora, training/hf_model.py)."""
     from peft import LoraConfig, get_peft_model
     from peft.utils import ModulesToSaveWrapper
     spec = job.peft
@@ -46,7 +49,7 @@ def apply_peft(model: nn.Module, task: str, job: Job, skip: set[int],
                                f"are named: {', '.join(linears)}") from None
     if adapter_bytes(job) != 4:
         _cast_adapters(model, SIXTEEN_BIT_BASE.get(job.precision))
-    if spec.method == "qlora":
+    if spec.method == "qlora" and (kernels is None or kernels.qlora != BNB):
         for module in model.modules():
             if isinstance(module, ModulesToSaveWrapper):
                 skip |= {id(m) for m in module.modules()}

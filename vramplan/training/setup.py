@@ -27,6 +27,7 @@ On a CPU the autocast op lists differ from CUDA's; train_step applies CUDA's lis
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,7 @@ from vramplan.training.hf_model import (
     load_model_config,
     task_of_config,
 )
+from vramplan.training.kernels import Kernels
 from vramplan.training.losses import LOSSES
 from vramplan.training.optimizers import build_optimizer
 
@@ -67,6 +69,7 @@ class TrainingSetup:
     tokens_per_sample: int = 0  # text tokens per sample; 0 for vision, speech and factories
     mark: Callable[[str], None] = lambda phase: None  # the running train_step's phase marker
     keep_grads: bool = False  # zero_grad(set_to_none=False): grads live into the next step
+    kernels: Kernels | None = None  # real low-bit libraries in use (None: the stand-ins)
 
     @property
     def trainable(self) -> list[nn.Parameter]:
@@ -123,7 +126,10 @@ def _micro_steps(setup: TrainingSetup, grad_accum: int, mark: Callable[[str], No
 
 
 def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
-                         model_config: dict | None = None, empty: bool = False) -> TrainingSetup:
+                         model_config: dict | None = None, empty: bool = False,
+                         kernels: Kernels | None = None) -> TrainingSetup:
+    """kernels: the real low-bit libraries to run (training/kernels.select_kernels, what
+    measure passes on CUDA); None: the stand-ins, as the trace runs."""
     _check_modelled(job)
     device = torch.device(device)
     notes: list[str] = []
@@ -134,7 +140,8 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
     else:
         config = model_config if model_config is not None else load_model_config(job.model)
         task = job.task or task_of_config(config)
-        model = build_hf_model(config, task, job, device=device, empty=empty, notes=notes)
+        model = build_hf_model(config, task, job, device=device, empty=empty, notes=notes,
+                               kernels=kernels)
         make_batch = hf_batch_factory(config, task, job, device, notes)
         compute_loss = LOSSES[job.loss]
         if job.loss.startswith("chunked") and task != "causal-lm":
@@ -143,14 +150,17 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
                                                 else config["model_type"])
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(job, trainable, notes)
+    optimizer = build_optimizer(job, trainable, notes, kernels)
+    if kernels is not None and kernels.note():
+        notes.append(kernels.note())
     autocast = SIXTEEN_BIT[job.precision] if job.precision in (
         "fp16-mixed", "bf16-mixed", "fp8") else None
     tokens = text_len(job.seq_len, config, "seq_len", []) if task in (
         "causal-lm", "masked-lm", "seq-classification", "seq2seq") else 0
     setup = TrainingSetup(model, optimizer, make_batch, compute_loss, autocast, device, name,
                           clip_foreach=job.optimizer_impl != "loop", notes=notes, task=task,
-                          tokens_per_sample=tokens, keep_grads=job.keep_grads_between_steps)
+                          tokens_per_sample=tokens, keep_grads=job.keep_grads_between_steps,
+                          kernels=kernels)
     if job.optimizer_in_backward:
         setup.optimizer = _optimizer_in_backward(setup, job, trainable)
     return setup
@@ -172,7 +182,7 @@ class _StepsInBackward(torch.optim.Optimizer):
 
 
 def _optimizer_in_backward(setup: TrainingSetup, job: Job, trainable: list) -> _StepsInBackward:
-    per_param = {p: build_optimizer(job, [p], []) for p in trainable}
+    per_param = {p: build_optimizer(job, [p], [], setup.kernels) for p in trainable}
 
     def step_now(p: torch.Tensor) -> None:
         setup.mark("optimizer")
@@ -200,7 +210,8 @@ def _logical_numel(module: nn.Module, p: nn.Parameter) -> int:
     """Parameters as the model counts them: a packed 4-bit weight holds out x in of them."""
     if isinstance(module, lowbit.Packed4bitLinear):
         return module.in_features * module.out_features if p is module.packed else 0
-    return p.numel()
+    state = getattr(p, "quant_state", None)  # a bitsandbytes Params4bit
+    return math.prod(state.shape) if state is not None else p.numel()
 
 
 def _check_modelled(job: Job) -> None:
@@ -208,3 +219,8 @@ def _check_modelled(job: Job) -> None:
     if job.compile:
         raise EngineError("the trace and measure engines do not run torch.compile yet: drop "
                           "compile (the eager step's memory is an upper bound)")
+    if job.activation_offload or job.offload.optimizer or job.offload.params:
+        # measure would run the step without offloading and report it as the offloaded one
+        raise EngineError("CPU offload (activation_offload, offload.optimizer, offload.params) "
+                          "is not run by the trace and measure engines yet: use --engine "
+                          "formula")
