@@ -18,7 +18,7 @@ from common import QUICK, results_dir  # benchmarks/common.py
 from vramplan.api import estimate
 from vramplan.hardware import list_gpus
 from vramplan.job import Job
-from vramplan.plan.planner import plan
+from vramplan.planning.planner import plan
 
 CASES = [
     ("llama-3.1-70b full fine-tune, 10B tokens (the job's own global batch: 1 sample)",

@@ -10,7 +10,7 @@ fitted on these same runs, so two errors are reported:
 
   * out of sample: leave-one-out, each run predicted with factors fitted on the others;
   * in sample: every run predicted with the factors fitted on all of them (the ones
-    shipped in vramplan/plan/efficiency.toml).
+    shipped in vramplan/planning/efficiency.toml).
 
 Runs whose measured time is that of a CPU-side stand-in kernel, not of the real one, are
 listed but not scored (the memory engines emulate bitsandbytes and float8 kernels with
@@ -34,9 +34,9 @@ from common import QUICK, results_dir  # benchmarks/common.py
 
 from vramplan.hardware import get_gpu
 from vramplan.job import Job
-from vramplan.plan.calibrate import fit
-from vramplan.plan.efficiency import factors_for
-from vramplan.plan.performance import step_terms, step_time
+from vramplan.planning.calibrate import fit
+from vramplan.planning.efficiency import factors_for
+from vramplan.planning.performance import step_terms, step_time
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -138,7 +138,7 @@ def markdown(result: dict) -> str:
              f"{result['machine']['scored_on']}.", "",
              "Error = predicted / measured - 1. **Out of sample** = leave-one-out (factors "
              "fitted on the other runs); **in sample** = factors fitted on all scored runs "
-             "(those shipped in vramplan/plan/efficiency.toml).", ""]
+             "(those shipped in vramplan/planning/efficiency.toml).", ""]
     for key, label in (("out_of_sample_leave_one_out", "out of sample (leave-one-out)"),
                        ("in_sample_fit_all_runs", "in sample (fit on all runs)"),
                        ("in_sample_shipped_factors", "in sample (shipped efficiency.toml)")):

@@ -177,3 +177,11 @@ def test_unwritable_output_is_refused_before_running(run_cli, tmp_path):
     assert code == 2 and "is a folder" in err
     code, _, err = run_cli("estimate", "gpt2", "--out", str(tmp_path / "r.json"))
     assert code == 0 and json.loads((tmp_path / "r.json").read_text())["engine"] == "formula"
+
+
+def test_the_plan_function_is_callable_after_any_import():
+    # vramplan.plan is the planner function, never shadowed by a subpackage of that name
+    import vramplan.planning.planner  # noqa: F401
+    plan = vramplan.plan(vramplan.Job(model="gpt2", seq_len=512, batch_size=8),
+                         tokens=10**8, gpus=["L4"])
+    assert callable(vramplan.plan) and plan.status == "ok" and plan.recommended is not None

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from vramplan.errors import JobError
-from vramplan.plan.amount import parse_count, parse_duration
+from vramplan.planning.amount import parse_count, parse_duration
 
 
 def test_plan_prints_the_picks_and_exits_0(run_cli):
@@ -75,8 +75,8 @@ def test_estimate_without_gpu_adds_time_and_cost_per_gpu_sorted(run_cli):
 def test_per_gpu_rows_that_fit_come_first_by_cost():
     from vramplan.engines.formula import estimate
     from vramplan.job import Job
-    from vramplan.plan.amount import TrainingAmount
-    from vramplan.plan.performance import per_gpu
+    from vramplan.planning.amount import TrainingAmount
+    from vramplan.planning.performance import per_gpu
 
     job = Job(model="llama-3.2-1b", batch_size=4, seq_len=2048)
     rows = per_gpu(job, estimate(job).fits, TrainingAmount(tokens=10**9), "cost")

@@ -10,8 +10,8 @@ from vramplan.errors import EngineError, JobError
 from vramplan.hardware import get_gpu
 from vramplan.job import Job, Parallel
 from vramplan.models import load_architecture
-from vramplan.plan.comm import collectives
-from vramplan.plan.performance import predict
+from vramplan.planning.comm import collectives
+from vramplan.planning.performance import predict
 
 ARCH = load_architecture("llama-3.2-1b")  # 16 blocks, hidden 2048, tied embeddings
 
@@ -135,7 +135,7 @@ def test_cli_pp_flags_and_bad_stages(run_cli):
 
 
 def test_planner_uses_pipeline_stages_when_tensor_parallelism_is_not_enough():
-    from vramplan.plan.planner import plan
+    from vramplan.planning.planner import plan
 
     # 70B at a global batch of 1: 8-way TP alone leaves ~140 GB of state per H100
     found = plan(Job(model="llama-3.1-70b", seq_len=2048), tokens=10**9,

@@ -10,9 +10,9 @@ import pytest
 from vramplan.errors import JobError
 from vramplan.hardware import get_gpu
 from vramplan.job import Job
-from vramplan.plan.calibrate import calibrate, load_runs
-from vramplan.plan.efficiency import factors_for
-from vramplan.plan.performance import predict
+from vramplan.planning.calibrate import calibrate, load_runs
+from vramplan.planning.efficiency import factors_for
+from vramplan.planning.performance import predict
 
 RUNS = Path(__file__).parent.parent / "benchmarks" / "results" / "gpu_validation.json"
 
@@ -77,9 +77,9 @@ def test_fit_finds_the_module_term_it_was_given():
     # runs generated with 20 us per nn.Module call: the fit over (0, 20, 40) finds it
     from vramplan.hardware import get_gpu
     from vramplan.job import Job
-    from vramplan.plan.calibrate import fit
-    from vramplan.plan.efficiency import factors_for
-    from vramplan.plan.performance import step_terms, step_time
+    from vramplan.planning.calibrate import fit
+    from vramplan.planning.efficiency import factors_for
+    from vramplan.planning.performance import step_terms, step_time
 
     gpu = get_gpu("H200")
     base = factors_for(gpu, calibrated=False)

@@ -10,7 +10,7 @@ import pytest
 from vramplan.hardware import get_gpu
 from vramplan.job import Job, Parallel
 from vramplan.models import architecture_from_config
-from vramplan.plan.comm import collectives
+from vramplan.planning.comm import collectives
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

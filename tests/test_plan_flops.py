@@ -8,7 +8,7 @@ import pytest
 
 from vramplan.job import Job, Peft
 from vramplan.models import architecture_from_config
-from vramplan.plan.flops import step_flops
+from vramplan.planning.flops import step_flops
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -8,8 +8,8 @@ from vramplan.engines.formula import estimate as formula
 from vramplan.errors import JobError
 from vramplan.hardware import get_gpu
 from vramplan.job import Job, Peft
-from vramplan.plan.amount import TrainingAmount
-from vramplan.plan.headroom import headroom, parse_changes, what_if
+from vramplan.planning.amount import TrainingAmount
+from vramplan.planning.headroom import headroom, parse_changes, what_if
 
 L4 = get_gpu("L4")
 

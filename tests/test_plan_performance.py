@@ -12,10 +12,10 @@ from vramplan.errors import JobError
 from vramplan.hardware import get_gpu
 from vramplan.job import Job, Parallel, Peft
 from vramplan.models import load_architecture
-from vramplan.plan.amount import TrainingAmount
-from vramplan.plan.comm import collectives, ring_bytes
-from vramplan.plan.flops import step_flops
-from vramplan.plan.performance import predict
+from vramplan.planning.amount import TrainingAmount
+from vramplan.planning.comm import collectives, ring_bytes
+from vramplan.planning.flops import step_flops
+from vramplan.planning.performance import predict
 
 LLAMA_1B_PARAMS = 1_235_814_400  # llama-3.2-1b with its tied head (tests/test_models.py)
 H100 = get_gpu("H100-SXM")

@@ -8,10 +8,10 @@ from vramplan.engines.formula import estimate as formula
 from vramplan.errors import JobError, UnknownNameError
 from vramplan.hardware import get_gpu
 from vramplan.job import Job, Parallel
-from vramplan.plan.flops import step_flops
-from vramplan.plan.make_fit import make_it_fit
-from vramplan.plan.planner import plan
-from vramplan.plan.techniques import ALLOW_NAMES, TECHNIQUES, allowed
+from vramplan.planning.flops import step_flops
+from vramplan.planning.make_fit import make_it_fit
+from vramplan.planning.planner import plan
+from vramplan.planning.techniques import ALLOW_NAMES, TECHNIQUES, allowed
 
 JOB = Job(model="llama-3.2-1b", seq_len=2048)
 GPUS = ["L4", "A100-80GB", "H100-SXM", "RTX-4090"]
@@ -116,7 +116,7 @@ def test_techniques_table():
 
 
 def test_min_gpus_is_the_smallest_count_that_fits():
-    from vramplan.plan.planner import min_gpus
+    from vramplan.planning.planner import min_gpus
 
     h100 = get_gpu("H100-SXM")
     job = Job(model="llama-3.1-8b", seq_len=2048, checkpointing="full")
@@ -164,7 +164,7 @@ def test_global_batch_tokens_is_samples_of_the_sequence():
 
 
 def test_global_batch_tokens_rounds_to_a_splittable_count():
-    from vramplan.plan.planner import _round_samples
+    from vramplan.planning.planner import _round_samples
 
     # 4,000,000 / 2048 = 1953.125 samples: 2048 (a multiple of 1024) is 4.9% away
     assert _round_samples(4_000_000 / 2048) == 2048
@@ -202,7 +202,7 @@ def test_global_batch_bad_input():
 
 
 def test_gpu_count_search_records_every_trial_and_prefers_zero2():
-    from vramplan.plan.planner import search_gpu_count
+    from vramplan.planning.planner import search_gpu_count
 
     h100 = get_gpu("H100-SXM")
     job = Job(model="llama-3.1-8b", seq_len=2048, checkpointing="full")
@@ -222,7 +222,7 @@ def test_gpu_count_search_records_every_trial_and_prefers_zero2():
 
 
 def test_gpu_count_search_says_what_more_gpus_cannot_shrink():
-    from vramplan.plan.planner import search_gpu_count
+    from vramplan.planning.planner import search_gpu_count
 
     # 70B at 2048 tokens without checkpointing: activations alone outgrow an H100
     result = search_gpu_count(Job(model="llama-3.1-70b", seq_len=2048), get_gpu("H100-SXM"),

@@ -241,7 +241,7 @@ def test_job_yaml_and_settings_without_flag(tmp_path, run_cli):
 
 
 def test_plan_page_has_the_picks_the_front_and_every_candidate():
-    from vramplan.plan.planner import plan
+    from vramplan.planning.planner import plan
     from vramplan.report.html import plan_html
 
     job = Job(model="llama-3.2-1b", seq_len=1024)
@@ -259,7 +259,7 @@ def test_plan_page_has_the_picks_the_front_and_every_candidate():
 
 
 def test_performance_section_when_the_report_has_one():
-    from vramplan.plan.performance import performance_for
+    from vramplan.planning.performance import performance_for
 
     job = Job(model="llama-3.2-1b", seq_len=1024, gpu="L4")
     report = vramplan.estimate(job)

@@ -283,7 +283,7 @@ def test_a_dead_worker_is_reported_and_replaced():
 
 
 def test_plan_equals_the_library(client):
-    from vramplan.plan.planner import plan
+    from vramplan.planning.planner import plan
 
     body = {"job": {"model": "llama-3.2-1b", "seq_len": 1024}, "tokens": 10**9,
             "gpus": ["L4", "A100-80GB"], "max_gpus": 8, "allow": ["lora"]}

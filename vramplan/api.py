@@ -36,7 +36,7 @@ def estimate(job: Job, *, gpu: str | None = None, tokens: int | None = None,
     if gpu is None:
         return formula_estimate(job, **options)
     from vramplan.hardware import get_gpu
-    from vramplan.plan.performance import performance_for
+    from vramplan.planning.performance import performance_for
 
     chosen = get_gpu(gpu)
     options.setdefault("gpus", [chosen])  # the fit on the GPU asked about
@@ -68,11 +68,11 @@ def plan(job: Job, **options):
     Options: tokens / samples / epochs (+ dataset_samples), gpus, max_gpus, max_cost,
     deadline_s, allow (lora, qlora, 8bit, fp8, offload, global-batch), global_batch or
     global_batch_tokens (default: the job's own global batch), top, margin,
-    price_per_hour (vramplan.plan.planner.plan).
+    price_per_hour (vramplan.planning.planner.plan).
 
     >>> p = plan(Job(model="llama-3.1-8b", seq_len=2048), tokens=2_000_000_000)
     >>> p.recommended.reason
     """
-    from vramplan.plan.planner import plan as make_plan
+    from vramplan.planning.planner import plan as make_plan
 
     return make_plan(job, **options)

@@ -212,7 +212,7 @@ class MemoryReport(_Frozen):
 _DERIVED = ("peak_allocated", "peak_reserved", "device_total")
 
 
-# --- time and cost (vramplan/plan/performance.py fills it) -----------------------------------
+# --- time and cost (vramplan/planning/performance.py fills it) -----------------------------------
 
 Bound = Literal["compute", "memory", "communication", "host"]
 
@@ -262,7 +262,7 @@ class Performance(_Frozen):
 
 class Fix(_Frozen):
     """Changes that make the job fit one GPU type, as a Job and CLI flags, with their
-    effect (vramplan/plan/make_fit.py finds them)."""
+    effect (vramplan/planning/make_fit.py finds them)."""
 
     job: Job = Field(description="the job with the changes made")
     changes: list[str] = Field(description="the changes, in words")

@@ -282,7 +282,7 @@ def plan_axes(plan) -> tuple[str, str, Any, Any]:
 
 def plan_figure(plan) -> tuple[Figure, Tips]:
     """Cost against time of every candidate, the Pareto front as a line, and the three
-    picks labelled (a vramplan.plan.planner.Plan)."""
+    picks labelled (a vramplan.planning.planner.Plan)."""
     xlabel, ylabel, x_of, y_of = plan_axes(plan)
     fig = _figure(6.4, 3.6)
     ax = fig.add_subplot()

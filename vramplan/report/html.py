@@ -222,7 +222,7 @@ def performance_section(report: MemoryReport) -> Section:
     rows = [(p.phase, duration(p.time_s), p.per_step, p.bound) for p in perf.phases]
     body = kpis + table_html(("phase", "time", "x per step", "bound"), rows, numeric=(1, 2))
     body += (f"<p>{esc(perf.num_gpus)} x {esc(perf.gpu)}, {esc(perf.compute_dtype)} tensor "
-             "cores; predicted by the performance model (vramplan/plan/performance.py).</p>")
+             "cores; predicted by the performance model (vramplan/planning/performance.py).</p>")
     return Section(f"Time and cost on {perf.gpu}", body, "performance")
 
 
@@ -364,7 +364,7 @@ def compare_html(reports: Mapping[str, MemoryReport | str], *, command: str | No
 
 
 def plan_section(plan) -> Section:
-    """A vramplan.plan.planner.Plan: the picks with their reasons, cost against time with the
+    """A vramplan.planning.planner.Plan: the picks with their reasons, cost against time with the
     Pareto front, the candidates, and what was ruled out."""
     from vramplan.report.plan_view import duration, money
 

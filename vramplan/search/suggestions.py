@@ -1,5 +1,5 @@
 """What to try when nothing fits, by the category that fills memory: the techniques
-table the planner uses (vramplan.plan.techniques), less what the job already does."""
+table the planner uses (vramplan.planning.techniques), less what the job already does."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from vramplan.frameworks import framework_allows
 from vramplan.job import Job
-from vramplan.plan.techniques import Technique, for_category
+from vramplan.planning.techniques import Technique, for_category
 
 # Beyond the table: what no job change fixes
 _LAST_RESORT = {

@@ -165,7 +165,7 @@ def create_app(*, max_queued_traces: int = 3, trace_grace_s: float = 30.0) -> Fa
     def plan(body: schemas.PlanRequest, format: Format = "json") -> Response:
         """The planner: GPU types x counts x techniques that fit, with time and cost, the
         cost/time Pareto front and the cheapest, fastest and recommended picks."""
-        from vramplan.plan.planner import plan as make_plan
+        from vramplan.planning.planner import plan as make_plan
 
         if body.config is not None:
             raise VramplanError("the planner reads catalog models only: pick one from "

@@ -28,8 +28,8 @@ def calibrate(
 
     Example: vramplan calibrate run1.json run2.json
     """
-    from vramplan.plan.calibrate import calibrate as fit_runs
-    from vramplan.plan.calibrate import save
+    from vramplan.planning.calibrate import calibrate as fit_runs
+    from vramplan.planning.calibrate import save
 
     result = fit_runs(list(results), gpu)
     path = None if dry_run else save(result)

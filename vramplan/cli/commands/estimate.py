@@ -75,9 +75,9 @@ def estimate(
         report = run_engine(job, engine, time_limit_s=time_limit)
     if margin != SAFETY_MARGIN:
         report = report.model_copy(update={"fits": with_margin(report.fits, margin)})
-    if job.gpu:  # time and cost on the GPU asked about (vramplan/plan/performance.py)
-        from vramplan.plan.amount import parse_count
-        from vramplan.plan.performance import performance_for
+    if job.gpu:  # time and cost on the GPU asked about (vramplan/planning/performance.py)
+        from vramplan.planning.amount import parse_count
+        from vramplan.planning.performance import performance_for
 
         report = report.model_copy(update={"performance": performance_for(
             job, job.gpu, tokens=parse_count(tokens) if tokens else None,
@@ -85,13 +85,13 @@ def estimate(
             dataset_samples=parse_count(dataset_samples, "dataset samples")
             if dataset_samples else None, price_per_hour=price_per_hour)})
     if job.gpu:  # the smallest changes that make it fit, when it does not
-        from vramplan.plan.make_fit import with_fixes
+        from vramplan.planning.make_fit import with_fixes
 
         report = with_fixes(report, job, margin=margin)
     show(report, job, as_json=as_json, unit=unit)
     if not job.gpu and (sort or tokens or samples or epochs) and not as_json:
-        from vramplan.plan.amount import TrainingAmount, parse_count
-        from vramplan.plan.performance import per_gpu
+        from vramplan.planning.amount import TrainingAmount, parse_count
+        from vramplan.planning.performance import per_gpu
         from vramplan.report.plan_view import print_per_gpu
 
         amount = TrainingAmount(

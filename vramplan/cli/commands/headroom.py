@@ -46,9 +46,9 @@ def headroom(
     Example: vramplan headroom llama-3.2-1b -b 2 --gpu L4
     """
     from vramplan.hardware import get_gpu
-    from vramplan.plan.amount import TrainingAmount, parse_count
-    from vramplan.plan.headroom import headroom as room_for
-    from vramplan.plan.headroom import what_if as compare
+    from vramplan.planning.amount import TrainingAmount, parse_count
+    from vramplan.planning.headroom import headroom as room_for
+    from vramplan.planning.headroom import what_if as compare
 
     if not job.gpu:
         raise JobError("headroom needs the GPU to grow on: add --gpu, e.g. --gpu L4")

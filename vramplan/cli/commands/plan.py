@@ -68,8 +68,8 @@ def plan(
 
     Example: vramplan plan llama-3.1-70b -s 2048 --tokens 10B --max-gpus 64
     """
-    from vramplan.plan.amount import parse_count, parse_duration
-    from vramplan.plan.planner import plan as make_plan
+    from vramplan.planning.amount import parse_count, parse_duration
+    from vramplan.planning.planner import plan as make_plan
 
     check_writable(out, html)
     result = make_plan(

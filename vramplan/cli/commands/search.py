@@ -156,7 +156,7 @@ def num_gpus(
     Example: vramplan search num-gpus llama-3.1-70b -s 2048 --gpu H100-SXM
     """
     from vramplan.hardware import get_gpu
-    from vramplan.plan.planner import search_gpu_count
+    from vramplan.planning.planner import search_gpu_count
 
     check_writable(out)
     if not job.gpu:

@@ -17,7 +17,7 @@ from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.errors import JobError
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job, Offload, Parallel, Peft
-from vramplan.plan.performance import performance_for
+from vramplan.planning.performance import performance_for
 
 GiB = 2**30
 
@@ -83,7 +83,7 @@ def _apply(job: Job, chosen: list) -> Job:
 
 
 def _fix(check, job: Job, chosen: list) -> Fix | None:
-    from vramplan.plan.planner import describe_changes
+    from vramplan.planning.planner import describe_changes
 
     final = _apply(job, chosen)
     return check(final, [name for name, *_ in chosen], [describe_changes(job, final)[1]],
@@ -145,7 +145,7 @@ def with_fixes(report: MemoryReport, job: Job, *, allow=None, margin: float = SA
     """`report` with `to_fit` filled when the job names a GPU it does not fit (estimate):
     every technique is offered, those that keep the maths of training first."""
     from vramplan.hardware import get_gpu
-    from vramplan.plan.techniques import ALLOW_NAMES
+    from vramplan.planning.techniques import ALLOW_NAMES
 
     if not job.gpu or not report.fits or any(f.fits for f in report.fits):
         return report

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from vramplan.errors import JobError
 from vramplan.hardware import get_gpu
 from vramplan.job import Job
-from vramplan.plan.efficiency import Factors, factors_for
+from vramplan.planning.efficiency import Factors, factors_for
 
 USER_FILE = "efficiency.toml"
 ATTENTION_OVER_MATMUL = 0.75  # as efficiency.toml: the runs cannot tell the two apart
@@ -74,7 +74,7 @@ def _factors(base: Factors, matmul: float, memory: float, kernel_us: float) -> F
 
 def _loss(terms: list, measured: list[float], factors: Factors) -> float:
     """Mean |log(predicted / measured)|: relative errors, symmetric in over and under."""
-    from vramplan.plan.performance import step_time
+    from vramplan.planning.performance import step_time
 
     return sum(abs(math.log(step_time(t, factors) / m))
                for t, m in zip(terms, measured)) / len(terms)
@@ -114,7 +114,7 @@ def fit(base: Factors, terms: list, measured: list[float],
 
 def calibrate(paths: list[str | Path], gpu: str | None = None) -> Calibration:
     """Fit factors for one GPU type from measured runs (all runs must be on it)."""
-    from vramplan.plan.performance import step_terms, step_time
+    from vramplan.planning.performance import step_terms, step_time
 
     runs = load_runs(paths)
     devices = {d for _, _, d in runs if d}
@@ -162,7 +162,7 @@ def save(result: Calibration, path: Path | None = None) -> Path:
         lines.append("")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
-    from vramplan.plan.efficiency import clear_cache
+    from vramplan.planning.efficiency import clear_cache
 
     clear_cache()
     return path

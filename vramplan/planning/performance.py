@@ -32,11 +32,11 @@ from vramplan.engines.report import Performance, PhaseTime
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job
 from vramplan.models import Architecture, load_architecture
-from vramplan.plan.amount import TrainingAmount
-from vramplan.plan.comm import collectives
-from vramplan.plan.efficiency import Factors, factors_for
-from vramplan.plan.flops import step_flops
-from vramplan.plan.traffic import step_traffic
+from vramplan.planning.amount import TrainingAmount
+from vramplan.planning.comm import collectives
+from vramplan.planning.efficiency import Factors, factors_for
+from vramplan.planning.flops import step_flops
+from vramplan.planning.traffic import step_traffic
 
 MICRO_PHASES = ("forward", "backward", "recompute")
 

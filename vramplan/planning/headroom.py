@@ -19,8 +19,8 @@ from vramplan.errors import JobError, VramplanError
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job, job_from_dict
 from vramplan.models import list_models, load_architecture
-from vramplan.plan.amount import TrainingAmount
-from vramplan.plan.performance import predict
+from vramplan.planning.amount import TrainingAmount
+from vramplan.planning.performance import predict
 
 SEARCH_LIMITS = {"batch_size": 4096, "seq_len": 1_048_576, "peft.rank": 4096}
 

@@ -42,7 +42,7 @@ def architecture_of(gpu: GPU) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _table() -> dict[str, dict]:
-    path = resources.files("vramplan.plan").joinpath("efficiency.toml")
+    path = resources.files("vramplan.planning").joinpath("efficiency.toml")
     return tomllib.loads(path.read_text())["architectures"]
 
 
@@ -50,7 +50,7 @@ def _table() -> dict[str, dict]:
 def _user_tables(path: str, mtime: float) -> dict[str, dict]:
     from pathlib import Path
 
-    from vramplan.plan.calibrate import read_user_factors
+    from vramplan.planning.calibrate import read_user_factors
 
     return read_user_factors(Path(path))
 
@@ -61,7 +61,7 @@ def clear_cache() -> None:
 
 def _calibrated(gpu: GPU) -> Factors | None:
     """Factors `vramplan calibrate` stored for this GPU in the user's config folder."""
-    from vramplan.plan.calibrate import user_file
+    from vramplan.planning.calibrate import user_file
 
     path = user_file()
     if not path.is_file():

@@ -31,10 +31,10 @@ from vramplan.hardware import get_gpu, list_gpus
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job, Offload, Parallel, Peft
 from vramplan.models import load_architecture
-from vramplan.plan.amount import TrainingAmount
-from vramplan.plan.efficiency import factors_for
-from vramplan.plan.performance import performance_for, step_terms, step_time
-from vramplan.plan.techniques import ALLOW_NAMES
+from vramplan.planning.amount import TrainingAmount
+from vramplan.planning.efficiency import factors_for
+from vramplan.planning.performance import performance_for, step_terms, step_time
+from vramplan.planning.techniques import ALLOW_NAMES
 
 SMALL_COUNTS = (1, 2, 4, 8)
 DEFAULT_MAX_GPUS = 512
@@ -134,7 +134,7 @@ def plan(job: Job, *, tokens: int | None = None, samples: int | None = None,
 
 def tokens_per_sample(job: Job, arch) -> int:
     """Tokens one sample puts through the model (the performance model's count)."""
-    from vramplan.plan.flops import step_flops
+    from vramplan.planning.flops import step_flops
 
     one = step_flops(job.with_changes(batch_size=1, gpu=None), arch)
     return max(1, one.tokens // max(1, one.samples))
@@ -452,7 +452,7 @@ class _Search:
 
     def what_would_fit(self, job: Job, gpu: GPU) -> list[str]:
         """Techniques outside `allow` that make the closest miss fit, with their numbers."""
-        from vramplan.plan.make_fit import make_it_fit
+        from vramplan.planning.make_fit import make_it_fit
         return [f"{describe_changes(self.job, fix.job)[1]}: {fix.summary}"
                 for fix in make_it_fit(job, gpu, margin=self.margin, allow=ALLOW_NAMES,
                                        limit=3)]
