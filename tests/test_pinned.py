@@ -55,8 +55,18 @@ def test_activations_runtime_and_overhead_of_a_tiny_step():
     # on top of the model's state (activations + temporaries)
     transient = report.categories["activations"] + report.categories["temporary"]
     assert report.categories["allocator_overhead"] == int(0.06 * transient)
+    # reserved = allocated + the allocator's overhead; the device adds the context on top
+    allocated = sum(report.categories[c] for c in ("weights", "gradients", "optimizer_states",
+                                                   "activations", "inputs", "temporary"))
+    assert report.peak_reserved == allocated + int(0.06 * transient)
+    assert report.device_total == allocated + int(0.06 * transient) + 1390 * MiB
     # outside the allocator: an H200's measured 1390 MiB
     assert report.categories["runtime_context"] == 1390 * MiB
+
+
+def _base_total() -> int:
+    return formula.estimate(JOB.with_changes(gpu="L4", runtime={"cuda_context_bytes": 0}),
+                            model_config=TINY).device_total
 
 
 def _needing(extra: int):
@@ -84,6 +94,11 @@ def test_fit_is_judged_against_usable_memory_with_the_safety_margin():
     fit, l4 = _needing(0)
     (exact,) = with_margin([fit], 0.0)
     assert exact.headroom_bytes == 0 and exact.fits
+    from vramplan.engines.runtime import fit_table
+    exact_report = formula.estimate(JOB.with_changes(gpu="L4", runtime={
+        "cuda_context_bytes": l4.usable_bytes - _base_total()}), model_config=TINY)
+    (table_fit,) = fit_table(exact_report, exact_report.job.runtime, [l4], l4, margin=0.0)
+    assert table_fit.required_bytes == l4.usable_bytes and table_fit.fits
     fit, l4 = _needing(1)
     (over,) = with_margin([fit], 0.0)
     assert over.required_bytes == l4.usable_bytes + 1 < l4.memory_bytes and not over.fits
