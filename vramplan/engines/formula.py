@@ -637,6 +637,9 @@ def _check_context_parallel_split(job: Job, shapes: Shapes) -> None:
 
 def _technique_notes(job: Job, arch: Architecture) -> list[str]:
     notes = []
+    if arch.shapes_from != "config":
+        notes.append(f"{arch.model_type}: the formula has no table entry for this family; its "
+                     f"shapes were read from the {arch.shapes_from}")
     if job.attention == "sdpa" and arch.model_type in EAGER_ONLY:
         notes.append(f"transformers runs {arch.model_type} attention eagerly (it changes the "
                      "scores before the softmax), so memory is that of eager attention")

@@ -83,6 +83,9 @@ class Architecture:
     num_labels: int = 0
     source: str = ""            # where the config comes from (URL), for catalog models
     extra: dict = field(default_factory=dict)  # the raw config, for builders
+    # "config": derived from the config's fields (derive.py); otherwise where the shapes were
+    # read (a family derive.py does not know, read from the model transformers builds)
+    shapes_from: str = "config"
 
     @property
     def tasks(self) -> tuple[str, ...]:

@@ -11,6 +11,8 @@ cross-attention "q"); like peft, a target name selects all of them.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import math
 from collections.abc import Callable
 from dataclasses import replace
@@ -434,9 +436,7 @@ def architecture_from_config(config: dict, name: str, source: str = "") -> Archi
             f"{', '.join(SUPPORTED_MODEL_TYPES)}")
     builder = _BUILDERS.get(str(mt))
     if builder is None:
-        raise ModelConfigError(
-            f"{name}: unsupported model_type {mt!r}; supported model types: "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+        return _from_built_model(config, name, source)
     _refuse_non_finite(config, name)
     arch = builder(_Cfg(config, name))
     problems = _problems(arch)
@@ -448,6 +448,22 @@ def architecture_from_config(config: dict, name: str, source: str = "") -> Archi
     object.__setattr__(arch, "source", source)
     object.__setattr__(arch, "extra", dict(config))
     return arch
+
+
+def _from_built_model(config: dict, name: str, source: str) -> Architecture:
+    """A family without a builder here: when torch and transformers are installed, the shapes
+    are read from the model transformers builds on the meta device
+    (vramplan.training.meta_architecture). It is imported by name, here only, so that the
+    catalog and the formula import no torch for the families this table knows."""
+    mt = config["model_type"]
+    if not all(importlib.util.find_spec(m) for m in ("torch", "transformers")):
+        raise ModelConfigError(
+            f"{name}: the formula cannot read model_type {mt!r} without torch and "
+            "transformers installed (it reads the shapes from the model transformers builds); "
+            f"use --engine trace, or a model type it reads: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    _refuse_non_finite(config, name)
+    reader = importlib.import_module("vramplan.training.meta_architecture")
+    return reader.architecture_from_built_model(config, name, source)
 
 
 _QUERY = {"q_proj", "q", "query", "c_attn", "qkv_proj"}   # starts an attention block
