@@ -55,7 +55,8 @@ FSDP_GATHERED_BLOCKS = 2
 # transformers' config defaults, for configs that leave the activation out
 DEFAULT_ACTIVATION = {"gpt2": "gelu_new", "t5": "relu", "gemma2": "gelu_pytorch_tanh"}
 # Families whose eager attention computes the softmax in fp32 (softmax(..., dtype=float32))
-UPCAST_SOFTMAX = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3")
+UPCAST_SOFTMAX = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3", "qwen3",
+                  "qwen3_moe", "olmo2")
 CLASSIFIER_TASKS = ("seq-classification", "image-classification")
 
 

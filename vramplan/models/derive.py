@@ -107,7 +107,11 @@ def _ln(h: int) -> int:      # LayerNorm: weight + bias
 
 
 # Pre-norm RMSNorm decoders with rotary positions, SwiGLU/GeGLU MLP and (optional) GQA.
-_LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3")
+# qwen3/qwen3_moe/olmo2 add RMSNorms on the queries and keys (qk-norm): per head (head_dim
+# weights, Qwen3) or over all heads (nh*hd and kv*hd weights, OLMo-2); OLMo-2 normalises
+# after attention and MLP instead of before.
+_LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3", "qwen3", "qwen3_moe",
+               "olmo2")
 
 
 def _llama_like(c: _Cfg) -> Architecture:
@@ -123,7 +127,7 @@ def _llama_like(c: _Cfg) -> Architecture:
 
     if mt == "qwen2":
         qkv_bias, o_bias = True, False
-    elif mt in ("llama", "gemma2"):
+    elif mt in ("llama", "gemma2", "qwen3", "qwen3_moe", "olmo2"):
         qkv_bias = o_bias = bool(c.get("attention_bias", False))
     else:
         qkv_bias = o_bias = False
@@ -136,7 +140,21 @@ def _llama_like(c: _Cfg) -> Architecture:
                 _lin("v_proj", h, kv * hd, qkv_bias), _lin("o_proj", nh * hd, h, o_bias)]
 
     experts, top_k = 1, 1
-    if mt == "mixtral":
+    if mt == "qwen3_moe":
+        # every layer sparse (the Qwen3 MoE releases); other layouts are not one uniform stack
+        if c.get("mlp_only_layers") or c.opt_int("decoder_sparse_step", 1) != 1:
+            raise ModelConfigError(
+                f"{c.name}: qwen3_moe with dense layers (mlp_only_layers, decoder_sparse_step "
+                "> 1) is not one uniform stack the formula models; use --engine trace")
+        experts = c.int("num_experts")
+        top_k = c.int("num_experts_per_tok")
+        inter = c.int("moe_intermediate_size")
+        # checkpoint names (mlp.experts.N.gate_proj/up_proj/down_proj), per expert;
+        # "gate" is the router
+        mlp = [_lin("gate", h, experts, False), _lin("gate_proj", h, inter, False, experts),
+               _lin("up_proj", h, inter, False, experts),
+               _lin("down_proj", inter, h, False, experts)]
+    elif mt == "mixtral":
         experts = c.int("num_local_experts")
         top_k = c.int("num_experts_per_tok")
         # transformers 5 fuses w1/w3 into experts.gate_up_proj; the names are the checkpoint's
@@ -151,6 +169,10 @@ def _llama_like(c: _Cfg) -> Architecture:
 
     linears = tuple(attn + mlp)
     norms = (4 if mt == "gemma2" else 2) * h          # RMSNorm: weight only
+    if mt in ("qwen3", "qwen3_moe"):
+        norms += 2 * hd                               # q_norm, k_norm over one head
+    elif mt == "olmo2":
+        norms += (nh + kv) * hd                       # q_norm, k_norm over all heads
     stack = Stack(role="decoder", num_layers=layers, hidden_size=h, num_heads=nh, num_kv_heads=kv,
                   head_dim=hd, intermediate_size=inter, mlp="gated", norm="rmsnorm",
                   linears=linears, params_per_layer=_lin_params(linears) + norms,
