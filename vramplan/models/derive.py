@@ -485,7 +485,12 @@ def _from_built_model(config: dict, name: str, source: str) -> Architecture:
             f"use --engine trace, or a model type it reads: {', '.join(SUPPORTED_MODEL_TYPES)}")
     _refuse_non_finite(config, name)
     reader = importlib.import_module("vramplan.training.meta_architecture")
-    return reader.architecture_from_built_model(config, name, source)
+    try:
+        return reader.architecture_from_built_model(config, name, source)
+    except ModelConfigError as error:
+        raise ModelConfigError(f"{error}; the formula reads model types "
+                               f"{', '.join(SUPPORTED_MODEL_TYPES)} from their configs and "
+                               "others from the model transformers builds") from None
 
 
 _QUERY = {"q_proj", "q", "query", "c_attn", "qkv_proj"}   # starts an attention block

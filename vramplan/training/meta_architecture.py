@@ -113,9 +113,12 @@ def architecture_from_built_model(config: dict, name: str, source: str = "") -> 
     """The Architecture of a config dict whose family derive.py does not know, read from the
     model transformers builds from it on the meta device. Parameter counts are exact."""
     model, hf, task = build_on_meta(config, name)
-    blocks = _blocks(model)
-    block = blocks[0]
-    linears = _linears(block)
+    try:
+        blocks = _blocks(model)
+        block = blocks[0]
+        linears = _linears(block)
+    except ModelConfigError as error:
+        raise ModelConfigError(f"{name}: {config['model_type']!r}: {error}") from None
     h = int(_first(hf, "hidden_size", "n_embd", "d_model"))
     nh = int(_first(hf, "num_attention_heads", "n_head", "num_heads"))
     hd = int(_first(hf, "head_dim", default=0) or h // nh)
