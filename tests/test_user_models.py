@@ -155,3 +155,23 @@ def test_qwen3_moe_is_one_sparse_stack():
     cfg["mlp_only_layers"] = [0]
     with pytest.raises(ModelConfigError, match="use --engine trace"):
         architecture_from_config(cfg, "q.json")
+
+
+_TINY_NEW = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=64, intermediate_size=1024, vocab_size=1000,
+                 max_position_embeddings=1024, eos_token_id=0, bos_token_id=0, pad_token_id=0)
+
+
+@pytest.mark.parametrize("model_type,extra,tolerance", [
+    ("qwen3", {}, 0.03), ("olmo2", {}, 0.03), ("qwen3_moe", dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256), 0.04),
+    ("gemma3_text", dict(sliding_window=128, query_pre_attn_scalar=64), 0.04)])
+def test_formula_follows_the_trace_on_the_new_families(tmp_path, model_type, extra, tolerance):
+    config = dict(_TINY_NEW, model_type=model_type, **extra)
+    arch = architecture_from_config(config, model_type)
+    assert arch.shapes_from == "config" and arch.stacks[0].qk_norm
+    assert arch.total_params() == _built_param_count(config)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    job = Job(model=str(tmp_path), batch_size=4, seq_len=512)
+    formula, traced = estimate(job), trace(job)
+    assert abs(formula.peak_allocated / traced.peak_allocated - 1) < tolerance

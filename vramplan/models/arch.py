@@ -52,6 +52,8 @@ class Stack:
     # Which sequence feeds this stack: text tokens, audio frames (after the conv frontend)
     # or image patches (+ CLS token).
     sequence: Literal["text", "audio", "patches"] = "text"
+    # RMSNorm on queries and keys before attention (Qwen3, OLMo-2, Gemma-3)
+    qk_norm: bool = False
 
 
 @dataclass(frozen=True)

@@ -110,8 +110,10 @@ def _ln(h: int) -> int:      # LayerNorm: weight + bias
 # qwen3/qwen3_moe/olmo2 add RMSNorms on the queries and keys (qk-norm): per head (head_dim
 # weights, Qwen3) or over all heads (nh*hd and kv*hd weights, OLMo-2); OLMo-2 normalises
 # after attention and MLP instead of before.
+# gemma3_text is Gemma-2's block (four norms) with Qwen3's per-head qk-norm.
 _LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3", "qwen3", "qwen3_moe",
-               "olmo2")
+               "olmo2", "gemma3_text")
+_GEMMA = ("gemma2", "gemma3_text")
 
 
 def _llama_like(c: _Cfg) -> Architecture:
@@ -123,11 +125,11 @@ def _llama_like(c: _Cfg) -> Architecture:
     hd = c.opt_int("head_dim", h // nh if nh else 0)
     inter = c.int("intermediate_size")
     vocab = c.int("vocab_size")
-    tie = bool(c.get("tie_word_embeddings", mt == "gemma2"))
+    tie = bool(c.get("tie_word_embeddings", mt in _GEMMA))
 
     if mt == "qwen2":
         qkv_bias, o_bias = True, False
-    elif mt in ("llama", "gemma2", "qwen3", "qwen3_moe", "olmo2"):
+    elif mt in ("llama", "qwen3", "qwen3_moe", "olmo2", *_GEMMA):
         qkv_bias = o_bias = bool(c.get("attention_bias", False))
     else:
         qkv_bias = o_bias = False
@@ -168,15 +170,16 @@ def _llama_like(c: _Cfg) -> Architecture:
                _lin("down_proj", inter, h, mlp_bias)]
 
     linears = tuple(attn + mlp)
-    norms = (4 if mt == "gemma2" else 2) * h          # RMSNorm: weight only
-    if mt in ("qwen3", "qwen3_moe"):
+    norms = (4 if mt in _GEMMA else 2) * h            # RMSNorm: weight only
+    if mt in ("qwen3", "qwen3_moe", "gemma3_text"):
         norms += 2 * hd                               # q_norm, k_norm over one head
     elif mt == "olmo2":
         norms += (nh + kv) * hd                       # q_norm, k_norm over all heads
     stack = Stack(role="decoder", num_layers=layers, hidden_size=h, num_heads=nh, num_kv_heads=kv,
                   head_dim=hd, intermediate_size=inter, mlp="gated", norm="rmsnorm",
                   linears=linears, params_per_layer=_lin_params(linears) + norms,
-                  num_experts=experts, experts_per_token=top_k)
+                  num_experts=experts, experts_per_token=top_k,
+                  qk_norm=mt in ("qwen3", "qwen3_moe", "olmo2", "gemma3_text"))
     num_labels = c.num_labels(2)
     return Architecture(
         name=c.name, model_type=mt, kind="decoder", stacks=(stack,),

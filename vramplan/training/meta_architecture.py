@@ -79,6 +79,10 @@ def _blocks(model: nn.Module) -> nn.ModuleList:
             best = module
     if best is None:
         raise ModelConfigError("no repeated transformer blocks found: use --engine trace")
+    if len({_params(m) for m in best}) > 1:
+        # e.g. DeepSeek-V3's dense first layers before its MoE layers: not one uniform stack
+        raise ModelConfigError("its blocks differ in size (dense and sparse layers mixed); the "
+                               "formula models one uniform stack: use --engine trace")
     return best
 
 
@@ -112,6 +116,12 @@ def _norm_kind(block: nn.Module) -> str:
 def architecture_from_built_model(config: dict, name: str, source: str = "") -> Architecture:
     """The Architecture of a config dict whose family derive.py does not know, read from the
     model transformers builds from it on the meta device. Parameter counts are exact."""
+    if config.get("kv_lora_rank") or config.get("q_lora_rank"):
+        # DeepSeek-V2/V3-style multi-head latent attention: low-rank q/kv projections and a
+        # split rotary head the formula's attention model does not have
+        raise ModelConfigError(f"{name}: {config['model_type']!r} uses multi-head latent "
+                               "attention (kv_lora_rank), which the formula does not model: "
+                               "use --engine trace")
     model, hf, task = build_on_meta(config, name)
     try:
         blocks = _blocks(model)
@@ -119,12 +129,21 @@ def architecture_from_built_model(config: dict, name: str, source: str = "") -> 
         linears = _linears(block)
     except ModelConfigError as error:
         raise ModelConfigError(f"{name}: {config['model_type']!r}: {error}") from None
+    if any(p.dim() >= 3 for p in block.parameters()):
+        # experts stored as one stacked tensor (transformers 5 MoE): no per-expert linears
+        raise ModelConfigError(f"{name}: {config['model_type']!r} keeps mixture-of-experts "
+                               "weights the formula cannot read from the built model: use "
+                               "--engine trace")
     h = int(_first(hf, "hidden_size", "n_embd", "d_model"))
     nh = int(_first(hf, "num_attention_heads", "n_head", "num_heads"))
     hd = int(_first(hf, "head_dim", default=0) or h // nh)
     q_out = sum(ln.out_features for ln in linears if ln.role == "attn_in")
     # q + k + v outputs = (heads + 2 kv heads) * head size, fused or separate
-    kv = max(1, (q_out // hd - nh) // 2) if hd else nh
+    kv = (q_out // hd - nh) // 2 if hd else 0
+    if kv < 1 or (nh + 2 * kv) * hd != q_out or nh % kv:
+        raise ModelConfigError(f"{name}: the attention projections of {config['model_type']!r} "
+                               f"({q_out} outputs for {nh} heads of {hd}) are not q, k and v "
+                               "the formula can read: use --engine trace")
     mlp_in = [ln for ln in linears if ln.role == "mlp_in"]
     gated = len(mlp_in) >= 2 or any("gate" in ln.name for ln in mlp_in)
     inter = mlp_in[0].out_features // (2 if gated and len(mlp_in) == 1 else 1)
@@ -159,4 +178,5 @@ def architecture_from_built_model(config: dict, name: str, source: str = "") -> 
         attention_dropout=float(_first(hf, "attention_dropout", "attn_pdrop",
                                        default=0.0) or 0.0),
         num_labels=int(getattr(hf, "num_labels", 0) or 0) if task == "seq-classification"
-        else 0, source=source, extra=dict(config), shapes_from="transformers model built on the meta device")
+        else 0, source=source, extra=dict(config),
+        shapes_from="transformers model built on the meta device")
