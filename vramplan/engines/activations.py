@@ -118,7 +118,8 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
             rank_elems = elements // max(1, _width(tensor, stack)) * adapters.rank
             saved.append((f"{tensor} lora A out x{len(lora)}", len(lora) * a * rank_elems))
 
-    def norm(name: str):
+    def norm(name: str, elements: int | None = None):
+        n_h = b * s * h if elements is None else elements
         if stack.norm == "rmsnorm":
             # the fp32 input (or an fp32 copy of a 16-bit one), then the normalised tensor
             # the weight multiplies: fp32, or 16-bit in a 16-bit model, and not saved at all
@@ -139,6 +140,11 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
     # --- self-attention ---------------------------------------------------------------
     norm("attn norm")
     linear_inputs("attn in", n_h, _pick(stack, "attn_in"), fp32_norm_out)
+    if stack.qk_norm:
+        # RMSNorm on the queries and keys (Qwen3, OLMo-2, Gemma-3) saves what a block norm
+        # saves, over the q and k projections' outputs
+        norm("q norm", n_q)
+        norm("k norm", n_kv)
     saved.extend(_attention_core(b, s, s, a, k, d, c, attention, attention_dropout,
                                  upcast_softmax or dt.autocast, "self", score_softcap))
     if trained_bias and attention == "sdpa":

@@ -54,9 +54,11 @@ ZERO_BUCKET_ELEMENTS = 500_000_000
 # FSDP keeps the current block gathered and prefetches the next (forward and backward).
 FSDP_GATHERED_BLOCKS = 2
 # transformers' config defaults, for configs that leave the activation out
-DEFAULT_ACTIVATION = {"gpt2": "gelu_new", "t5": "relu", "gemma2": "gelu_pytorch_tanh"}
+DEFAULT_ACTIVATION = {"gpt2": "gelu_new", "t5": "relu", "gemma2": "gelu_pytorch_tanh",
+                      "gemma3_text": "gelu_pytorch_tanh"}
 # Families whose eager attention computes the softmax in fp32 (softmax(..., dtype=float32))
-UPCAST_SOFTMAX = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3")
+UPCAST_SOFTMAX = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3", "qwen3",
+                  "qwen3_moe", "olmo2", "gemma3_text")
 CLASSIFIER_TASKS = ("seq-classification", "image-classification")
 
 
@@ -581,7 +583,7 @@ def _activation_name(arch: Architecture) -> str:
 
 def _norms_per_block(arch: Architecture, stack: Stack) -> int:
     base = 3 if stack.cross_attention else 2
-    return base + (2 if arch.model_type == "gemma2" else 0)
+    return base + (2 if arch.model_type in ("gemma2", "gemma3_text") else 0)
 
 
 def _outside_block_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes,
@@ -704,6 +706,9 @@ def _check_context_parallel_split(job: Job, shapes: Shapes) -> None:
 
 def _technique_notes(job: Job, arch: Architecture) -> list[str]:
     notes = []
+    if arch.shapes_from != "config":
+        notes.append(f"{arch.model_type}: the formula has no table entry for this family; its "
+                     f"shapes were read from the {arch.shapes_from}")
     if job.attention == "sdpa" and arch.model_type in EAGER_ONLY:
         notes.append(f"transformers runs {arch.model_type} attention eagerly (it changes the "
                      "scores before the softmax), so memory is that of eager attention")

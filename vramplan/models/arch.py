@@ -52,6 +52,8 @@ class Stack:
     # Which sequence feeds this stack: text tokens, audio frames (after the conv frontend)
     # or image patches (+ CLS token).
     sequence: Literal["text", "audio", "patches"] = "text"
+    # RMSNorm on queries and keys before attention (Qwen3, OLMo-2, Gemma-3)
+    qk_norm: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,9 @@ class Architecture:
     num_labels: int = 0
     source: str = ""            # where the config comes from (URL), for catalog models
     extra: dict = field(default_factory=dict)  # the raw config, for builders
+    # "config": derived from the config's fields (derive.py); otherwise where the shapes were
+    # read (a family derive.py does not know, read from the model transformers builds)
+    shapes_from: str = "config"
 
     @property
     def tasks(self) -> tuple[str, ...]:

@@ -94,9 +94,9 @@ def _lookup() -> tuple[dict[str, str], dict[str, set[str]]]:
     loose: dict[str, set[str]] = {}
     for name, meta in _raw_catalog().items():
         keys = {name}
-        hf = meta.get("hf_id", "")
-        if hf:
-            keys |= {hf, hf.split("/")[-1]}
+        for hf in [meta.get("hf_id", ""), *meta.get("aliases", [])]:
+            if hf:
+                keys |= {hf, hf.split("/")[-1]}
         for k in keys:
             exact.setdefault(k.lower(), name)
             loose.setdefault(_norm(k), set()).add(name)
@@ -123,14 +123,49 @@ def list_models(family: str | None = None, name_contains: str | None = None,
     return out
 
 
+# Fine-tuned variants publishers name by a suffix keep the base model's shapes (chat and
+# instruction tuning change weights, not the architecture): "Llama-3.1-8B-Instruct",
+# "Llama-2-7b-chat-hf", "gemma-2-9b-it", "Qwen3-8B-Base". Variants whose names differ
+# otherwise are listed as `aliases` in catalog.toml.
+_VARIANT_WORDS = ("instruct", "chat", "it", "base")
+
+
+def _without_variant_word(ref: str) -> str | None:
+    """ref with one variant word (-Instruct, -Chat, -it, -Base) removed from its last path
+    component, or None when it has none."""
+    head, _, tail = ref.strip().rpartition("/")
+    parts = tail.split("-")
+    for i, part in enumerate(parts):
+        if i > 0 and part.lower() in _VARIANT_WORDS:
+            stripped = "-".join(parts[:i] + parts[i + 1:])
+            return f"{head}/{stripped}" if head else stripped
+    return None
+
+
 def resolve_catalog_name(ref: str) -> str | None:
-    """The catalog name ref refers to (name or hf id, any case, '-', '_', '.' ignored when that
-    is unambiguous), or None."""
+    """The catalog name ref refers to (name, hf id or alias, any case, '-', '_', '.' ignored
+    when that is unambiguous; an -Instruct/-Chat/-it/-Base variant resolves to its base), or
+    None."""
     exact, loose = _lookup()
     if ref.strip().lower() in exact:
         return exact[ref.strip().lower()]
     names = loose.get(_norm(ref), set())
-    return next(iter(names)) if len(names) == 1 else None
+    if len(names) == 1:
+        return next(iter(names))
+    base = _without_variant_word(ref)
+    return resolve_catalog_name(base) if base else None
+
+
+def _looks_like_hf_id(ref: str) -> bool:
+    owner, sep, name = ref.partition("/")
+    return bool(sep) and bool(owner) and bool(name) and "/" not in name \
+        and not ref.endswith(".json")
+
+
+def _looks_like_factory(ref: str) -> bool:
+    module, sep, attr = ref.partition(":")
+    return bool(sep) and bool(attr) and bool(module) and "/" not in module \
+        and "\\" not in module and all(p.isidentifier() for p in module.split("."))
 
 
 def _looks_like_path(ref: str) -> bool:
@@ -164,7 +199,18 @@ def load_architecture(ref: str | os.PathLike) -> Architecture:
         return architecture_from_config(read_config_file(cfg), str(cfg))
     if is_file:
         return architecture_from_config(read_config_file(path), str(path))
+    if isinstance(ref, str) and _looks_like_factory(ref):
+        raise ModelConfigError(
+            f"{ref!r} is a Python factory: the formula cannot read a model it has no config "
+            "for; use --engine trace (it builds the model and traces the step)")
     if not isinstance(ref, str) or _looks_like_path(ref):
         raise ModelConfigError(f"{os.fspath(ref)}: no such file or folder")
     known = list(_raw_catalog()) + [m["hf_id"] for m in _raw_catalog().values() if m.get("hf_id")]
+    if _looks_like_hf_id(ref):
+        error = UnknownNameError("model", ref, known)
+        close = error.args[0].removeprefix(f"unknown model {ref!r}.").strip()
+        error.args = (f"unknown model {ref!r}: not in the catalog, and vramplan downloads "
+                      "nothing; save its config.json in a folder and pass the folder "
+                      f"(`vramplan estimate ./my-model/`). {close}",)
+        raise error
     raise UnknownNameError("model", ref, known)

@@ -11,6 +11,8 @@ cross-attention "q"); like peft, a target name selects all of them.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import math
 from collections.abc import Callable
 from dataclasses import replace
@@ -105,7 +107,13 @@ def _ln(h: int) -> int:      # LayerNorm: weight + bias
 
 
 # Pre-norm RMSNorm decoders with rotary positions, SwiGLU/GeGLU MLP and (optional) GQA.
-_LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3")
+# qwen3/qwen3_moe/olmo2 add RMSNorms on the queries and keys (qk-norm): per head (head_dim
+# weights, Qwen3) or over all heads (nh*hd and kv*hd weights, OLMo-2); OLMo-2 normalises
+# after attention and MLP instead of before.
+# gemma3_text is Gemma-2's block (four norms) with Qwen3's per-head qk-norm.
+_LLAMA_LIKE = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3", "qwen3", "qwen3_moe",
+               "olmo2", "gemma3_text")
+_GEMMA = ("gemma2", "gemma3_text")
 
 
 def _llama_like(c: _Cfg) -> Architecture:
@@ -117,11 +125,11 @@ def _llama_like(c: _Cfg) -> Architecture:
     hd = c.opt_int("head_dim", h // nh if nh else 0)
     inter = c.int("intermediate_size")
     vocab = c.int("vocab_size")
-    tie = bool(c.get("tie_word_embeddings", mt == "gemma2"))
+    tie = bool(c.get("tie_word_embeddings", mt in _GEMMA))
 
     if mt == "qwen2":
         qkv_bias, o_bias = True, False
-    elif mt in ("llama", "gemma2"):
+    elif mt in ("llama", "qwen3", "qwen3_moe", "olmo2", *_GEMMA):
         qkv_bias = o_bias = bool(c.get("attention_bias", False))
     else:
         qkv_bias = o_bias = False
@@ -134,7 +142,21 @@ def _llama_like(c: _Cfg) -> Architecture:
                 _lin("v_proj", h, kv * hd, qkv_bias), _lin("o_proj", nh * hd, h, o_bias)]
 
     experts, top_k = 1, 1
-    if mt == "mixtral":
+    if mt == "qwen3_moe":
+        # every layer sparse (the Qwen3 MoE releases); other layouts are not one uniform stack
+        if c.get("mlp_only_layers") or c.opt_int("decoder_sparse_step", 1) != 1:
+            raise ModelConfigError(
+                f"{c.name}: qwen3_moe with dense layers (mlp_only_layers, decoder_sparse_step "
+                "> 1) is not one uniform stack the formula models; use --engine trace")
+        experts = c.int("num_experts")
+        top_k = c.int("num_experts_per_tok")
+        inter = c.int("moe_intermediate_size")
+        # checkpoint names (mlp.experts.N.gate_proj/up_proj/down_proj), per expert;
+        # "gate" is the router
+        mlp = [_lin("gate", h, experts, False), _lin("gate_proj", h, inter, False, experts),
+               _lin("up_proj", h, inter, False, experts),
+               _lin("down_proj", inter, h, False, experts)]
+    elif mt == "mixtral":
         experts = c.int("num_local_experts")
         top_k = c.int("num_experts_per_tok")
         # transformers 5 fuses w1/w3 into experts.gate_up_proj; the names are the checkpoint's
@@ -148,11 +170,16 @@ def _llama_like(c: _Cfg) -> Architecture:
                _lin("down_proj", inter, h, mlp_bias)]
 
     linears = tuple(attn + mlp)
-    norms = (4 if mt == "gemma2" else 2) * h          # RMSNorm: weight only
+    norms = (4 if mt in _GEMMA else 2) * h            # RMSNorm: weight only
+    if mt in ("qwen3", "qwen3_moe", "gemma3_text"):
+        norms += 2 * hd                               # q_norm, k_norm over one head
+    elif mt == "olmo2":
+        norms += (nh + kv) * hd                       # q_norm, k_norm over all heads
     stack = Stack(role="decoder", num_layers=layers, hidden_size=h, num_heads=nh, num_kv_heads=kv,
                   head_dim=hd, intermediate_size=inter, mlp="gated", norm="rmsnorm",
                   linears=linears, params_per_layer=_lin_params(linears) + norms,
-                  num_experts=experts, experts_per_token=top_k)
+                  num_experts=experts, experts_per_token=top_k,
+                  qk_norm=mt in ("qwen3", "qwen3_moe", "olmo2", "gemma3_text"))
     num_labels = c.num_labels(2)
     return Architecture(
         name=c.name, model_type=mt, kind="decoder", stacks=(stack,),
@@ -434,9 +461,7 @@ def architecture_from_config(config: dict, name: str, source: str = "") -> Archi
             f"{', '.join(SUPPORTED_MODEL_TYPES)}")
     builder = _BUILDERS.get(str(mt))
     if builder is None:
-        raise ModelConfigError(
-            f"{name}: unsupported model_type {mt!r}; supported model types: "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+        return _from_built_model(config, name, source)
     _refuse_non_finite(config, name)
     arch = builder(_Cfg(config, name))
     problems = _problems(arch)
@@ -448,6 +473,27 @@ def architecture_from_config(config: dict, name: str, source: str = "") -> Archi
     object.__setattr__(arch, "source", source)
     object.__setattr__(arch, "extra", dict(config))
     return arch
+
+
+def _from_built_model(config: dict, name: str, source: str) -> Architecture:
+    """A family without a builder here: when torch and transformers are installed, the shapes
+    are read from the model transformers builds on the meta device
+    (vramplan.training.meta_architecture). It is imported by name, here only, so that the
+    catalog and the formula import no torch for the families this table knows."""
+    mt = config["model_type"]
+    if not all(importlib.util.find_spec(m) for m in ("torch", "transformers")):
+        raise ModelConfigError(
+            f"{name}: the formula cannot read model_type {mt!r} without torch and "
+            "transformers installed (it reads the shapes from the model transformers builds); "
+            f"use --engine trace, or a model type it reads: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    _refuse_non_finite(config, name)
+    reader = importlib.import_module("vramplan.training.meta_architecture")
+    try:
+        return reader.architecture_from_built_model(config, name, source)
+    except ModelConfigError as error:
+        raise ModelConfigError(f"{error}; the formula reads model types "
+                               f"{', '.join(SUPPORTED_MODEL_TYPES)} from their configs and "
+                               "others from the model transformers builds") from None
 
 
 _QUERY = {"q_proj", "q", "query", "c_attn", "qkv_proj"}   # starts an attention block
