@@ -87,11 +87,32 @@ def test_cpu_peak_grows_with_batch_and_matches_the_allocator():
 
 
 def test_budget_turns_into_budget_exceeded_and_search_uses_it():
-    setup = tiny_setup()
-    peak = measure_setup(setup, JOB, steps=1, warmup=1).peak_allocated
+    # in a fresh process: after a few hundred profiler sessions in one process (the whole
+    # suite), torch.profiler may record no memory events, which measure then reports as an
+    # error rather than a peak of 0 (tests/test_measure.py::test_no_memory_events_is_an_error)
+    import subprocess
+    import sys
+    from pathlib import Path
+    # (a known defect: after two over-budget CPU steps in one process, later profiler
+    # windows of measure record nothing; measure then raises instead of reporting 0)
+    def run(code: str) -> str:
+        done = subprocess.run([sys.executable, "-c", f"import test_measure as t; {code}"],
+                              cwd=Path(__file__).parent, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+    peak = int(run("t._budget_case()").split()[-1])
+    run(f"t._search_case({peak})")
+
+
+def _budget_case():
+    peak = measure_setup(tiny_setup(), JOB, steps=1, warmup=1).peak_allocated
     with pytest.raises(BudgetExceeded, match="over the budget"):
         measure_setup(tiny_setup(), JOB, steps=1, warmup=1, budget_bytes=peak // 2)
+    print(peak)
 
+
+def _search_case(peak: int):
     def oracle(job):
         return measure_setup(tiny_setup(job), job, steps=1, warmup=1,
                              budget_bytes=budget).peak_allocated
@@ -416,3 +437,12 @@ def test_measure_refuses_offload_it_would_not_run(fields):
     # the step would run without offloading and be reported as the offloaded one
     with pytest.raises(EngineError, match="not run by the trace and measure engines yet"):
         measure(Job(model="tiny", **fields), device="cpu", model_config=TINY_LLAMA)
+
+
+def test_no_memory_events_is_an_error(monkeypatch):
+    """A CPU measurement whose profiler saw no allocations is an error, never a peak of 0."""
+    from vramplan.engines import measure as engine
+    from vramplan.errors import EngineError
+    monkeypatch.setattr(engine._CpuProbe, "_collect", lambda self, profiler: False)
+    with pytest.raises(EngineError, match="recorded no memory events"):
+        measure_setup(tiny_setup(), JOB, steps=1, warmup=1)
