@@ -92,7 +92,7 @@ CASES = [  # (name, model config, job fields)
     ("vit bf16-pure adamw-8bit", VIT, dict(precision="bf16-pure", optimizer="adamw-8bit")),
     ("whisper fp32 adamw", WHISPER, dict(precision="fp32", seq_len=64)),
     ("whisper bf16-mixed adamw", WHISPER, dict(seq_len=64)),
-    ("whisper bf16-mixed ckpt adamw-8bit", WHISPER, dict(checkpointing="full",
+    ("whisper bf16-mixed ckpt adamw-8bit", WHISPER, dict(checkpointing="full", seq_len=64,
                                                          optimizer="adamw-8bit")),
 ]
 

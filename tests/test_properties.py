@@ -32,10 +32,10 @@ KNOWN_EXCEPTIONS = {
     # memory with full checkpointing, 6% without; benchmarks/results/gpu_validation.json)
     # applies to all of backward's transient memory. When activations are small (short
     # sequences) and backward's temporaries (FSDP's gathered parameters, logits) are large,
-    # the extra reserve exceeds the activations saved. Allocated memory never rises. The
-    # largest seen: llama-2-13b, 16 tokens, fp32 SGD with accumulation under DDP, +7.6%
-    # (the gradients and DDP buckets are backward's temporaries there).
-    "checkpointing_device_total": 0.08,
+    # the extra reserve exceeds the activations saved. Allocated memory never rises, and the
+    # report says so in a note. The largest seen: llama-3.1-8b with a 128k-vocabulary
+    # logits buffer in backward, +9.8%; llama-2-13b at 16 tokens under DDP, +7.6%.
+    "checkpointing_device_total": 0.12,
     # Under LoRA/QLoRA the base is 16-bit in both precisions; bf16-pure runs the fp32
     # adapters without autocast, and the formula's final-norm bytes differ (6 vs 4 per
     # element for LayerNorm models): bf16-pure can be above bf16-mixed by a fraction of a
