@@ -202,37 +202,54 @@ class Job(_Strict):
     ...           peft=Peft(method="qlora", rank=16))
     """
 
-    model: str = DEFAULT_MODEL  # catalog name, HF id, config.json path or HF model folder
-    # the framework whose defaults fill the fields this job leaves unset (plain: none).
+    model: str = Field(DEFAULT_MODEL, description="catalog name, Hugging Face id, config.json "
+                       "path, model folder or package.module:factory")
     # Applied when the Job is validated from its given fields; with_changes(framework=...)
     # on a built Job changes only the name, as every field is already set
-    framework: Framework = "plain"
-    task: Task | None = None    # default: the model's own (causal-lm for decoders, ...)
-    batch_size: int = Field(1, ge=1, le=1_000_000)      # micro-batch per GPU
-    grad_accum: int = Field(1, ge=1, le=1_000_000)      # micro-batches per optimizer step
-    # text tokens (encoder side for seq2seq); default min(2048, the model's maximum)
-    seq_len: int | None = Field(None, ge=1, le=100_000_000)
-    target_len: int | None = Field(None, ge=1, le=100_000_000)  # seq2seq decoder tokens
-    image_size: int | None = Field(None, ge=8, le=65536)  # vision: default the model's own
-    # speech: default the model's maximum
-    audio_seconds: float | None = Field(None, gt=0, le=86_400, allow_inf_nan=False)
-    precision: Precision = "bf16-mixed"
-    optimizer: Optimizer = "adamw"
-    optimizer_impl: OptimizerImpl = "foreach"  # torch's CUDA default for Adam/AdamW/SGD
-    checkpointing: Checkpointing = "none"  # see Checkpointing above
-    attention: Attention = "sdpa"
-    loss: Loss = "standard"
-    peft: Peft | None = None
-    optimizer_in_backward: bool = False  # step each parameter as its gradient arrives
-    activation_offload: bool = False     # saved activations go to pinned CPU memory
-    # zero_grad(set_to_none=False): gradients stay allocated from one step into the next
-    # forward (torch < 2.0's default; torchtitan with CUDA graphs)
-    keep_grads_between_steps: bool = False
-    compile: bool = False  # torch.compile of the model (and loss); not modelled yet
-    parallel: Parallel = Parallel()
-    offload: Offload = Offload()
-    runtime: Runtime = Runtime()
-    gpu: str | None = None  # the GPU to check; None checks every catalog GPU
+    framework: Framework = Field("plain", description="the framework whose defaults fill the "
+                                 "fields this job leaves unset (plain: none)")
+    task: Task | None = Field(None, description="the training task; default the model's own "
+                              "(causal-lm for decoders, ...)")
+    batch_size: int = Field(1, ge=1, le=1_000_000, description="micro-batch per GPU")
+    grad_accum: int = Field(1, ge=1, le=1_000_000, description="micro-batches per optimizer "
+                            "step")
+    seq_len: int | None = Field(None, ge=1, le=100_000_000, description="text tokens per "
+                                "sample (encoder side for seq2seq); default min(2048, the "
+                                "model's maximum)")
+    target_len: int | None = Field(None, ge=1, le=100_000_000, description="seq2seq decoder "
+                                   "tokens (default seq_len)")
+    image_size: int | None = Field(None, ge=8, le=65536, description="vision: image side in "
+                                   "pixels; default the model's own")
+    audio_seconds: float | None = Field(None, gt=0, le=86_400, allow_inf_nan=False,
+                                        description="speech: clip length; default the "
+                                        "model's maximum")
+    precision: Precision = Field("bf16-mixed", description="weights and compute dtypes "
+                                 "(vramplan/engines/precision.py says what each keeps)")
+    optimizer: Optimizer = Field("adamw", description="the optimizer")
+    optimizer_impl: OptimizerImpl = Field("foreach", description="torch's implementation; "
+                                          "foreach is its CUDA default for Adam/AdamW/SGD")
+    checkpointing: Checkpointing = Field("none", description="activation checkpointing "
+                                         "policy (see Checkpointing above)")
+    attention: Attention = Field("sdpa", description="sdpa: flash / memory-efficient kernels")
+    loss: Loss = Field("standard", description="how the loss holds the logits")
+    peft: Peft | None = Field(None, description="LoRA / QLoRA adapters; null trains every "
+                              "weight")
+    optimizer_in_backward: bool = Field(False, description="step each parameter as its "
+                                        "gradient arrives")
+    activation_offload: bool = Field(False, description="saved activations go to pinned CPU "
+                                     "memory")
+    keep_grads_between_steps: bool = Field(False, description="zero_grad(set_to_none=False): "
+                                           "gradients stay allocated into the next forward "
+                                           "(torch < 2.0's default; torchtitan)")
+    compile: bool = Field(False, description="torch.compile of the model (and loss); not "
+                          "modelled yet: the engines refuse it")
+    parallel: Parallel = Field(Parallel(), description="how the job is spread over GPUs")
+    offload: Offload = Field(Offload(), description="CPU offload of optimizer states and "
+                             "parameters")
+    runtime: Runtime = Field(Runtime(), description="memory the framework holds beyond "
+                             "tensors")
+    gpu: str | None = Field(None, description="the GPU to check; null checks every catalog "
+                            "GPU")
 
     @model_validator(mode="before")
     @classmethod
