@@ -373,3 +373,26 @@ def test_sweep_without_lengths_shows_the_length_the_engine_chose():
 def vramplan_job(model: str):
     from vramplan import Job
     return Job(model=model)
+
+
+def test_ctrl_c_in_a_search_keeps_its_trials(run_cli, monkeypatch, tmp_path):
+    from vramplan.cli.commands import search as command
+    from vramplan.search import SearchInterrupted
+
+    def oracle(job):
+        if job.batch_size > 2:  # the third trial (batch 4) is interrupted
+            raise KeyboardInterrupt
+        return job.batch_size * GiB
+    with pytest.raises(SearchInterrupted) as stop:
+        max_batch_size(JOB, oracle, 10 * GiB)
+    assert [t.value for t in stop.value.result.trials] == [1, 2]
+    assert stop.value.result.best == 2 and "interrupted after 2 trials" in str(stop.value)
+
+    monkeypatch.setattr(command, "oracle_for", lambda *args, **kwargs: oracle)
+    out = tmp_path / "trials.json"
+    code, printed, err = run_cli("search", "batch-size", "gpt2", "--budget", "10GiB",
+                                 "--json", "--out", str(out))
+    assert code == 130 and err.strip().startswith("interrupted: interrupted after 2 trials")
+    data = json.loads(printed)
+    assert [t["value"] for t in data["trials"]] == [1, 2] and data["best"] == 2
+    assert json.loads(out.read_text())["interrupted"]

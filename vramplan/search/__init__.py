@@ -2,13 +2,14 @@
 files written from them (views). Engine-agnostic: any engine is the oracle (oracle)."""
 
 from vramplan.search.core import (
-                                  DEFAULT_MARGIN,
-                                  Oracle,
-                                  SearchResult,
-                                  Trial,
-                                  max_batch_size,
-                                  max_seq_len,
-                                  peak_of,
+    DEFAULT_MARGIN,
+    Oracle,
+    SearchInterrupted,
+    SearchResult,
+    Trial,
+    max_batch_size,
+    max_seq_len,
+    peak_of,
 )
 from vramplan.search.oom import describe_oom, is_out_of_memory, release_memory
 from vramplan.search.suggestions import suggestions_for
@@ -16,8 +17,8 @@ from vramplan.search.sweep import SWEEP_FIELDS, SweepInterrupted, sweep
 from vramplan.search.views import plot, rows_csv, write_csv, write_json
 
 __all__ = [
-    "DEFAULT_MARGIN", "Oracle", "SWEEP_FIELDS", "SearchResult", "SweepInterrupted", "Trial",
-    "describe_oom",
+    "DEFAULT_MARGIN", "Oracle", "SWEEP_FIELDS", "SearchInterrupted", "SearchResult",
+    "SweepInterrupted", "Trial", "describe_oom",
     "is_out_of_memory", "max_batch_size", "max_seq_len", "peak_of", "plot", "release_memory",
     "rows_csv", "suggestions_for", "sweep", "write_csv", "write_json",
 ]

@@ -66,6 +66,7 @@ class SearchResult:
     limited_by: str = ""         # a larger value was refused by the job or model (not memory)
     largest_category: str = ""   # when nothing fits: what fills memory at the smallest value
     suggestions: list[str] = field(default_factory=list)  # when nothing fits: what may help
+    interrupted: str = ""        # Ctrl-C stopped the search: best is the largest seen to fit
 
     @property
     def fits(self) -> bool:
@@ -73,6 +74,15 @@ class SearchResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"fits": self.fits}
+
+
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a search: the result so far (its trials; best is the largest value
+    seen to fit, a lower bound)."""
+
+    def __init__(self, result: SearchResult):
+        super().__init__(result.interrupted)
+        self.result = result
 
 
 def peak_of(answer: int | MemoryReport) -> int:
@@ -149,9 +159,24 @@ def _search(job: Job, parameter: str, step: int, oracle: Oracle, budget_bytes: i
             _explain(result, job.with_changes(**{parameter: step}), report, explain)
         return fits
 
-    if not trial(1):
-        return result
     lo, hi = 1, None  # lo fits; hi (when known) does not
+    try:
+        if not trial(1):
+            return result
+        _bracket(result, points, trial, lo, hi, k_max, limit, step)
+    except KeyboardInterrupt:
+        fitting = [t.value for t in result.trials if t.fits]
+        result.best = max(fitting) if fitting else None
+        result.interrupted = (f"interrupted after {len(result.trials)} trials; "
+                              + (f"{result.best} fits, larger values were not settled"
+                                 if fitting else "nothing was seen to fit yet"))
+        raise SearchInterrupted(result) from None
+    return result
+
+
+def _bracket(result: SearchResult, points: dict, trial, lo: int, hi: int | None, k_max: int,
+             limit: int, step: int) -> None:
+    """Grow, then narrow, the bracket [lo fits, hi does not] until it is one step wide."""
     stalls = 0  # consecutive trials that neither doubled lo nor halved the bracket
     while hi is None or hi - lo > 1:
         if lo >= k_max:
@@ -169,7 +194,6 @@ def _search(job: Job, parameter: str, step: int, oracle: Oracle, budget_bytes: i
             progressed = hi - lo <= (before[1] - before[0]) / 2
         stalls = 0 if progressed else stalls + 1
     result.best = lo * step
-    return result
 
 
 def _next(points: dict[int, int | None], lo: int, hi: int | None, limit: int,

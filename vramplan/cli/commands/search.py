@@ -9,6 +9,7 @@ vramplan.search (and the planner's GPU count search).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -76,6 +77,11 @@ def print_search(result: _search.SearchResult, what: str,
         verdict = "yes" if t.fits else ("OOM" if t.peak is None else "no")
         table.add_row(str(i), str(t.value), _size(t.peak, unit), verdict)
     console.print(table)
+    if result.interrupted:  # the trials so far; no verdict on larger values
+        if result.best is not None:
+            console.print(f"[bold]largest {name} seen to fit: {result.best}[/] (a lower "
+                          "bound: the search was interrupted)")
+        return
     if result.best is not None:
         capped = f" ({cap_reason})" if result.capped else ""
         console.print(f"[bold]largest {name} that fits: {result.best}[/]{capped}, "
@@ -107,11 +113,13 @@ def batch_size(
     """
     check_writable(out, html)
     limit, what = budget_of(job, budget)
-    with progress(f"search batch size ({engine})", quiet=as_json) as update:
-        result = _search.max_batch_size(
+    with progress(f"search batch size ({engine})", quiet=as_json) as update, \
+            _keeping_trials() as kept:
+        kept.result = _search.max_batch_size(
             job, counting(oracle_for(engine, budget_bytes=limit, device=device), update,
                           "batch_size"), limit, margin=margin, maximum=maximum,
             explain=explaining_engine(engine))
+    result = kept.result
     _write_html(html, result, job, "search batch-size", engine)
     _finish(result, what, as_json, out)
 
@@ -131,11 +139,13 @@ def seq_len(
     check_writable(out, html)
     limit, what = budget_of(job, budget)
     positions = None if maximum else _max_positions(job)
-    with progress(f"search sequence length ({engine})", quiet=as_json) as update:
-        result = _search.max_seq_len(
+    with progress(f"search sequence length ({engine})", quiet=as_json) as update, \
+            _keeping_trials() as kept:
+        kept.result = _search.max_seq_len(
             job, counting(oracle_for(engine, budget_bytes=limit, device=device), update,
                           "seq_len"), limit, margin=margin, granularity=granularity,
             maximum=maximum or positions, explain=explaining_engine(engine))
+    result = kept.result
     _write_html(html, result, job, "search seq-len", engine)
     _finish(result, what, as_json, out,
             f"the longest the model accepts: {positions} positions" if positions else None)
@@ -202,15 +212,33 @@ def _print_gpu_count(result) -> None:
             break
 
 
+class _Kept:
+    result: _search.SearchResult | None = None
+
+
+@contextlib.contextmanager
+def _keeping_trials():
+    """Ctrl-C during a search keeps the trials done so far (shown, written, exit 130)."""
+    kept = _Kept()
+    try:
+        yield kept
+    except _search.SearchInterrupted as stop:
+        kept.result = stop.result
+
+
 def _finish(result: _search.SearchResult, what: str, as_json: bool, out: Path | None,
             cap_reason: str | None = None) -> None:
-    """Print (and write) a search result; exit code 1 when even the smallest value fails."""
+    """Print (and write) a search result; exit code 1 when even the smallest value fails,
+    130 (after the trials so far) when Ctrl-C stopped it."""
     if as_json:
         print_json(result.to_dict())
     else:
         print_search(result, what, *([cap_reason] if cap_reason else []))
     if out:
         write_or_print(out, json.dumps(result.to_dict(), indent=2) + "\n")
+    if result.interrupted:
+        sys.stderr.write(f"interrupted: {result.interrupted}\n")
+        raise typer.Exit(EXIT_INTERRUPTED)
     if not result.fits:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
