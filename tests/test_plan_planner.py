@@ -116,7 +116,10 @@ def test_techniques_table():
 
 
 def test_min_gpus_is_the_smallest_count_that_fits():
-    from vramplan.planning.planner import min_gpus
+    from vramplan.planning.planner import search_gpu_count
+
+    def min_gpus(job, gpu, **options):
+        return search_gpu_count(job, gpu, **options).job
 
     h100 = get_gpu("H100-SXM")
     job = Job(model="llama-3.1-8b", seq_len=2048, checkpointing="full")

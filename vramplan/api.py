@@ -5,11 +5,9 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from vramplan.engines.registry import engine_names, run_engine  # noqa: F401 (re-export)
+from vramplan.engines.registry import run_engine  # noqa: F401 (re-export)
 from vramplan.engines.report import MemoryReport
 from vramplan.job import Job
-
-ENGINES = engine_names()
 
 
 def default_job_path() -> Path:

@@ -112,11 +112,9 @@ def measure_setup(setup: TrainingSetup, job: Job, *, steps: int = 5, warmup: int
     probe.watch_gradients(setup)
     probe.start()
     try:
-        index = 0
-        while index < warmup + steps + probe.extra_steps:
+        for index in range(warmup + steps):
             with probe.step(index):
                 _timed_step(setup, job.grad_accum, scaler, run, probe)
-            index += 1
     except KeyboardInterrupt:
         run.stopped = f"interrupted (Ctrl-C) after {len(run.losses)} of {run.steps} steps"
     except Exception as error:  # noqa: BLE001 - user code; out-of-memory goes to the caller
@@ -330,8 +328,6 @@ def tensor_bytes(setup: TrainingSetup, round_to: int = 1) -> dict[str, int]:
 class _Probe:
     """Memory of each phase of the step; train_step calls mark(phase) as each one begins."""
 
-    extra_steps = 0  # steps run beyond those asked for, to measure again (CPU profiler)
-
     device: torch.device
 
     def __init__(self):
@@ -415,7 +411,6 @@ class _Probe:
 
 
 GRADS_MARK = "vramplan.grads="
-MAX_EXTRA_STEPS = 3  # CPU steps profiled again when a window recorded nothing
 
 
 class _CpuProbe(_Probe):
@@ -452,15 +447,8 @@ class _CpuProbe(_Probe):
         finally:
             self.mark(None)
             self._profiler.__exit__(None, None, None)
-            recorded = self._collect(self._profiler)
+            self._collect(self._profiler)
             self._profiler = None
-        if not recorded and self.extra_steps < MAX_EXTRA_STEPS:
-            # the profiler gave no memory events for this window (seen after many profiler
-            # sessions in one process): profile one more step rather than report nothing
-            self.extra_steps += 1
-            self.profiled_steps += 1
-            self.notes.append("the CPU profiler recorded no memory events in a step; one "
-                              "more step was profiled")
         if self.budget is not None and self.peak_allocated() > self.budget:
             raise BudgetExceeded(
                 f"the step needs {self.peak_allocated()} bytes at its peak "
@@ -481,13 +469,11 @@ class _CpuProbe(_Probe):
             with torch.profiler.record_function(f"{GRADS_MARK}{self.grads_alive}"):
                 pass
 
-    def _collect(self, profiler) -> bool:
+    def _collect(self, profiler) -> None:
         """Running live bytes from the memory events; the peak inside each phase range and
         the gradient bytes alive at it (the last gradient marker before it)."""
         events = profiler.profiler.kineto_results.events()
         memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
-        if not memory:
-            return False
         marks = sorted((e.start_ns(), int(e.name().removeprefix(GRADS_MARK)))
                        for e in events if e.name().startswith(GRADS_MARK))
         ranges = [(e.name().removeprefix("vramplan."), e.start_ns(), e.end_ns())
@@ -509,7 +495,6 @@ class _CpuProbe(_Probe):
             grads = 0 if phase == "end" else max(
                 [b for t, b in marks if t < t_next], default=0)
             self._record(phase, peak, grads)
-        return True
 
     def timing_steps(self, times: list[float], warmup: int) -> list[float]:
         unprofiled = times[max(warmup, self.profiled_steps):]

@@ -99,7 +99,7 @@ def fit_table(report: MemoryReport, runtime: Runtime, gpus: Iterable[GPU],
         problem = precision_problem(precision, gpu)
         fits.append(GpuFit(gpu=gpu.name, usable_bytes=gpu.usable_bytes, required_bytes=required,
                            headroom_bytes=headroom, margin=margin,
-                           fits=required <= gpu.usable_bytes * (1 - margin) and not problem,
+                           fits=fits_within(required, gpu.usable_bytes, margin) and not problem,
                            supported=not problem, problem=problem))
     return fits
 
@@ -118,6 +118,11 @@ def fits_for_job(report: MemoryReport, job: Job, runtime_gpu: GPU | None, *,
 def with_margin(fits: Iterable[GpuFit], margin: float) -> list[GpuFit]:
     """The same fit table judged with another safety margin."""
     return [fit.model_copy(update={
-        "margin": margin,
-        "fits": fit.supported and fit.required_bytes <= fit.usable_bytes * (1 - margin)})
+        "margin": margin, "fits": fit.supported and fits_within(fit.required_bytes,
+                                                                fit.usable_bytes, margin)})
         for fit in fits]
+
+
+def fits_within(required: int, usable: int, margin: float = SAFETY_MARGIN) -> bool:
+    """The one fit rule: the job needs at most (1 - margin) of the usable memory."""
+    return required <= usable * (1 - margin)

@@ -662,12 +662,3 @@ def search_gpu_count(job: Job, gpu: GPU, *, margin: float = SAFETY_MARGIN, max_g
                           strategy=found.parallel.strategy if found else None,
                           job=found.with_changes(gpu=gpu.name) if found else None,
                           flags=flags, trials=trials, hint=hint)
-
-
-def min_gpus(job: Job, gpu: GPU, *, margin: float = SAFETY_MARGIN, max_gpus: int = 4096,
-             strategies: tuple[str, ...] = ("zero2", "fsdp")) -> Job | None:
-    """The job on the fewest GPUs of type `gpu` that fits with `margin` (search_gpu_count's
-    answer), None when even `max_gpus` GPUs are not enough."""
-    found = search_gpu_count(job, gpu, margin=margin, max_gpus=max_gpus,
-                             strategies=strategies).job
-    return found.with_changes(gpu=None) if found else None
