@@ -241,8 +241,8 @@ class Job(_Strict):
     keep_grads_between_steps: bool = Field(False, description="zero_grad(set_to_none=False): "
                                            "gradients stay allocated into the next forward "
                                            "(torch < 2.0's default; torchtitan)")
-    compile: bool = Field(False, description="torch.compile of the model (and loss); not "
-                          "modelled yet: the engines refuse it")
+    compile: bool = Field(False, description="torch.compile of each transformer block and "
+                          "of the loss (as torchtitan and torchtune compile)")
     parallel: Parallel = Field(Parallel(), description="how the job is spread over GPUs")
     offload: Offload = Field(Offload(), description="CPU offload of optimizer states and "
                              "parameters")

@@ -80,7 +80,7 @@ _JOB_FLAGS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
     "optimizer_in_backward": (("optimizer_in_backward",), (), "step inside backward"),
     "keep_grads": (("keep_grads_between_steps",), (), "zero_grad(set_to_none=False): "
                    "gradients stay allocated into the next forward"),
-    "compile": (("compile",), (), "torch.compile the model (not modelled yet: refused)"),
+    "compile": (("compile",), (), "torch.compile each transformer block and the loss"),
     "activation_offload": (("activation_offload",), (), "offload saved activations"),
     "num_gpus": (("parallel", "num_gpus"), ("-n",), "GPUs in the job"),
     "strategy": (("parallel", "strategy"), (), "data-parallel strategy"),
