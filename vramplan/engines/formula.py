@@ -106,14 +106,13 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None,
     >>> report.peak_allocated > 0
     True
     """
-    if job.compile:
-        raise JobError("the formula does not model torch.compile yet: drop compile (its "
-                       "eager numbers are an upper bound for the compiled step)")
     # model_config: a Hugging Face config dict used instead of looking up job.model (an
     # uploaded config.json in the web app; the trace and measure engines take it too)
     arch = (architecture_from_config(model_config, job.model) if model_config is not None
             else load_architecture(job.model))
     task = _task(job, arch)
+    if job.compile:
+        _check_compiled(job, arch, task)
     shapes = _shapes(job, arch, task)
     runtime_gpu = get_gpu(job.gpu) if job.gpu else None
     if runtime_gpu:
@@ -185,6 +184,8 @@ def _stage_report(job: Job, arch: Architecture, task: str, shapes: Shapes,
         block_cast = max(0.0, cast - params.cast_head / tp)
         cast -= block_cast * _checkpointed_share(job, arch)
         recompute = dict(activations=block_acts / (tp * cp), cast=block_cast / layers)
+        if job.compile:  # a compiled block casts its weights inside its graph: no cache
+            cast_fwd = cast
 
     saved_inputs = (shapes.input_bytes - shapes.label_bytes) / cp  # what backward still holds
     base = dict(weights=w, optimizer_states=o, inputs=saved_inputs)
@@ -528,7 +529,9 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
                                 adapters.rank, adapters.dropout, False, adapters.upcast_bytes)
     for stack, seq in zip(arch.stacks, shapes.stack_seq):
         encoder_seq = shapes.stack_seq[0] if stack.cross_attention else 0
-        saved = act.block_saved_tensors(
+        saved = act.compiled_block_saved_tensors(
+            stack, act.BlockShape(job.batch_size, seq), dt) if job.compile else \
+            act.block_saved_tensors(
             stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
             attention=_attention_impl(job, arch), hidden_dropout=arch.hidden_dropout,
             attention_dropout=arch.attention_dropout, activation=_activation_name(arch),
@@ -661,6 +664,12 @@ def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task
         tc = t / CHUNKED_LOSS_CHUNKS
         return max(c + 4, 8) * tc * vocab, (c + 12) * tc * vocab + c * t * h
     tv = t * vocab
+    if job.compile:
+        # the compiled loss (training/compiled.py compile_loss) fuses the upcast, log_softmax
+        # and nll into reductions: forward keeps the logits and two fp32 values per token
+        # (max, log-sum-exp); its backward writes the logits' gradient in their dtype
+        # while the saved logits are still alive
+        return c * tv + 8 * t, 2 * c * tv + 8 * t
     if task == "causal-lm" or not dt.autocast:
         # transformers' causal-LM loss upcasts the logits to fp32 first; other heads without
         # autocast stay in the logits' dtype. Forward: logits (kept by the output), the
@@ -678,6 +687,29 @@ def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task
     if arch.extra.get("final_logit_softcapping"):  # Gemma-2 keeps tanh(logits / cap)
         forward, backward = forward + c * tv, backward + c * tv
     return forward, backward
+
+
+def _check_compiled(job: Job, arch: Architecture, task: str) -> None:
+    """The formula models compiled Llama-style decoder blocks and the compiled causal-LM
+    loss; anything else is the trace's (which compiles the real model)."""
+    why = [] if task == "causal-lm" else [f"task {task}"]
+    if job.loss != "standard":
+        why.append(f"the {job.loss} loss")
+    if job.precision == "fp8":
+        why.append("fp8")
+    for stack in arch.stacks:
+        reason = act.compiled_block_unsupported(
+            stack, attention=_attention_impl(job, arch), adapters=_adapters(job),
+            dropout=max(arch.hidden_dropout, arch.attention_dropout),
+            norms_per_block=_norms_per_block(arch, stack),
+            rotary=arch.model_type not in LEARNED_POSITIONS)
+        if reason:
+            why.append(reason)
+    if why:
+        raise JobError(f"the formula models torch.compile for Llama-style blocks (RMSNorm, "
+                       f"rotary sdpa attention, gated MLP) and the causal-LM loss, in full "
+                       f"fine-tuning; this job has {'; '.join(why)}: use --engine trace, "
+                       "which compiles the real model")
 
 
 def _check_parallel(job: Job, arch: Architecture) -> None:

@@ -126,9 +126,29 @@ def fused_nodes(graph: fx.Graph) -> set[fx.Node]:
 
 
 class _FusingInterpreter(fx.Interpreter):
+    """Runs a graph node by node, fused nodes inside fused_kernel(). A fused node (or a
+    view) stands for code inside the kernel of the node that reads it, so what it reads
+    stays alive until that kernel has run: values are freed after their last use by a
+    written node."""
+
     def __init__(self, module: fx.GraphModule, fused: set[fx.Node]):
         super().__init__(module)
         self.fused = fused
+        order = {node: i for i, node in enumerate(module.graph.nodes)}
+
+        def kernels_reading(node: fx.Node) -> Iterator[fx.Node]:
+            for user in node.users:
+                if user in fused or _kind(user) == "view":
+                    yield from kernels_reading(user)
+                else:
+                    yield user
+
+        self.user_to_last_uses = {}
+        for node in module.graph.nodes:
+            readers = list(kernels_reading(node))
+            if readers:
+                last = max(readers, key=order.__getitem__)
+                self.user_to_last_uses.setdefault(last, []).append(node)
 
     def run_node(self, n: fx.Node):
         if n in self.fused:
