@@ -33,14 +33,6 @@ def sharding(job: Job, tracker: _Tracker):
     a fake process group of the shard degree; ddp: DDP's gradient buckets; zero1: buckets +
     ZeroRedundancyOptimizer over a fake group of the data-parallel degree."""
     degree = job.parallel.shard_degree
-    if job.precision == "fp8" and job.fp8.fsdp_float8_all_gather and degree > 1:
-        # torchao gathers Float8Linear weights through a tensor subclass's
-        # fsdp_pre_all_gather / fsdp_post_all_gather (float8/fsdp_utils.py); the stand-in
-        # linears have no such subclass, so FSDP2 here would gather 16-bit weights
-        raise EngineError("fp8.fsdp_float8_all_gather is not run by the trace: its float8 "
-                          "stand-ins have no weight subclass for FSDP2's float8 all-gather; "
-                          "use --engine formula, or drop fsdp_float8_all_gather to trace the "
-                          "16-bit all-gather")
     if job.parallel.strategy in ("ddp", "zero1") and job.parallel.data_parallel > 1:
         if job.parallel.strategy == "ddp":
             yield lambda setup: _ddp_buckets(setup, tracker)

@@ -26,6 +26,7 @@ from torch import nn
 from vramplan.engines.precision import BNB_BLOCK as ADAM8_BLOCK
 from vramplan.engines.precision import BNB_MIN_8BIT_SIZE as ADAM8_MIN_SIZE
 from vramplan.engines.precision import NF4_BLOCK, NF4_DOUBLE_QUANT_BLOCK
+from vramplan.training.emulate.float8_gather import float8_data
 from vramplan.training.private_api import is_fake
 
 # --- QLoRA: the 4-bit base --------------------------------------------------------------------
@@ -122,11 +123,15 @@ class _Fp8Matmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, recipe):
-        ctx.save_for_backward(x, weight)
-        ctx.recipe = recipe
+        # a weight FSDP2 gathered in float8 is saved as that float8 data (no cast needed)
+        gathered = float8_data(weight)
+        ctx.save_for_backward(x, weight if gathered is None else gathered)
+        ctx.recipe, ctx.weight_dtype = recipe, weight.dtype
         how = "tensor" if recipe == "tensorwise" else "row"
         flat = x.reshape(-1, x.shape[-1])
-        out = _cast(flat, E4M3, how, x.dtype) @ _cast(weight, E4M3, how, x.dtype).t()
+        x8 = _cast(flat, E4M3, how, x.dtype)
+        w8 = _cast(weight, E4M3, how, x.dtype) if gathered is None else gathered.to(x.dtype)
+        out = x8 @ w8.t()
         out = out.reshape(*x.shape[:-1], weight.shape[0])
         return out if bias is None else out + bias.to(out.dtype)
 
@@ -136,7 +141,9 @@ class _Fp8Matmul(torch.autograd.Function):
         recipe, c = ctx.recipe, grad_out.dtype
         flat_g = grad_out.reshape(-1, grad_out.shape[-1])
         flat_x = x.reshape(-1, x.shape[-1])
-        if recipe == "tensorwise":
+        if weight.dtype == E4M3:  # gathered in float8 (tensorwise only)
+            g_in, w_in = _cast(flat_g, E5M2, "tensor", c), weight.to(c)
+        elif recipe == "tensorwise":
             g_in, w_in = _cast(flat_g, E5M2, "tensor", c), _cast(weight, E4M3, "tensor", c)
         else:
             w_how = "tensor" if recipe == "rowwise_with_gw_hp" else "col"
@@ -149,7 +156,7 @@ class _Fp8Matmul(torch.autograd.Function):
             g_dtype, how = (E5M2, "tensor") if recipe == "tensorwise" else (E4M3, "col")
             grad_w = _cast(flat_g, g_dtype, how, c).t() @ _cast(flat_x, E4M3, how, c)
         grad_b = flat_g.sum(0) if ctx.needs_input_grad[2] else None
-        return grad_x, grad_w.to(weight.dtype), grad_b, None
+        return grad_x, grad_w.to(ctx.weight_dtype), grad_b, None
 
 
 class Fp8Linear(nn.Linear):
