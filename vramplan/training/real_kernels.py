@@ -108,6 +108,7 @@ def _convert_to_mxfp8(model: nn.Module, skip: set[int]) -> int:
         raise EngineError(f"fp8 recipe mxfp8 needs torchao's MXFP8Linear "
                           f"(torchao.prototype.moe_training.mxfp8_linear): {error}; upgrade "
                           "torchao (--engine trace still works without it)") from None
+    _check_mx_capability(model)
     defaults = MXFP8Linear(MX_BLOCK_CHECK, MX_BLOCK_CHECK, bias=False, device="meta")
     converted = 0
     for module in model.modules():
@@ -120,6 +121,23 @@ def _convert_to_mxfp8(model: nn.Module, skip: set[int]) -> int:
 
 
 MX_BLOCK_CHECK = 32  # a shape MXFP8Linear accepts, for reading its defaults
+
+
+def _check_mx_capability(model: nn.Module) -> None:
+    """MXFP8's kernels need compute capability 10.0 (engines/runtime.py,
+    MXFP8_MIN_CAPABILITY): say so before torchao fails inside a kernel."""
+    from vramplan.engines.runtime import MXFP8_MIN_CAPABILITY
+
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MXFP8_MIN_CAPABILITY:
+        from vramplan.errors import EngineError
+        raise EngineError(f"fp8 recipe mxfp8 needs compute capability 10.0+ (Blackwell); "
+                          f"{torch.cuda.get_device_name(device)} is "
+                          f"{capability[0]}.{capability[1]}: use fp8 recipe tensorwise or "
+                          "rowwise (--engine trace runs the MXFP8 stand-in anywhere)")
 
 
 def _fp8_shape_ok(module: nn.Module) -> bool:
