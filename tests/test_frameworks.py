@@ -43,6 +43,8 @@ def test_profiles_match_the_job_literal_and_each_setting_has_a_source():
 def test_every_profile_builds_a_valid_job(name):
     job = Job(model=MODEL, framework=name, peft=Peft())
     for dotted, setting in get_profile(name).settings.items():
+        if dotted.startswith("fp8."):
+            continue  # fp8 jobs only: tests/test_float8_recipes.py
         part = job
         for key in dotted.split("."):
             part = getattr(part, key)
