@@ -27,6 +27,26 @@ def test_compiled_llama_block_saves_what_the_partitioner_keeps():
     assert sum(b for _, b in saved) == expected
 
 
+def test_compiled_lora_block_saves_what_the_adapters_need():
+    stack = load_architecture("llama-3.2-1b").stacks[0]
+    job = Job(model="llama-3.2-1b", batch_size=2, seq_len=512, compile=True,
+              peft=Peft(rank=16, dropout=0.0))  # q, k, v and o adapters, fp32, bf16-mixed
+    adapters = act.Adapters(frozenset(job.peft.target_modules), 16, 0.0, base_trainable=False)
+    from vramplan.engines.formula import _activation_dtypes
+
+    saved = act.compiled_block_saved_tensors(stack, act.BlockShape(2, 512),
+                                             _activation_dtypes(job), adapters,
+                                             fp32_adapters=True)
+    tokens, h, f, q, kv = 2 * 512, 2048, 8192, 32 * 64, 8 * 64
+    # the frozen base keeps the residual stream in bf16: the block input; 2 fp32 rsqrt; q, k
+    # (rotated), v; sdpa's output and fp32 log-sum-exp; the residual rebuild; gate's and
+    # up's outputs; the attention norm's output (read by the q, k, v adapters); the out
+    # projection's input cast for its fp32 adapter; 4 adapters' A outputs of rank 16
+    expected = tokens * (2 * h + 2 * 4 + 2 * (q + 2 * kv) + 2 * q + 4 * 32 + 2 * h + 2 * 2 * f
+                         + 2 * h + 2 * q + 4 * 2 * 16)
+    assert sum(b for _, b in saved) == expected
+
+
 @pytest.mark.parametrize("precision, c", [("bf16-mixed", 2), ("fp32", 4)])
 def test_compiled_loss_keeps_the_logits_and_two_floats_per_token(precision, c):
     from vramplan.engines import formula
@@ -50,11 +70,17 @@ trace_module = pytest.importorskip("vramplan.engines.trace")
 @pytest.mark.parametrize("fields", [
     dict(precision="bf16-mixed"), dict(precision="fp32"), dict(precision="bf16-pure"),
     dict(precision="bf16-mixed", checkpointing="full"), dict(optimizer="sgd"),
-], ids=["bf16-mixed", "fp32", "bf16-pure", "full-checkpointing", "sgd"])
+    dict(peft=Peft(rank=8, dropout=0.0)),
+    dict(precision="bf16-pure", peft=Peft(rank=8, dropout=0.0, target_modules=("all-linear",))),
+], ids=["bf16-mixed", "fp32", "bf16-pure", "full-checkpointing", "sgd", "lora-attention",
+        "lora-all-linear-bf16-pure"])
 def test_formula_follows_the_compiled_trace(fields):
+    # four blocks: the first block of a LoRA model saves less (nothing below it trains), a
+    # share the formula does not model that shrinks with depth
+    config = dict(LLAMA, num_hidden_layers=4)
     job = Job(model="x", batch_size=8, seq_len=256, compile=True, **fields)
-    predicted = estimate(job, model_config=dict(LLAMA))
-    traced = trace_module.trace(job, model_config=dict(LLAMA))
+    predicted = estimate(job, model_config=config)
+    traced = trace_module.trace(job, model_config=config)
     for phase in ("forward", "backward"):
         assert predicted.phase_peaks[phase] == pytest.approx(traced.phase_peaks[phase],
                                                              rel=0.01), phase
@@ -62,7 +88,8 @@ def test_formula_follows_the_compiled_trace(fields):
 
 
 @pytest.mark.parametrize("fields, reason", [
-    (dict(peft=Peft(rank=8)), "LoRA adapters"),
+    (dict(peft=Peft(rank=8, dropout=0.05)), "LoRA dropout"),
+    (dict(peft=Peft(method="qlora", rank=8, dropout=0.0)), "qlora"),
     (dict(attention="eager"), "eager attention"),
     (dict(loss="chunked"), "the chunked loss"),
 ])

@@ -299,25 +299,48 @@ def block_op_sac_outputs(stack: Stack, shape: BlockShape, dt: Dtypes, *, attenti
     return kept
 
 
-def compiled_block_saved_tensors(stack: Stack, shape: BlockShape,
-                                 dt: Dtypes) -> list[tuple[str, int]]:
+def compiled_block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes,
+                                 adapters: Adapters = Adapters(),
+                                 fp32_adapters: bool = False) -> list[tuple[str, int]]:
     """What one compiled Llama-style block (RMSNorm, rotary sdpa attention, gated MLP)
     saves for backward: the min-cut partitioner's choice, read from the graphs torch 2.13
-    builds (tests/test_compile_formula.py checks it against the trace). Norm outputs are
-    saved once in the compute dtype (eager autocast saves one cast per linear), the norms'
-    fp32 inputs and normalised tensors are recomputed from the block input and an fp32
-    rsqrt per token, the residual sum from the attention output projection's output, and
-    silu(gate) from gate's output. Weight copies under autocast are as in eager mode
-    (counted apart)."""
+    builds (tests/test_compile_formula.py checks it against the trace, which compiles the
+    real model). Always: the block input, an fp32 rsqrt per token for each norm, q and k
+    rotated and v, sdpa's output and log-sum-exp, one hidden-wide tensor to rebuild the
+    residual sum from (the out projection's output, or the sum itself), and gate's and
+    up's outputs (silu(gate) and the norms' fp32 tensors are recomputed). Then what the
+    trained weights need: a norm's output once in the compute dtype for the linears that
+    read it (eager autocast keeps one cast per linear), gate * up for down, and each LoRA
+    adapter's A output. fp32_adapters (fp32 LoRA under autocast): peft casts the out
+    projection's input for its adapter, a copy where the merged heads are otherwise a view
+    of sdpa's output. Weight copies under autocast are as in eager mode (counted apart)."""
     b, s = shape.batch, shape.seq
     h, a, k, d, f = (stack.hidden_size, stack.num_heads, stack.num_kv_heads, stack.head_dim,
                      stack.intermediate_size)
     n_h, n_q, n_kv, c = b * s * h, b * s * a * d, b * s * k * d, dt.compute
-    return [("block input", dt.residual * n_h), ("norm rsqrt x2", 2 * 4 * b * s),
-            ("attn norm out", c * n_h), ("q, k (rotated), v", c * (n_q + 2 * n_kv)),
-            ("sdpa out", c * n_q), ("logsumexp", 4 * b * a * s),
-            ("attn out proj out", c * n_h), ("mlp norm out", c * n_h),
-            ("gate, up, gate*up", 3 * c * b * s * f)]
+    n_f = b * s * f
+
+    def trained(role: str) -> list[str]:
+        names = _pick(stack, role)
+        return names if adapters.base_trainable else [n for n in names
+                                                       if n in adapters.targets]
+
+    saved = [("block input", dt.residual * n_h), ("norm rsqrt x2", 2 * 4 * b * s),
+             ("q, k (rotated), v", c * (n_q + 2 * n_kv)), ("sdpa out", c * n_q),
+             ("logsumexp", 4 * b * a * s), ("residual rebuild", c * n_h),
+             ("gate, up", 2 * c * n_f)]
+    if trained("attn_in"):
+        saved.append(("attn norm out", c * n_h))
+    if trained("mlp_in"):
+        saved.append(("mlp norm out", c * n_h))
+    if trained("mlp_out"):
+        saved.append(("gate * up", c * n_f))
+    if fp32_adapters and set(_pick(stack, "attn_out")) & adapters.targets:
+        saved.append(("out proj adapter input cast", c * n_q))
+    lora = [ln for ln in stack.linears if ln.name in adapters.targets]
+    if lora:
+        saved.append((f"lora A out x{len(lora)}", len(lora) * c * b * s * adapters.rank))
+    return saved
 
 
 def compiled_block_unsupported(stack: Stack, *, attention: str, adapters: Adapters,
@@ -330,5 +353,6 @@ def compiled_block_unsupported(stack: Stack, *, attention: str, adapters: Adapte
                (not rotary, "learned positions"), (norms_per_block != 2, "extra norms"),
                (len(_pick(stack, "attn_in")) != 3, "a fused q/k/v projection"),
                (attention != "sdpa", f"{attention} attention"), (dropout > 0, "dropout"),
-               (bool(adapters.targets) or not adapters.base_trainable, "LoRA adapters")]
+               (adapters.dropout > 0, "LoRA dropout"),
+               (adapters.upcast_bytes > 0, "fp32 adapters on a 16-bit model without autocast")]
     return ", ".join(why for bad, why in reasons if bad)

@@ -547,7 +547,8 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
     for stack, seq in zip(arch.stacks, shapes.stack_seq):
         encoder_seq = shapes.stack_seq[0] if stack.cross_attention else 0
         saved = act.compiled_block_saved_tensors(
-            stack, act.BlockShape(job.batch_size, seq), dt) if job.compile else \
+            stack, act.BlockShape(job.batch_size, seq), dt, adapters,
+            fp32_adapters=dt.autocast and adapter_bytes(job) == 4) if job.compile else \
             act.block_saved_tensors(
             stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
             attention=_attention_impl(job, arch), hidden_dropout=arch.hidden_dropout,
@@ -714,6 +715,8 @@ def _check_compiled(job: Job, arch: Architecture, task: str) -> None:
         why.append(f"the {job.loss} loss")
     if job.precision == "fp8":
         why.append("fp8")
+    if job.peft and job.peft.method != "lora":
+        why.append(f"{job.peft.method} (a quantised base)")
     for stack in arch.stacks:
         reason = act.compiled_block_unsupported(
             stack, attention=_attention_impl(job, arch), adapters=_adapters(job),
@@ -724,8 +727,8 @@ def _check_compiled(job: Job, arch: Architecture, task: str) -> None:
             why.append(reason)
     if why:
         raise JobError(f"the formula models torch.compile for Llama-style blocks (RMSNorm, "
-                       f"rotary sdpa attention, gated MLP) and the causal-LM loss, in full "
-                       f"fine-tuning; this job has {'; '.join(why)}: use --engine trace, "
+                       f"rotary sdpa attention, gated MLP; full fine-tuning or LoRA without "
+                       f"dropout) and the causal-LM loss; this job has {'; '.join(why)}: use --engine trace, "
                        "which compiles the real model")
 
 
