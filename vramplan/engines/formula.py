@@ -728,8 +728,8 @@ def _check_compiled(job: Job, arch: Architecture, task: str) -> None:
     if why:
         raise JobError(f"the formula models torch.compile for Llama-style blocks (RMSNorm, "
                        f"rotary sdpa attention, gated MLP; full fine-tuning or LoRA without "
-                       f"dropout) and the causal-LM loss; this job has {'; '.join(why)}: use --engine trace, "
-                       "which compiles the real model")
+                       f"dropout) and the causal-LM loss; this job has {'; '.join(why)}: use "
+                       "--engine trace, which compiles the real model")
 
 
 def _check_parallel(job: Job, arch: Architecture) -> None:
