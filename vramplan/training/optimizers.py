@@ -51,6 +51,11 @@ class Lion(torch.optim.Optimizer):
                 m.lerp_(p.grad, 1 - beta2)
 
 
+PAGED_NOTE = ("{name}: the states of tensors with at least 1e5 elements live in CUDA unified "
+              "memory (bitsandbytes get_state_buffer), outside the caching allocator: "
+              "reported apart as unified_memory_bytes")
+
+
 def build_optimizer(job: Job, params: list[nn.Parameter], notes: list[str],
                     kernels: Kernels | None = None):
     """kernels.optimizer names the real library to use (training/kernels.py); else the
@@ -77,9 +82,11 @@ def build_optimizer(job: Job, params: list[nn.Parameter], notes: list[str],
         notes.append("8-bit AdamW: bitsandbytes layout (uint8 states + fp32 absmax per 256 "
                      "values; tensors under 4096 values keep fp32 states)")
         if name == "paged-adamw-8bit":
-            notes.append("paged-adamw-8bit: states live in CUDA unified memory outside the "
-                         "caching allocator; counted here as resident on the GPU")
-        return lowbit.AdamW8bit(params, lr=1e-4)
+            notes.append(PAGED_NOTE.format(name=name))
+        return lowbit.AdamW8bit(params, lr=1e-4, paged=name == "paged-adamw-8bit")
+    if name == "paged-adamw":
+        notes.append(PAGED_NOTE.format(name=name))
+        return lowbit.AdamW32bit(params, lr=1e-4, paged=True)
     if name in ("adamw-4bit", "adamw-fp8"):
         from vramplan.training.emulate.torchao_optim import LowBitAdamW
 
