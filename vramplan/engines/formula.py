@@ -142,11 +142,8 @@ def _stage_report(job: Job, arch: Architecture, task: str, shapes: Shapes,
     activations = (layer_acts + _outside_block_activations(job, arch, shapes, dt, task, stage)
                    ) / (tp * cp)
     if job.activation_offload and arch.stacks:  # (a CNN has no blocks to offload)
-        if job.checkpointing == "none":
-            activations = min(activations, 2 * block_acts / (tp * cp))
-        else:
-            activations = _offloaded_checkpoint_activations(job, arch, shapes, dt, task,
-                                                            layer_acts) / (tp * cp)
+        activations = _offloaded_activations(job, arch, shapes, dt, task, stage,
+                                             layer_acts) / (tp * cp)
     logits_fwd, logits_bwd = (_loss_buffers(job, arch, shapes, dt, task) if stage.head
                               else (0.0, 0.0))
 
@@ -724,8 +721,9 @@ def _technique_notes(job: Job, arch: Architecture) -> list[str]:
                      "the fp32 weight itself, and cast both to fp8 in forward and again in "
                      "backward; no autocast weight copies for them; the rest as bf16-mixed")
     if job.activation_offload:
-        notes.append("activation offloading keeps about two blocks of activations on the "
-                     "GPU; the rest waits in pinned host memory")
+        notes.append("activation offloading (torchtune's OffloadActivations): saved tensors "
+                     "wait in pinned host memory, the last 5 (the final norm's) stay on the "
+                     "GPU; selective checkpointing's kept outputs are not offloaded")
     if job.checkpointing != "none" and not arch.stacks:
         notes.append(f"{arch.name} has no transformer blocks to checkpoint (transformers does "
                      "not support gradient checkpointing for it): estimated without it")
@@ -773,26 +771,21 @@ def _checkpointed_share(job: Job, arch: Architecture) -> float:
     return sum(st.num_layers // 2 for st in arch.stacks) / max(layers, 1)
 
 
-def _offloaded_checkpoint_activations(job: Job, arch: Architecture, shapes: Shapes,
-                                      dt: Dtypes, task: str, layer_acts: float) -> float:
-    """Activations left on the GPU when torchtune offloads them under checkpointing: the
-    saved tensors are the checkpointed blocks' inputs (full) or kept outputs (selective),
-    and the last TORCHTUNE_OFFLOAD_STASH of them stay on the GPU; the rest is on the host.
-    The head's input stays (the output layer runs outside the offload hooks)."""
-    stash = 0.0
-    for stack, seq in zip(arch.stacks, shapes.stack_seq):
-        block_input = dt.residual * job.batch_size * seq * stack.hidden_size
-        if job.checkpointing == "full":
-            largest = block_input
-        else:
-            encoder_seq = shapes.stack_seq[0] if stack.cross_attention else 0
-            kept = act.block_op_sac_outputs(
-                stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
-                attention=_attention_impl(job, arch), adapters=_adapters(job))
-            largest = max(b for _, b in kept)
-        stash = max(stash, largest)
-    on_gpu = min(layer_acts, TORCHTUNE_OFFLOAD_STASH * stash)
-    return on_gpu + _outside_block_activations(job, arch, shapes, dt, task)
+def _offloaded_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes,
+                           task: str, stage: pipeline.Stage, layer_acts: float) -> float:
+    """Activations left on the GPU at the end of the forward under torchtune's
+    OffloadActivations (rules and source in vramplan/training/offload.py): every tensor
+    its hooks see goes to the host, and the forward stash keeps only the last
+    TORCHTUNE_OFFLOAD_STASH packed, which are the final norm's (an RMSNorm packs 6, a
+    LayerNorm 5), counted with the rest outside the blocks (the head runs under a no-op
+    manager). Under checkpointing the hooks see each checkpointed block's input only;
+    selective checkpointing keeps the outputs it saves in its own cache, on the GPU."""
+    on_gpu = 0.0
+    if job.checkpointing in ("selective", "selective:torchtitan-op"):
+        inputs = sum(st.num_layers * dt.residual * job.batch_size * seq * st.hidden_size
+                     for st, seq in zip(arch.stacks, shapes.stack_seq))
+        on_gpu = max(0.0, layer_acts - inputs * stage.layer_share * stage.in_flight)
+    return on_gpu + _outside_block_activations(job, arch, shapes, dt, task, stage)
 
 
 def _trainable_tensors(job: Job, arch: Architecture, task: str) -> opt_states.Tensors:

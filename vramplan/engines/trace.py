@@ -377,8 +377,6 @@ def run_trace(job: Job, *, time_limit_s: float = 300,
     if parallel.tensor_parallel > 1 or parallel.context_parallel > 1:
         raise EngineError(f"the trace engine does not simulate {parallel.strategy} / tensor or "
                           "context parallelism yet: use --engine formula")
-    if job.offload.optimizer or job.offload.params or job.activation_offload:
-        raise EngineError("CPU offload is not traced yet: use --engine formula")
     started = time.monotonic()
     tracker = _Tracker(deadline=started + time_limit_s)
     # no fallback kernels: an op without a fake kernel would run for real on zero-filled

@@ -59,7 +59,16 @@ PAGED_NOTE = ("{name}: the states of tensors with at least 1e5 elements live in 
 def build_optimizer(job: Job, params: list[nn.Parameter], notes: list[str],
                     kernels: Kernels | None = None):
     """kernels.optimizer names the real library to use (training/kernels.py); else the
-    stand-ins of training/emulate."""
+    stand-ins of training/emulate. With offload.optimizer the step runs on the host."""
+    optimizer = _build(job, params, notes, kernels)
+    if job.offload.optimizer:
+        from vramplan.training.offload import HostStepOptimizer
+
+        return HostStepOptimizer(optimizer)
+    return optimizer
+
+
+def _build(job: Job, params: list[nn.Parameter], notes: list[str], kernels: Kernels | None):
     if not params:
         raise ModelConfigError("the model has no trainable parameters")
     if kernels is not None and kernels.optimizer in (BNB, TORCHAO):

@@ -149,6 +149,16 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
         name = config.get("_name_or_path") or (job.model if model_config is None
                                                 else config["model_type"])
     model.train()
+    if job.activation_offload:
+        from vramplan.training.offload import offloading_loss
+
+        compute_loss = offloading_loss(compute_loss, model, device)
+        notes.append("activation offload as torchtune's OffloadActivations: saved tensors "
+                     "of >= 1 KiB go to host memory, the last 5 stay on the GPU until "
+                     "backward starts; the output head and the loss keep theirs")
+    if job.offload.optimizer:
+        notes.append("optimizer offload: the optimizer states and step live on the CPU; "
+                     "updated values are written into the GPU's parameters")
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(job, trainable, notes, kernels)
     if kernels is not None and kernels.note():
@@ -219,8 +229,8 @@ def _check_modelled(job: Job) -> None:
     if job.compile:
         raise EngineError("the trace and measure engines do not run torch.compile yet: drop "
                           "compile (the eager step's memory is an upper bound)")
-    if job.activation_offload or job.offload.optimizer or job.offload.params:
-        # measure would run the step without offloading and report it as the offloaded one
-        raise EngineError("CPU offload (activation_offload, offload.optimizer, offload.params) "
-                          "is not run by the trace and measure engines yet: use --engine "
-                          "formula")
+    if job.offload.params:
+        # the trace would keep the sharded parameters and gradients on the GPU
+        raise EngineError("parameter offload (offload.params) is not run by the trace and "
+                          "measure engines yet (activation_offload and offload.optimizer "
+                          "are traced): use --engine formula")
