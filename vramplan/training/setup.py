@@ -229,8 +229,8 @@ def _check_modelled(job: Job) -> None:
     if job.compile:
         raise EngineError("the trace and measure engines do not run torch.compile yet: drop "
                           "compile (the eager step's memory is an upper bound)")
-    if job.offload.params:
-        # the trace would keep the sharded parameters and gradients on the GPU
-        raise EngineError("parameter offload (offload.params) is not run by the trace and "
-                          "measure engines yet (activation_offload and offload.optimizer "
-                          "are traced): use --engine formula")
+    if job.offload.params and not job.offload.optimizer:
+        # FSDP2's CPUOffloadPolicy steps the optimizer on the CPU parameters
+        raise EngineError("the trace runs offload.params as FSDP2's CPUOffloadPolicy, whose "
+                          "optimizer steps the CPU parameters: set offload.optimizer too "
+                          "(--offload-optimizer), or use --engine formula")
