@@ -779,12 +779,19 @@ def _offloaded_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dty
     TORCHTUNE_OFFLOAD_STASH packed, which are the final norm's (an RMSNorm packs 6, a
     LayerNorm 5), counted with the rest outside the blocks (the head runs under a no-op
     manager). Under checkpointing the hooks see each checkpointed block's input only;
-    selective checkpointing keeps the outputs it saves in its own cache, on the GPU."""
+    selective checkpointing keeps the outputs it saves in its own cache, on the GPU.
+    With PEFT under checkpointing two block inputs stay (seen in the trace): the embedding
+    output, a leaf made to require grad for the checkpointed blocks, which autograd keeps
+    alive whatever the hooks do; and the last block's input, as a frozen final norm packs
+    no offloaded tensor late enough to push it out of the stash."""
     on_gpu = 0.0
+    block_inputs = [dt.residual * job.batch_size * seq * st.hidden_size
+                    for st, seq in zip(arch.stacks, shapes.stack_seq)]
     if job.checkpointing in ("selective", "selective:torchtitan-op"):
-        inputs = sum(st.num_layers * dt.residual * job.batch_size * seq * st.hidden_size
-                     for st, seq in zip(arch.stacks, shapes.stack_seq))
+        inputs = sum(st.num_layers * b for st, b in zip(arch.stacks, block_inputs))
         on_gpu = max(0.0, layer_acts - inputs * stage.layer_share * stage.in_flight)
+    if job.checkpointing != "none" and job.peft is not None:
+        on_gpu += block_inputs[0] + block_inputs[-1]
     return on_gpu + _outside_block_activations(job, arch, shapes, dt, task, stage)
 
 
