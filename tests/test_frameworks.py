@@ -12,9 +12,8 @@ import pytest
 
 from vramplan import Job, JobError, Offload, Peft, estimate
 from vramplan.engines import activations as act
-from vramplan.engines import formula
+from vramplan.engines import formula, pipeline
 from vramplan.engines import optimizer_states as opt_states
-from vramplan.engines import pipeline
 from vramplan.engines.precision import dtypes_for
 from vramplan.engines.runtime import runtime_context_bytes
 from vramplan.frameworks import framework_names, get_profile, load_profiles

@@ -52,8 +52,9 @@ class Lion(torch.optim.Optimizer):
 
 
 PAGED_NOTE = ("{name}: the states of tensors with at least 1e5 elements live in CUDA unified "
-              "memory (bitsandbytes get_state_buffer), outside the caching allocator: "
-              "reported apart as unified_memory_bytes")
+              "memory (bitsandbytes get_state_buffer), outside the caching allocator: the "
+              "trace reports them apart as unified_memory_bytes (a CPU run holds them as "
+              "ordinary memory)")
 
 
 def build_optimizer(job: Job, params: list[nn.Parameter], notes: list[str],
