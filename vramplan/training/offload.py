@@ -91,7 +91,7 @@ class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
             return t
         node = torch._C._current_autograd_node()
         previous: list[int] = []
-        if torch._C._current_graph_task_id() == self.graph_id and node is not self.node:
+        if torch._C._current_graph_task_id() == self.graph_id and node != self.node:
             self.node = node
             previous = list(self.bwd_stash)
         uses = 0
@@ -137,12 +137,11 @@ def offloading_loss(compute_loss: Callable[[nn.Module, Any], torch.Tensor], mode
             state["on"] = False
             hooks.__exit__()
 
-    ends = [m for m in (_decoder(base), _head(base)) if m is not None]
-    for module in ends:
-        if module is _head(base):
-            module.register_forward_pre_hook(stop)
-        else:
-            module.register_forward_hook(stop, always_call=True)
+    decoder, head = _decoder(base), _head(base)
+    if decoder is not None:
+        decoder.register_forward_hook(stop, always_call=True)
+    if head is not None:
+        head.register_forward_pre_hook(stop)
 
     def loss(model: nn.Module, batch: Any) -> torch.Tensor:
         hooks.new_forward()
