@@ -1,13 +1,14 @@
 """The formula against the trace on the framework behaviours of issue 10: named selective
 checkpointing policies, gradients kept between steps, adapter dtypes, torchao low-bit
-optimizer states, and the hf-trainer / torchtitan / torchtune profiles (docs/frameworks.md).
+optimizer states, the hf-trainer / torchtitan / torchtune profiles, CPU offload (activations,
+optimizer, parameters) and paged optimizer states (docs/frameworks.md).
 
 The trace runs the real Hugging Face step on fake tensors with the same policies
 (vramplan/training/checkpointing.py), so it is the reference. Besides the peak, the
 forward's peak is compared: the peak of these jobs is often the optimizer step, where the
 policies' saved tensors are gone. Writes benchmarks/results/frameworks_vs_trace.{json,md}.
 
-    python benchmarks/frameworks_vs_trace.py      # about 10-15 minutes on 2 CPU cores
+    python benchmarks/frameworks_vs_trace.py      # about 20-25 minutes on 2 CPU cores
 """
 
 from __future__ import annotations
@@ -49,6 +50,17 @@ CASES: list[dict] = [
     dict(LLAMA, framework="torchtune", peft={"rank": 16}),
     dict(LLAMA, framework="torchtune", loss="chunked:torchtune-output"),
     dict(LLAMA, framework="torchtune", checkpointing="none"),
+    # CPU offload and paged optimizer states (training/offload.py, training/placement.py)
+    dict(LLAMA, framework="torchtune", activation_offload=True),
+    dict(LLAMA, checkpointing="full", activation_offload=True),
+    dict(LLAMA, checkpointing="selective", activation_offload=True),
+    dict(LLAMA, checkpointing="full", activation_offload=True, peft={"rank": 16}),
+    dict(QWEN, activation_offload=True, peft={"rank": 16}),
+    dict(LLAMA, offload={"optimizer": True}),
+    dict(LLAMA, checkpointing="full", parallel={"strategy": "fsdp", "num_gpus": 4},
+         offload={"optimizer": True, "params": True}),
+    dict(LLAMA, precision="bf16-pure", optimizer="paged-adamw-8bit"),
+    dict(LLAMA, precision="bf16-pure", optimizer="paged-adamw"),
 ]
 
 
@@ -60,6 +72,9 @@ def compare_with_forward(fields: dict) -> dict:
     row["formula_forward"] = predicted.phase_peaks["forward"]
     row["forward_difference"] = (predicted.phase_peaks["forward"]
                                  - traced.phase_peaks["forward"]) / traced.phase_peaks["forward"]
+    # paged optimizer states, outside the peak (CUDA unified memory)
+    row["trace_unified"] = traced.unified_memory_bytes
+    row["formula_unified"] = predicted.unified_memory_bytes
     return row
 
 
@@ -71,13 +86,15 @@ def markdown(rows: list[dict], summary: dict) -> str:
              f"{100 * summary['forward_median_abs']:.2f}%, max "
              f"{100 * summary['forward_max_abs']:.2f}% over {len(rows)} jobs.", "",
              "| job | trace GiB | formula GiB | difference | forward trace GiB | "
-             "forward formula GiB | forward difference |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "forward formula GiB | forward difference | unified memory trace / formula GiB |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         job = ", ".join(f"{k}={v}" for k, v in r["job"].items())
         lines.append(f"| {job} | {r['trace_peak'] / 2**30:.3f} | {r['formula_peak'] / 2**30:.3f}"
                      f" | {100 * r['difference']:+.2f}% | {r['trace_forward'] / 2**30:.3f} | "
                      f"{r['formula_forward'] / 2**30:.3f} | "
-                     f"{100 * r['forward_difference']:+.2f}% |")
+                     f"{100 * r['forward_difference']:+.2f}% | "
+                     f"{r['trace_unified'] / 2**30:.3f} / {r['formula_unified'] / 2**30:.3f} |")
     return "\n".join(lines) + "\n"
 
 

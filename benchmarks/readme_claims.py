@@ -135,7 +135,8 @@ def _extra_rows():
         f = _load("frameworks_vs_trace.json")["summary"]
         yield (f"formula vs trace on framework-profile jobs "
                f"({len(_load('frameworks_vs_trace.json')['rows'])}: torchtitan op-SAC, "
-               "torchtune losses and adapters, kept gradients, low-bit optimizers)",
+               "torchtune losses and adapters, kept gradients, low-bit and paged optimizers, "
+               "CPU offload)",
                (f"peak allocated: median \\|difference\\| {_pct(f['median_abs'])}, max "
                 f"{_pct(f['max_abs'])}", f"`frameworks_vs_trace.py` ({VM})"))
     if (RESULTS / "formula_vs_trace_random.json").exists():

@@ -434,8 +434,9 @@ def test_measure_without_a_completed_step_exits_2(run_cli, tmp_path, monkeypatch
 def test_measure_refuses_offload_it_would_not_run(fields):
     from vramplan.errors import EngineError
 
-    # the step would run without offloading and be reported as the offloaded one
-    with pytest.raises(EngineError, match="not run by the trace and measure engines yet"):
+    # on the CPU there is no GPU memory to free; the step would run without offloading
+    # and be reported as the offloaded one
+    with pytest.raises(EngineError, match="measure does not run CPU offload"):
         measure(Job(model="tiny", **fields), device="cpu", model_config=TINY_LLAMA)
 
 

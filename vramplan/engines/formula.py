@@ -144,11 +144,8 @@ def _stage_report(job: Job, arch: Architecture, task: str, shapes: Shapes,
     activations = (layer_acts + _outside_block_activations(job, arch, shapes, dt, task, stage)
                    ) / (tp * cp)
     if job.activation_offload and arch.stacks:  # (a CNN has no blocks to offload)
-        if job.checkpointing == "none":
-            activations = min(activations, 2 * block_acts / (tp * cp))
-        else:
-            activations = _offloaded_checkpoint_activations(job, arch, shapes, dt, task,
-                                                            layer_acts) / (tp * cp)
+        activations = _offloaded_activations(job, arch, shapes, dt, task, stage,
+                                             layer_acts) / (tp * cp)
     logits_fwd, logits_bwd = (_loss_buffers(job, arch, shapes, dt, task) if stage.head
                               else (0.0, 0.0))
 
@@ -774,8 +771,9 @@ def _technique_notes(job: Job, arch: Architecture) -> list[str]:
     if job.precision == "fp8":
         notes.append(_fp8_note(job))
     if job.activation_offload:
-        notes.append("activation offloading keeps about two blocks of activations on the "
-                     "GPU; the rest waits in pinned host memory")
+        notes.append("activation offloading (torchtune's OffloadActivations): saved tensors "
+                     "wait in pinned host memory, the last 5 (the final norm's) stay on the "
+                     "GPU; selective checkpointing's kept outputs are not offloaded")
     if job.checkpointing != "none" and not arch.stacks:
         notes.append(f"{arch.name} has no transformer blocks to checkpoint (transformers does "
                      "not support gradient checkpointing for it): estimated without it")
@@ -852,26 +850,28 @@ def _checkpointed_share(job: Job, arch: Architecture) -> float:
     return sum(st.num_layers // 2 for st in arch.stacks) / max(layers, 1)
 
 
-def _offloaded_checkpoint_activations(job: Job, arch: Architecture, shapes: Shapes,
-                                      dt: Dtypes, task: str, layer_acts: float) -> float:
-    """Activations left on the GPU when torchtune offloads them under checkpointing: the
-    saved tensors are the checkpointed blocks' inputs (full) or kept outputs (selective),
-    and the last TORCHTUNE_OFFLOAD_STASH of them stay on the GPU; the rest is on the host.
-    The head's input stays (the output layer runs outside the offload hooks)."""
-    stash = 0.0
-    for stack, seq in zip(arch.stacks, shapes.stack_seq):
-        block_input = dt.residual * job.batch_size * seq * stack.hidden_size
-        if job.checkpointing == "full":
-            largest = block_input
-        else:
-            encoder_seq = shapes.stack_seq[0] if stack.cross_attention else 0
-            kept = act.block_op_sac_outputs(
-                stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
-                attention=_attention_impl(job, arch), adapters=_adapters(job))
-            largest = max(b for _, b in kept)
-        stash = max(stash, largest)
-    on_gpu = min(layer_acts, TORCHTUNE_OFFLOAD_STASH * stash)
-    return on_gpu + _outside_block_activations(job, arch, shapes, dt, task)
+def _offloaded_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes,
+                           task: str, stage: pipeline.Stage, layer_acts: float) -> float:
+    """Activations left on the GPU at the end of the forward under torchtune's
+    OffloadActivations (rules and source in vramplan/training/offload.py): every tensor
+    its hooks see goes to the host, and the forward stash keeps only the last
+    TORCHTUNE_OFFLOAD_STASH packed, which are the final norm's (an RMSNorm packs 6, a
+    LayerNorm 5), counted with the rest outside the blocks (the head runs under a no-op
+    manager). Under checkpointing the hooks see each checkpointed block's input only;
+    selective checkpointing keeps the outputs it saves in its own cache, on the GPU.
+    With PEFT under checkpointing two block inputs stay (seen in the trace): the embedding
+    output, a leaf made to require grad for the checkpointed blocks, which autograd keeps
+    alive whatever the hooks do; and the last block's input, as a frozen final norm packs
+    no offloaded tensor late enough to push it out of the stash."""
+    on_gpu = 0.0
+    block_inputs = [dt.residual * job.batch_size * seq * st.hidden_size
+                    for st, seq in zip(arch.stacks, shapes.stack_seq)]
+    if job.checkpointing in ("selective", "selective:torchtitan-op"):
+        inputs = sum(st.num_layers * b for st, b in zip(arch.stacks, block_inputs))
+        on_gpu = max(0.0, layer_acts - inputs * stage.layer_share * stage.in_flight)
+    if job.checkpointing != "none" and job.peft is not None:
+        on_gpu += block_inputs[0] + block_inputs[-1]
+    return on_gpu + _outside_block_activations(job, arch, shapes, dt, task, stage)
 
 
 def _trainable_tensors(job: Job, arch: Architecture, task: str) -> opt_states.Tensors:

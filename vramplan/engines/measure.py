@@ -66,6 +66,12 @@ def measure(job: Job, *, steps: int = 5, warmup: int = 2, emulate_gpu: str | Non
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise EngineError("measure on cuda needs a CUDA build of torch and a visible GPU; "
                           "use --device cpu (with --budget to stand in for the GPU's memory)")
+    if job.activation_offload or job.offload.optimizer or job.offload.params:
+        # on the CPU there is no GPU memory to free; on CUDA the host copies are not run
+        # yet: measure would report the step without offload as the offloaded one
+        raise EngineError("measure does not run CPU offload (activation_offload, "
+                          "offload.optimizer, offload.params) yet: use --engine trace "
+                          "(activations and optimizer) or --engine formula")
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # started by torchrun
     if job.parallel.num_gpus > 1 and not distributed:
         # one process would run the whole job unsharded, and its peak would pass for a

@@ -46,6 +46,7 @@ from vramplan.errors import EngineError, VramplanError
 from vramplan.job import Job
 from vramplan.training.compiled import in_fused_kernel
 from vramplan.training.patches import transformers_quirks
+from vramplan.training.placement import HOST, UNIFIED, current_placement
 from vramplan.training.private_api import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -151,6 +152,11 @@ class _Tracker(TorchDispatchMode):
         self.failure: Exception | None = None
         self.ops: set[str] = set()  # names of ops that made storages
         self._ops = 0
+        # storages outside the GPU's caching allocator (training/placement.py): paged
+        # optimizer states in unified memory, offloaded tensors on the host
+        self.outside: dict[int, tuple[str, int]] = {}  # key -> (place, bytes)
+        self.outside_live: dict[str, int] = defaultdict(int)
+        self.outside_peak: dict[str, int] = defaultdict(int)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self._ops += 1
@@ -178,11 +184,16 @@ class _Tracker(TorchDispatchMode):
             return
         storage = t.untyped_storage()
         key = storage._cdata
-        if key in self.live or storage.nbytes() == 0 or key in self.fused:
+        if key in self.live or key in self.outside or storage.nbytes() == 0 \
+                or key in self.fused:
             return
         if in_fused_kernel():  # Inductor never writes this result (or views of it) to memory
             self.fused.add(key)
             weakref.finalize(storage, self.fused.discard, key)
+            return
+        place = current_placement()
+        if place is not None:
+            self._see_outside(storage, place)
             return
         module = self.module_stack[-1] if self.module_stack else ""
         op = func.__name__.split(".")[0]
@@ -192,6 +203,18 @@ class _Tracker(TorchDispatchMode):
         self.live[key] = record
         self.events.append((1, record))
         weakref.finalize(storage, self._free, key)
+
+    def _see_outside(self, storage, place: str) -> None:
+        key = storage._cdata
+        self.outside[key] = (place, storage.nbytes())
+        self.outside_live[place] += storage.nbytes()
+        self.outside_peak[place] = max(self.outside_peak[place], self.outside_live[place])
+        weakref.finalize(storage, self._free_outside, key)
+
+    def _free_outside(self, key: int) -> None:
+        place, nbytes = self.outside.pop(key, (None, 0))
+        if place is not None:
+            self.outside_live[place] -= nbytes
 
     def _free(self, key: int) -> None:
         record = self.live.pop(key, None)
@@ -287,6 +310,7 @@ class TraceResult:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     tokens_per_sample: int = 0
+    outside_peak: dict[str, int] = field(default_factory=dict)  # place -> most bytes live
 
     def step_range(self, step: int) -> tuple[int, int]:
         starts = [i for i, s, p in self.marks if s == step]
@@ -348,6 +372,10 @@ class TraceResult:
                      "micro-batches (the rest repeat micro-batch 2); step 2 reported")
         notes.append(f"cuBLAS workspaces: {job.runtime.cublas_workspaces} x "
                      f"{runtime.cublas_workspace_bytes(gpu) / 2**20:g} MiB in temporary")
+        if self.outside_peak.get(HOST):
+            host = self.outside_peak[HOST] / 2**20
+            notes.append(f"host memory (CPU offload): at most {host:,.1f} MiB, outside every "
+                         "GPU figure")
         notes.append("reserved memory replays the caching allocator" + (
             f" within the {gpu.name}'s capacity (cached blocks are freed before it would grow "
             "past it, as CUDA's allocator retries)" if gpu else " with room to spare (give "
@@ -360,7 +388,8 @@ class TraceResult:
             peak_phase=peak_phase, runtime_gpu=gpu.name if gpu else None,
             top_modules=[ModuleUsage(name=n, bytes=b, category=c) for (n, c), b in top],
             timeline=_downsample([(e, b + workspaces) for e, b in timeline]),
-            tokens_per_step=job.effective_batch * max(self.tokens_per_sample, 1), notes=notes)
+            tokens_per_step=job.effective_batch * max(self.tokens_per_sample, 1), notes=notes,
+            unified_memory_bytes=self.outside_peak.get(UNIFIED, 0))
         return report.model_copy(update={"fits": runtime.fits_for_job(report, job, gpu)})
 
 
@@ -371,8 +400,6 @@ def run_trace(job: Job, *, time_limit_s: float = 300,
     if parallel.tensor_parallel > 1 or parallel.context_parallel > 1:
         raise EngineError(f"the trace engine does not simulate {parallel.strategy} / tensor or "
                           "context parallelism yet: use --engine formula")
-    if job.offload.optimizer or job.offload.params or job.activation_offload:
-        raise EngineError("CPU offload is not traced yet: use --engine formula")
     started = time.monotonic()
     tracker = _Tracker(deadline=started + time_limit_s)
     # no fallback kernels: an op without a fake kernel would run for real on zero-filled
@@ -410,7 +437,8 @@ def run_trace(job: Job, *, time_limit_s: float = 300,
                      "convolution is not traced (kernel-internal)")
     return TraceResult(tracker.events, tracker.marks, setup.params_total,
                        setup.params_trainable, setup.model_name, notes,
-                       time.monotonic() - started, setup.tokens_per_sample)
+                       time.monotonic() - started, setup.tokens_per_sample,
+                       dict(tracker.outside_peak))
 
 
 def _run_step(setup: TrainingSetup, job: Job, tracker: _Tracker, step: int) -> None:

@@ -51,10 +51,25 @@ class Lion(torch.optim.Optimizer):
                 m.lerp_(p.grad, 1 - beta2)
 
 
+PAGED_NOTE = ("{name}: the states of tensors with at least 1e5 elements live in CUDA unified "
+              "memory (bitsandbytes get_state_buffer), outside the caching allocator: the "
+              "trace reports them apart as unified_memory_bytes (a CPU run holds them as "
+              "ordinary memory)")
+
+
 def build_optimizer(job: Job, params: list[nn.Parameter], notes: list[str],
                     kernels: Kernels | None = None):
     """kernels.optimizer names the real library to use (training/kernels.py); else the
-    stand-ins of training/emulate."""
+    stand-ins of training/emulate. With offload.optimizer the step runs on the host."""
+    optimizer = _build(job, params, notes, kernels)
+    if job.offload.optimizer:
+        from vramplan.training.offload import HostStepOptimizer
+
+        return HostStepOptimizer(optimizer)
+    return optimizer
+
+
+def _build(job: Job, params: list[nn.Parameter], notes: list[str], kernels: Kernels | None):
     if not params:
         raise ModelConfigError("the model has no trainable parameters")
     if kernels is not None and kernels.optimizer in (BNB, TORCHAO):
@@ -77,9 +92,11 @@ def build_optimizer(job: Job, params: list[nn.Parameter], notes: list[str],
         notes.append("8-bit AdamW: bitsandbytes layout (uint8 states + fp32 absmax per 256 "
                      "values; tensors under 4096 values keep fp32 states)")
         if name == "paged-adamw-8bit":
-            notes.append("paged-adamw-8bit: states live in CUDA unified memory outside the "
-                         "caching allocator; counted here as resident on the GPU")
-        return lowbit.AdamW8bit(params, lr=1e-4)
+            notes.append(PAGED_NOTE.format(name=name))
+        return lowbit.AdamW8bit(params, lr=1e-4, paged=name == "paged-adamw-8bit")
+    if name == "paged-adamw":
+        notes.append(PAGED_NOTE.format(name=name))
+        return lowbit.AdamW32bit(params, lr=1e-4, paged=True)
     if name in ("adamw-4bit", "adamw-fp8"):
         from vramplan.training.emulate.torchao_optim import LowBitAdamW
 

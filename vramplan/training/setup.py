@@ -153,6 +153,16 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
     if job.compile:
         # fake tensors: the trace's backend; a real device: Inductor itself
         apply_compile(model, job, trace_backend() if empty else "inductor", notes)
+    if job.activation_offload:
+        from vramplan.training.offload import offloading_loss
+
+        compute_loss = offloading_loss(compute_loss, model, device)
+        notes.append("activation offload as torchtune's OffloadActivations: saved tensors "
+                     "of >= 1 KiB go to host memory, the last 5 stay on the GPU until "
+                     "backward starts; the output head and the loss keep theirs")
+    if job.offload.optimizer:
+        notes.append("optimizer offload: the optimizer states and step live on the CPU; "
+                     "updated values are written into the GPU's parameters")
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(job, trainable, notes, kernels)
     if kernels is not None and kernels.note():
@@ -220,8 +230,8 @@ def _logical_numel(module: nn.Module, p: nn.Parameter) -> int:
 
 def _check_modelled(job: Job) -> None:
     """Job settings this step does not run yet: refuse rather than report another step."""
-    if job.activation_offload or job.offload.optimizer or job.offload.params:
-        # measure would run the step without offloading and report it as the offloaded one
-        raise EngineError("CPU offload (activation_offload, offload.optimizer, offload.params) "
-                          "is not run by the trace and measure engines yet: use --engine "
-                          "formula")
+    if job.offload.params and not job.offload.optimizer:
+        # FSDP2's CPUOffloadPolicy steps the optimizer on the CPU parameters
+        raise EngineError("the trace runs offload.params as FSDP2's CPUOffloadPolicy, whose "
+                          "optimizer steps the CPU parameters: set offload.optimizer too "
+                          "(--offload-optimizer), or use --engine formula")

@@ -14,6 +14,12 @@ right bytes on a CPU-only machine; their arithmetic is simple but sane, not bit-
 * AdamW8bit: bitsandbytes' blockwise 8-bit AdamW layout (optim/optimizer.py,
   Optimizer2State.init_state): uint8 exp_avg and exp_avg_sq, one fp32 absmax per 256
   elements for each; tensors under 4096 elements keep fp32 states.
+* AdamW32bit: bitsandbytes' 32-bit AdamW (PagedAdamW): two fp32 states whatever the
+  parameter's dtype, updated in place by one fused kernel.
+Paged variants (PagedAdamW8bit, PagedAdamW) take the state buffers of parameters with at
+least 1e5 elements from CUDA unified memory (optim/optimizer.py get_state_buffer; the
+absmax vectors stay torch tensors): created under training/placement.py's UNIFIED marker,
+so the trace reports them apart from the allocator's memory.
 """
 
 from __future__ import annotations
@@ -23,10 +29,12 @@ import math
 import torch
 from torch import nn
 
+from vramplan.engines.optimizer_states import BNB_PAGED_MIN_SIZE
 from vramplan.engines.precision import BNB_BLOCK as ADAM8_BLOCK
 from vramplan.engines.precision import BNB_MIN_8BIT_SIZE as ADAM8_MIN_SIZE
 from vramplan.engines.precision import NF4_BLOCK, NF4_DOUBLE_QUANT_BLOCK
 from vramplan.training.emulate.float8_gather import float8_data
+from vramplan.training.placement import UNIFIED, placed
 from vramplan.training.private_api import is_fake
 
 # --- QLoRA: the 4-bit base --------------------------------------------------------------------
@@ -235,19 +243,21 @@ class AdamW8bit(torch.optim.Optimizer):
     Quantisation is linear per block (bitsandbytes uses a dynamic map); the update is AdamW.
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 paged: bool = False):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.paged = paged
 
-    @staticmethod
-    def _init_state(p: torch.Tensor) -> dict:
-        if p.numel() < ADAM8_MIN_SIZE:
+    def _init_state(self, p: torch.Tensor) -> dict:
+        if p.numel() < ADAM8_MIN_SIZE:  # under 1e5 elements: never paged
             zeros = dict(dtype=torch.float32, device=p.device)
             return {"step": 0, "exp_avg": torch.zeros(p.shape, **zeros),
                     "exp_avg_sq": torch.zeros(p.shape, **zeros)}
         blocks = math.ceil(p.numel() / ADAM8_BLOCK)
-        return {"step": 0,
-                "state1": torch.zeros(p.shape, dtype=torch.uint8, device=p.device),
-                "state2": torch.zeros(p.shape, dtype=torch.uint8, device=p.device),
+        with placed(_state_place(p, self.paged)):
+            codes = {"state1": torch.zeros(p.shape, dtype=torch.uint8, device=p.device),
+                     "state2": torch.zeros(p.shape, dtype=torch.uint8, device=p.device)}
+        return {"step": 0, **codes,
                 "absmax1": torch.zeros(blocks, dtype=torch.float32, device=p.device),
                 "absmax2": torch.zeros(blocks, dtype=torch.float32, device=p.device)}
 
@@ -311,3 +321,43 @@ class AdamW8bit(torch.optim.Optimizer):
             a2.copy_(v.amax(1).clamp_min(1e-12))
             s1[start:end] = (m / a1[:, None] * 127.5 + 127.5).round().flatten()[: end - start]
             s2[start:end] = (v / a2[:, None] * 255.0).round().flatten()[: end - start]
+
+
+def _state_place(p: torch.Tensor, paged: bool) -> str | None:
+    """bitsandbytes get_state_buffer: paged only from 1e5 elements (`A.numel() < 1e5`)."""
+    return UNIFIED if paged and p.numel() >= BNB_PAGED_MIN_SIZE else None
+
+
+class AdamW32bit(torch.optim.Optimizer):
+    """bitsandbytes' 32-bit AdamW (Optimizer2State with optim_bits=32; PagedAdamW when
+    paged): fp32 exp_avg and exp_avg_sq whatever the parameter's dtype, updated in place by
+    one fused kernel (optimizer_update_32bit) that allocates nothing."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 paged: bool = True):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.paged = paged
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    with placed(_state_place(p, self.paged)):
+                        state.update(step=0, state1=torch.zeros(p.shape, dtype=torch.float32,
+                                                                device=p.device),
+                                     state2=torch.zeros(p.shape, dtype=torch.float32,
+                                                        device=p.device))
+                state["step"] += 1
+                if is_fake(p):  # the fused kernel allocates nothing: nothing to trace
+                    continue
+                m, v, g = state["state1"], state["state2"], p.grad.float()
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                m.lerp_(g, 1 - beta1)
+                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                denom = (v / (1 - beta2 ** state["step"])).sqrt_().add_(group["eps"])
+                p.add_((m / denom).to(p.dtype), alpha=-group["lr"] / (1 - beta1 ** state["step"]))
