@@ -3,6 +3,7 @@ one line on stderr and the exit codes documented in options.py."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Annotated, Optional
 
@@ -63,9 +64,17 @@ def _default(
                    **{name: None for name in _JOB_FLAGS})
 
 
+def _quiet_libraries() -> None:
+    """Libraries' import-time chatter (torchao's optional CUDA kernels it cannot load, torch's
+    pytree and compile notices) is not about the user's job: the CLI shows its own lines."""
+    for name in ("torchao", "torch.utils._pytree", "torch._dynamo", "torch._inductor"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the command line; errors vramplan raises on purpose, and usage errors, print one
     line on stderr and exit 2."""
+    _quiet_libraries()
     try:
         code = app(args=argv, standalone_mode=False)
     except VramplanError as error:
