@@ -1,7 +1,7 @@
 """The formula against the trace on the framework behaviours of issue 10: named selective
 checkpointing policies, gradients kept between steps, adapter dtypes, torchao low-bit
 optimizer states, the hf-trainer / torchtitan / torchtune profiles, CPU offload (activations,
-optimizer, parameters) and paged optimizer states (docs/frameworks.md).
+optimizer, parameters), paged optimizer states and torch.compile (docs/frameworks.md).
 
 The trace runs the real Hugging Face step on fake tensors with the same policies
 (vramplan/training/checkpointing.py), so it is the reference. Besides the peak, the
@@ -61,6 +61,14 @@ CASES: list[dict] = [
          offload={"optimizer": True, "params": True}),
     dict(LLAMA, precision="bf16-pure", optimizer="paged-adamw-8bit"),
     dict(LLAMA, precision="bf16-pure", optimizer="paged-adamw"),
+    # torch.compile (training/compiled.py; activations.compiled_block_saved_tensors)
+    dict(LLAMA, compile=True, batch_size=8),
+    dict(QWEN, compile=True),
+    dict(LLAMA, compile=True, checkpointing="full"),
+    dict(LLAMA, compile=True, peft={"rank": 16, "dropout": 0.0}),
+    dict(LLAMA, framework="torchtitan", compile=True),
+    dict(LLAMA, framework="torchtune", compile=True),
+    dict(LLAMA, framework="torchtune", compile=True, loss="chunked:torchtune-output"),
 ]
 
 

@@ -87,6 +87,19 @@ def test_formula_follows_the_compiled_trace(fields):
     assert predicted.peak_allocated == pytest.approx(traced.peak_allocated, rel=0.01)
 
 
+@pytest.mark.parametrize("loss", ["chunked:torchtune-linear", "chunked:torchtune-output"])
+def test_torchtune_chunked_losses_compiled_follow_the_trace(loss):
+    # torchtune compiles each chunk's projection and cross-entropy (or the cross-entropy
+    # of each returned logits chunk): the chunks' 16-bit logits stay, no fp32 log-probs
+    config = dict(LLAMA, num_hidden_layers=4)
+    job = Job(model="x", batch_size=8, seq_len=256, compile=True, loss=loss)
+    predicted = estimate(job, model_config=config)
+    traced = trace_module.trace(job, model_config=config)
+    for phase in ("forward", "backward"):
+        assert predicted.phase_peaks[phase] == pytest.approx(traced.phase_peaks[phase],
+                                                             rel=0.01), phase
+
+
 @pytest.mark.parametrize("fields, reason", [
     (dict(peft=Peft(rank=8, dropout=0.05)), "LoRA dropout"),
     (dict(peft=Peft(method="qlora", rank=8, dropout=0.0)), "qlora"),

@@ -708,8 +708,8 @@ def _check_compiled(job: Job, arch: Architecture, task: str) -> None:
     """The formula models compiled Llama-style decoder blocks and the compiled causal-LM
     loss; anything else is the trace's (which compiles the real model)."""
     why = [] if task == "causal-lm" else [f"task {task}"]
-    if job.loss != "standard":
-        why.append(f"the {job.loss} loss")
+    if job.loss == "chunked":
+        why.append("the chunked loss (vramplan's own, checkpointed per chunk)")
     if job.precision == "fp8":
         why.append("fp8")
     if job.peft and job.peft.method != "lora":
@@ -832,6 +832,15 @@ def _torchtune_loss_buffers(job: Job, t: float, vocab: float, h: int, dt: Dtypes
     head-sized buffers, while 6 of the 8 chunks' log_softmax outputs are still saved
     (seen in the trace of Llama-2-7B and Llama-3.2-1B)."""
     c, tc = dt.compute, t / TORCHTUNE_LOSS_CHUNKS
+    if job.compile:
+        # each chunk's compiled cross-entropy saves its 16-bit logits (not an fp32
+        # log_softmax) and two fp32 values per token; backward starts with one chunk's
+        # gradient beside them
+        forward, backward = c * t * vocab + 8 * t, c * t * vocab + c * tc * vocab
+        if job.peft is None:
+            remaining = c * (TORCHTUNE_LOSS_CHUNKS - 2) * tc * vocab
+            backward = max(backward, remaining + 3 * vocab * h * dt.grad)
+        return forward, backward
     forward = 4 * t * vocab + (c + 4) * tc * vocab
     if job.loss == "chunked:torchtune-output":
         forward = (c + 4) * t * vocab + 4 * tc * vocab

@@ -34,6 +34,7 @@ from torch import fx, nn
 
 from vramplan.errors import EngineError
 from vramplan.job import Job
+from vramplan.training import losses
 
 # ops Inductor generates into its own loops (and so can fuse), besides those tagged
 # pointwise: casts, copies, constants, indexing loads, concatenation, padding
@@ -208,7 +209,22 @@ def compile_loss(model: nn.Module, backend) -> bool:
     return True
 
 
-def apply_compile(model: nn.Module, job: Job, backend, notes: list[str]) -> None:
+def compile_chunked_loss(compute_loss: Callable, job: Job, backend) -> Callable | None:
+    """torchtune's chunked losses with their per-chunk function compiled
+    (apply_compile_strategy in torchtune/modules/loss/cross_entropy_loss.py and
+    ce_chunked_output_loss.py, bd2a0fc7): the projection and cross-entropy of a chunk, or
+    the cross-entropy of a returned logits chunk. None for the other losses."""
+    score = {"chunked:torchtune-linear": losses.project_and_score,
+             "chunked:torchtune-output": losses._chunk_ce}.get(job.loss)
+    if score is None:
+        return None
+    return functools.partial(compute_loss, score=torch.compile(score, backend=backend,
+                                                               dynamic=False))
+
+
+def apply_compile(model: nn.Module, job: Job, backend, notes: list[str],
+                  compute_loss: Callable) -> Callable:
+    """Compile the job's blocks and loss; returns the loss function to use."""
     torch._dynamo.reset()  # no graph cached from another job's model or shapes
     blocks = compile_blocks(model, backend)
     if not blocks:
@@ -216,11 +232,14 @@ def apply_compile(model: nn.Module, job: Job, backend, notes: list[str]) -> None
                           f"transformers GradientCheckpointingLayer) and "
                           f"{type(model).__name__} has none: drop compile (the eager step's "
                           "memory is an upper bound)")
-    loss = job.loss == "standard" and compile_loss(model, backend)
+    chunked = compile_chunked_loss(compute_loss, job, backend)
+    loss = chunked is not None or (job.loss == "standard" and compile_loss(model, backend))
     how = ("Inductor" if backend == "inductor" else "the partitioner's saved tensors, "
            "Inductor's elementwise fusion modelled")
-    notes.append(f"torch.compile: {blocks} blocks" + (" and the loss" if loss else
-                 f" compiled; the {job.loss} loss runs eagerly") + f" ({how})")
+    what = f"{blocks} blocks and the loss" if loss else (
+        f"{blocks} blocks (the {job.loss} loss runs eagerly)")
+    notes.append(f"torch.compile: {what} compiled ({how})")
+    return chunked or compute_loss
 
 
 @dataclass(frozen=True)

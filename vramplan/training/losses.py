@@ -52,7 +52,15 @@ def _chunk_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
                                        reduction="sum")
 
 
-def torchtune_linear_ce_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+def project_and_score(head: nn.Module, hidden: torch.Tensor,
+                      labels: torch.Tensor) -> torch.Tensor:
+    """One chunk of torchtune's LinearCrossEntropyLoss (compute_cross_entropy): the output
+    projection, .float() and cross-entropy; what torchtune compiles."""
+    return _chunk_ce(head(hidden), labels)
+
+
+def torchtune_linear_ce_loss(model: nn.Module, batch: dict, *,
+                             score: Callable = project_and_score) -> torch.Tensor:
     """torchtune's LinearCrossEntropyLoss (modules/loss/cross_entropy_loss.py, bd2a0fc7):
     the ignored positions are dropped from the flattened hidden states, which are split
     into 8 chunks; each runs the output projection, .float() and cross-entropy, eagerly
@@ -64,18 +72,19 @@ def torchtune_linear_ce_loss(model: nn.Module, batch: dict) -> torch.Tensor:
     # fake tensors cannot follow
     hidden = hidden[:, :-1].reshape(-1, hidden.shape[-1])
     labels = labels[:, :-1].reshape(-1)
-    total = sum(_chunk_ce(head(h), y) for h, y in zip(
+    total = sum(score(head, h, y) for h, y in zip(
         hidden.tensor_split(TORCHTUNE_CHUNKS), labels.tensor_split(TORCHTUNE_CHUNKS)))
     return total / max(labels.numel(), 1)
 
 
-def torchtune_chunked_output_loss(model: nn.Module, batch: dict) -> torch.Tensor:
+def torchtune_chunked_output_loss(model: nn.Module, batch: dict, *,
+                                  score: Callable = _chunk_ce) -> torch.Tensor:
     """torchtune's CEWithChunkedOutputLoss (ce_chunked_output_loss.py): the model returns
     its logits as 8 sequence chunks, all alive until the loss is computed; each chunk is
     upcast and scored on its own. The recipe drops the chunks before backward."""
     hidden, head, labels = _decoder_and_head(model, batch)
     logits = [head(h) for h in hidden.tensor_split(TORCHTUNE_CHUNKS, dim=1)]
-    total = sum(_chunk_ce(x.reshape(-1, x.shape[-1]), y.reshape(-1)) for x, y in zip(
+    total = sum(score(x.reshape(-1, x.shape[-1]), y.reshape(-1)) for x, y in zip(
         logits, labels.tensor_split(TORCHTUNE_CHUNKS, dim=1)))
     del logits
     return total / labels.numel()

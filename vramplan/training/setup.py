@@ -152,7 +152,8 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
     model.train()
     if job.compile:
         # fake tensors: the trace's backend; a real device: Inductor itself
-        apply_compile(model, job, trace_backend() if empty else "inductor", notes)
+        compute_loss = apply_compile(model, job, trace_backend() if empty else "inductor",
+                                     notes, compute_loss)
     if job.activation_offload:
         from vramplan.training.offload import offloading_loss
 
