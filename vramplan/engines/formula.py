@@ -425,7 +425,7 @@ def _adapter_params(job: Job, arch: Architecture) -> int:
     r = job.peft.rank
     return sum(s.num_layers * ln.count * r * (ln.in_features + ln.out_features)
                for s in arch.stacks for ln in s.linears
-               if "all-linear" in targets or ln.name in targets)
+               if ln.adapted_by(targets))
 
 
 def _optimizer_bytes(job: Job, arch: Architecture, trainable: int, state_bytes: int) -> float:
@@ -524,7 +524,8 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
     total, largest, recomputed = 0.0, 0.0, 0.0
     adapters = _adapters(job)
     if job.peft and "all-linear" in job.peft.target_modules:
-        adapters = act.Adapters(frozenset(ln.name for s in arch.stacks for ln in s.linears),
+        adapters = act.Adapters(frozenset(ln.name for s in arch.stacks for ln in s.linears
+                                          if not ln.stacked),
                                 adapters.rank, adapters.dropout, False, adapters.upcast_bytes)
     for stack, seq in zip(arch.stacks, shapes.stack_seq):
         encoder_seq = shapes.stack_seq[0] if stack.cross_attention else 0

@@ -35,6 +35,11 @@ class Linear:
     # "all-linear" does not reach it
     stacked: bool = False
 
+    def adapted_by(self, targets) -> bool:
+        """Whether LoRA target_modules (names, or "all-linear") put an adapter on it, as
+        peft matches them."""
+        return self.name in targets or ("all-linear" in targets and not self.stacked)
+
 
 @dataclass(frozen=True)
 class LatentAttention:

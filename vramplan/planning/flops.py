@@ -151,7 +151,7 @@ def _adapter_targets(job: Job, arch: Architecture) -> frozenset[str]:
     if job.peft is None:
         return frozenset()
     if "all-linear" in job.peft.target_modules:
-        return frozenset(ln.name for s in arch.stacks for ln in s.linears)
+        return frozenset(ln.name for s in arch.stacks for ln in s.linears if not ln.stacked)
     return frozenset(job.peft.target_modules)
 
 
