@@ -43,6 +43,7 @@ from vramplan.models import Architecture, Stack, architecture_from_config, load_
 from vramplan.models.families import (
     EAGER_ONLY,
     LEARNED_POSITIONS,
+    PEFT_EXPERT_TARGETS,
     SDPA_QUERY_CONTIGUOUS,
     TRAINED_ATTENTION_BIAS,
     text_len,
@@ -417,6 +418,13 @@ def _largest_tensor(arch: Architecture) -> int:
 
 def _adapter_params(job: Job, arch: Architecture) -> int:
     targets = set(job.peft.target_modules)
+    on_experts = targets & PEFT_EXPERT_TARGETS.get(arch.model_type, frozenset())
+    if on_experts:
+        raise JobError(f"LoRA target_modules {sorted(on_experts)}: on {arch.model_type} peft "
+                       "puts these adapters on the routed experts' stacked parameters and the "
+                       "router, which the formula does not model; target the attention "
+                       "projections (q_a_proj, q_b_proj, q_proj, kv_a_proj_with_mqa, kv_b_proj, "
+                       "o_proj), or use --engine trace")
     names = {ln.name for s in arch.stacks for ln in s.linears}
     if "all-linear" not in targets and not targets & names:
         raise JobError(f"LoRA target_modules {sorted(targets)} match no linear layer of "
@@ -425,7 +433,7 @@ def _adapter_params(job: Job, arch: Architecture) -> int:
     r = job.peft.rank
     return sum(s.num_layers * ln.count * r * (ln.in_features + ln.out_features)
                for s in arch.stacks for ln in s.linears
-               if ln.adapted_by(targets))
+               if "all-linear" in targets or ln.name in targets)
 
 
 def _optimizer_bytes(job: Job, arch: Architecture, trainable: int, state_bytes: int) -> float:
@@ -524,8 +532,7 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
     total, largest, recomputed = 0.0, 0.0, 0.0
     adapters = _adapters(job)
     if job.peft and "all-linear" in job.peft.target_modules:
-        adapters = act.Adapters(frozenset(ln.name for s in arch.stacks for ln in s.linears
-                                          if not ln.stacked),
+        adapters = act.Adapters(frozenset(ln.name for s in arch.stacks for ln in s.linears),
                                 adapters.rank, adapters.dropout, False, adapters.upcast_bytes)
     for stack, seq in zip(arch.stacks, shapes.stack_seq):
         encoder_seq = shapes.stack_seq[0] if stack.cross_attention else 0

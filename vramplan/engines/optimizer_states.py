@@ -93,7 +93,7 @@ def lora_tensors(arch: Architecture, targets: set[str], rank: int, head: int) ->
     tensors: Tensors = []
     for stack in arch.stacks:
         for ln in stack.linears:
-            if ln.adapted_by(targets):
+            if "all-linear" in targets or ln.name in targets:
                 n = stack.num_layers * ln.count
                 tensors += [(rank * ln.in_features, n), (ln.out_features * rank, n)]
     if head:

@@ -31,14 +31,6 @@ class Linear:
     # multi-head latent attention adds attn_latent (q_b_proj, kv_b_proj: read a normed
     # latent), DeepSeek's shared experts shared_in / shared_out.
     role: str = ""
-    # all experts in one 3-D parameter (transformers 5 MoE), not an nn.Linear: peft's
-    # "all-linear" does not reach it
-    stacked: bool = False
-
-    def adapted_by(self, targets) -> bool:
-        """Whether LoRA target_modules (names, or "all-linear") put an adapter on it, as
-        peft matches them."""
-        return self.name in targets or ("all-linear" in targets and not self.stacked)
 
 
 @dataclass(frozen=True)

@@ -267,10 +267,10 @@ def _deepseek(c: _Cfg) -> Architecture:
         stacks.append(stack(dense_layers, gated(inter, "mlp_in", "mlp_out")))
     if layers > dense_layers:
         # checkpoint names (mlp.experts.N.gate_proj/up_proj/down_proj) with the experts'
-        # prefix, so that a LoRA target "gate_proj" means the shared experts' nn.Linear,
-        # as peft reads it; "gate" is the router
+        # prefix, apart from the shared experts' and dense MLPs' nn.Linear; "gate" is the
+        # router. (LoRA targets on these names are refused: families.PEFT_EXPERT_TARGETS)
         routed = [Linear("gate", h, experts, False, role="router"),
-                  *(Linear(f"experts.{n}", i, o, False, experts, role, stacked=True)
+                  *(Linear(f"experts.{n}", i, o, False, experts, role)
                     for n, i, o, role in (("gate_proj", h, moe_inter, "mlp_in"),
                                           ("up_proj", h, moe_inter, "mlp_in"),
                                           ("down_proj", moe_inter, h, "mlp_out")))]

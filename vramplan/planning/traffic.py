@@ -135,7 +135,7 @@ def block_modules(job: Job, arch: Architecture, stack: Stack) -> float:
     if job.peft is not None:
         targets = set(job.peft.target_modules)
         adapted = sum(ln.count for ln in stack.linears
-                      if ln.adapted_by(targets))
+                      if "all-linear" in targets or ln.name in targets)
     return linears + _norms_per_block(arch, stack) + 1 + dropouts + 3 + 3 * adapted
 
 
@@ -220,7 +220,7 @@ def _lora(job: Job, stack: Stack, tokens: int, c: int, add) -> None:
     targets = set(job.peft.target_modules)
     r = job.peft.rank
     for ln in stack.linears:
-        if not ln.adapted_by(targets):
+        if "all-linear" not in targets and ln.name not in targets:
             continue
         n_in, n_out = tokens * ln.in_features, tokens * ln.out_features
         drop = n_in * (2 * c + 1) if job.peft.dropout > 0 else 0.0
@@ -281,7 +281,7 @@ def _trainable_tensors(job: Job, arch: Architecture) -> int:
         if job.peft is None:  # weights, biases, norm weights
             n = sum(1 + ln.bias for ln in s.linears) + _norms_per_block(arch, s)
         else:  # lora_A and lora_B of each adapted linear
-            n = sum(2 for ln in s.linears if ln.adapted_by(targets))
+            n = sum(2 for ln in s.linears if "all-linear" in targets or ln.name in targets)
         per_layer.append(s.num_layers * n)
     return sum(per_layer) + (3 if job.peft is None else 0)  # embeddings, final norm, head
 
