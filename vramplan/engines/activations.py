@@ -340,6 +340,12 @@ def _attention_core(b: int, s_q: int, s_k: int, a: int, k: int, d: int, c: int, 
     return out
 
 
+def _value_head_size(stack: Stack) -> int:
+    """The attention output's head size (multi-head latent attention: v_head_dim)."""
+    mla = stack.latent_attention
+    return mla.v_head_dim if mla else stack.head_dim
+
+
 def _pick(stack: Stack, role: str) -> list[str]:
     """Names of the block's linears that play `role` (see Linear.role)."""
     return [ln.name for ln in stack.linears if ln.role == role]
@@ -365,7 +371,7 @@ def block_matmul_outputs(stack: Stack, shape: BlockShape, dt: Dtypes, *, attenti
     """What selective checkpointing keeps of one block (torchtitan's "op" policy): its
     input and the outputs of its matmuls and attention kernels; the rest is recomputed."""
     b, s, c = shape.batch, shape.seq, dt.compute
-    a, d = stack.num_heads, stack.head_dim
+    a, d = stack.num_heads, _value_head_size(stack)
     routed = stack.experts_per_token if stack.num_experts > 1 else 1
     kept = [("block input", dt.residual * b * s * stack.hidden_size)]
     for ln in stack.linears:
@@ -394,7 +400,7 @@ def block_op_sac_outputs(stack: Stack, shape: BlockShape, dt: Dtypes, *, attenti
     whose count is even is recomputed; a linear with a bias runs as aten.addmm, which is
     always saved and not counted. In a Llama block that keeps q, v, gate and down."""
     b, s, c = shape.batch, shape.seq, dt.compute
-    a, d = stack.num_heads, stack.head_dim
+    a, d = stack.num_heads, _value_head_size(stack)
     routed = stack.experts_per_token if stack.num_experts > 1 else 1
     kept = [("block input", dt.residual * b * s * stack.hidden_size)]
     mm_count = 0

@@ -45,6 +45,7 @@ from vramplan.models.families import (
     LEARNED_POSITIONS,
     PEFT_EXPERT_TARGETS,
     SDPA_QUERY_CONTIGUOUS,
+    STACKED_EXPERTS,
     TRAINED_ATTENTION_BIAS,
     text_len,
 )
@@ -361,7 +362,8 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
         if job.peft.method == "qlora":
             per = (NF4_DOUBLE_QUANT_BYTES_PER_PARAM if job.peft.double_quant
                    else NF4_BYTES_PER_PARAM)
-            weights = linear_params * per + (frozen - linear_params) * base
+            nf4 = sum(s.num_layers * _nf4_params(arch, s) for s in arch.stacks)
+            weights = nf4 * per + (frozen - nf4) * base
             # bitsandbytes dequantises one weight at a time to 16-bit for its matmul
             cast_head = max((ln.in_features * ln.out_features for s in arch.stacks
                         for ln in s.linears), default=0) * 2
@@ -370,7 +372,7 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
         else:
             weights = frozen * base
         weights += adapters * adapter_bytes(job) + head * dt.weight
-        block_bytes = max((_block_base_bytes(job, s, base) for s in arch.stacks), default=0)
+        block_bytes = max((_block_base_bytes(job, arch, s, base) for s in arch.stacks), default=0)
         largest = max((ln.in_features * ln.out_features for s in arch.stacks
                        for ln in s.linears), default=1)
         dt = Dtypes(adapter_bytes(job), adapter_bytes(job), dt.compute, dt.residual,
@@ -396,13 +398,21 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
                        block_bytes, cast_head, tied, outside_blocks=outside, notes=tuple(notes))
 
 
-def _block_base_bytes(job: Job, stack: Stack, base: int) -> float:
+def _block_base_bytes(job: Job, arch: Architecture, stack: Stack, base: int) -> float:
     """One block of a PEFT base as stored: QLoRA keeps its linears' weights in NF4."""
     if job.peft is None or job.peft.method != "qlora":
         return stack.params_per_layer * base
     per = NF4_DOUBLE_QUANT_BYTES_PER_PARAM if job.peft.double_quant else NF4_BYTES_PER_PARAM
-    weights = sum(ln.in_features * ln.out_features * ln.count for ln in stack.linears)
+    weights = _nf4_params(arch, stack)
     return weights * per + (stack.params_per_layer - weights) * base
+
+
+def _nf4_params(arch: Architecture, stack: Stack) -> int:
+    """Weights of one block that QLoRA stores in NF4: its nn.Linear weights (not stacked
+    experts, families.STACKED_EXPERTS)."""
+    stacked = arch.model_type in STACKED_EXPERTS
+    return sum(ln.in_features * ln.out_features * ln.count for ln in stack.linears
+               if not (stacked and ln.count > 1))
 
 
 def _hidden(arch: Architecture) -> int:

@@ -24,6 +24,12 @@ EAGER_ONLY = frozenset({"gemma2"})
 PEFT_EXPERT_TARGETS = {mt: frozenset({"gate", "gate_proj", "up_proj", "down_proj", "all-linear"})
                        for mt in ("deepseek_v2", "deepseek_v3")}
 
+# transformers 5 keeps these families' routed experts as stacked 3-D parameters, not
+# nn.Linear: bitsandbytes (and the trace's stand-in) quantise nn.Linear only, so QLoRA
+# leaves them 16-bit. (Mixtral and Qwen3-MoE keep theirs the same way; the formula still
+# counts those in 4-bit.)
+STACKED_EXPERTS = frozenset({"deepseek_v2", "deepseek_v3"})
+
 DEFAULT_TEXT_LEN = 2048
 
 
