@@ -95,7 +95,7 @@ def _formula_blocks(job: Job, config: dict) -> list[int]:
     arch = architecture_from_config(config, "tiny")
     dt = formula._activation_dtypes(job)
     return [sum(b for _, b in act.block_saved_tensors(
-        st, act.BlockShape(B, S), dt, attention=job.attention, hidden_dropout=0.0,
+        st, act.BlockShape(job.batch_size, job.seq_len), dt, attention=job.attention, hidden_dropout=0.0,
         attention_dropout=0.0, activation="silu", adapters=formula._adapters(job)))
         for st in arch.stacks]
 
@@ -154,16 +154,18 @@ BLOCK_TOLERANCE = 0.01
 
 @pytest.mark.parametrize("changes,config", [
     (dict(attention="eager", precision="bf16-pure"), DEEPSEEK_V3),
+    # one sample: eager attention's p @ v reads v as a view of kv_b_proj's output
+    (dict(attention="eager", precision="bf16-pure", batch_size=1), DEEPSEEK_V3),
     # q/k and v heads of one size: the CPU runs sdpa's flash kernel, as CUDA would
     (dict(attention="sdpa", precision="bf16-pure"), dict(DEEPSEEK_V3, v_head_dim=24)),
     (dict(attention="eager", peft={"rank": 4, "target_modules": [
         "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]}), DEEPSEEK_V3),
     (dict(attention="sdpa", peft={"rank": 4, "target_modules": ["kv_b_proj", "o_proj"]}),
      dict(DEEPSEEK_V3, v_head_dim=24)),
-], ids=["eager-bf16", "sdpa-bf16", "eager-lora", "sdpa-lora"])
+], ids=["eager-bf16", "eager-bf16-one-sample", "sdpa-bf16", "eager-lora", "sdpa-lora"])
 @needs_torch
 def test_each_block_saves_what_the_trace_saves(changes, config):
-    job = Job.model_validate(dict(model="x", batch_size=B, seq_len=S, **changes))
+    job = Job.model_validate(dict(dict(model="x", batch_size=B, seq_len=S), **changes))
     dense, moe = _formula_blocks(job, config)
     traced = _traced_blocks(job, config)
     if job.peft is not None:

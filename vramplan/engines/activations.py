@@ -257,9 +257,12 @@ def _latent_attention_core(saved: list[tuple[str, int]], stack: Stack, shape: Bl
                       ("sdpa out", c * b * s * a * dv), ("logsumexp", 4 * b * a * s)])
         return dq != dv
     scores = b * a * s * s
-    # eager: softmax in fp32, its 16-bit copy for p @ v, and v made contiguous for the matmul
-    saved.extend([("mla q, k", qk), ("softmax fp32", 4 * scores),
-                  ("v contiguous copy", c * b * s * a * dv)])
+    # eager: softmax in fp32 and its 16-bit copy for p @ v. matmul folds v's batch and head
+    # dimensions into one: a view of kv_b_proj's output (kept whole) when the batch is 1,
+    # else a contiguous copy of v
+    value = (("kv_b_proj output (v is a view)", c * b * s * a * (mla.qk_nope_head_dim + dv))
+             if b == 1 else ("v contiguous copy", c * b * s * a * dv))
+    saved.extend([("mla q, k", qk), ("softmax fp32", 4 * scores), value])
     if dropout > 0:
         saved.append(("attn dropout", (1 + c) * scores))
     elif c != 4:
