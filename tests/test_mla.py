@@ -206,3 +206,15 @@ def test_peak_follows_the_trace_in_full_fine_tuning(tmp_path, changes, config):
 
     predicted, traced = formula.estimate(job), trace(job)
     assert predicted.peak_allocated == pytest.approx(traced.peak_allocated, rel=0.01)
+
+
+def test_stacked_experts_are_one_grouped_matmul_for_the_performance_model():
+    """transformers 5 runs DeepSeek's routed experts as two grouped matmuls, not a module
+    per expert: a MoE block calls q_a, q_b, kv_a, kv_b, o, the router, the experts' three
+    projections (one call each), the shared expert's three linears (12), two norms, the
+    block, its attention and MLP containers and the activation (+1 +3): 18 modules."""
+    from vramplan.planning.traffic import block_modules
+
+    arch = load_architecture("deepseek-v3")
+    job = Job(model="deepseek-v3", batch_size=1, seq_len=1024)
+    assert block_modules(job, arch, arch.stacks[1]) == 18
