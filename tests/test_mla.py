@@ -11,14 +11,13 @@ import re
 from collections import defaultdict
 
 import pytest
+from tiny_configs import DEEPSEEK_V3
 
 from vramplan import Job
 from vramplan.engines import activations as act
 from vramplan.engines import formula
 from vramplan.errors import JobError
 from vramplan.models import architecture_from_config, load_architecture
-
-from tiny_configs import DEEPSEEK_V3
 
 # --- catalog and shapes -----------------------------------------------------------------
 
@@ -95,8 +94,9 @@ def _formula_blocks(job: Job, config: dict) -> list[int]:
     arch = architecture_from_config(config, "tiny")
     dt = formula._activation_dtypes(job)
     return [sum(b for _, b in act.block_saved_tensors(
-        st, act.BlockShape(job.batch_size, job.seq_len), dt, attention=job.attention, hidden_dropout=0.0,
-        attention_dropout=0.0, activation="silu", adapters=formula._adapters(job)))
+        st, act.BlockShape(job.batch_size, job.seq_len), dt, attention=job.attention,
+        hidden_dropout=0.0, attention_dropout=0.0, activation="silu",
+        adapters=formula._adapters(job)))
         for st in arch.stacks]
 
 
