@@ -11,14 +11,14 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from tiny_configs import BERT, GPT2, LLAMA, T5, VIT, WHISPER  # noqa: E402
+
 from vramplan.engines.allocator import CachingAllocator  # noqa: E402
 from vramplan.engines.report import CATEGORIES  # noqa: E402
 from vramplan.engines.trace import run_trace, trace  # noqa: E402
-from vramplan.validation import cpu_profiler_peak  # noqa: E402
 from vramplan.errors import EngineError, ModelConfigError  # noqa: E402
 from vramplan.job import Job, Parallel, Peft  # noqa: E402
-
-from tiny_configs import BERT, GPT2, LLAMA, T5, VIT, WHISPER  # noqa: E402
+from vramplan.validation import cpu_profiler_peak  # noqa: E402
 
 MiB = 2**20
 
@@ -239,6 +239,11 @@ def test_factory_models_are_traced(user_module):
     job = _job(model=f"{user_module}:mlp", precision="fp32", batch_size=64)
     traced, _ = run_trace(job).peak(rounded=False)
     assert abs(traced - cpu_profiler_peak(job)) / traced <= 0.02
+
+
+def test_compile_of_a_model_without_transformer_blocks_is_refused(user_module):
+    with pytest.raises(EngineError, match="has none: drop compile"):
+        trace(_job(model=f"{user_module}:mlp", precision="fp32", compile=True))
 
 
 def test_factory_that_cannot_be_imported():

@@ -19,12 +19,12 @@ from vramplan.errors import (
     UnknownNameError,
     VramplanError,
 )
-from vramplan.job import Job, Offload, Parallel, Peft, Runtime
+from vramplan.job import Float8, Job, Offload, Parallel, Peft, Runtime
 from vramplan.search import max_batch_size, max_seq_len, sweep
 from vramplan.tracking import track
 
 __all__ = [
-    "CATEGORIES", "EngineError", "GpuFit", "Job", "JobError", "JobFileError",
+    "CATEGORIES", "EngineError", "Float8", "GpuFit", "Job", "JobError", "JobFileError",
     "MemoryReport", "ModelConfigError", "Offload", "Parallel", "Peft", "Performance", "Runtime",
     "UnknownNameError", "VramplanError", "__version__", "estimate", "max_batch_size", "max_seq_len",
     "measure", "plan", "run_engine", "sweep", "trace", "track",

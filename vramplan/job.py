@@ -53,6 +53,9 @@ PipelineSchedule = Literal["1f1b", "interleaved"]
 # The training framework whose defaults the job takes (vramplan/frameworks/profiles.toml)
 Framework = Literal["plain", "hf-trainer", "torchtune", "torchtitan", "lightning", "accelerate"]
 AdapterDtype = Literal["fp32", "model"]
+# torchao float8 training recipes (torchao/float8/config.py, Float8LinearRecipeName) and
+# MXFP8 (torchao/prototype/moe_training/mxfp8_linear.py, MXFP8Linear; Blackwell only)
+Fp8Recipe = Literal["tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"]
 
 
 class _RaisesJobError(type(BaseModel)):
@@ -153,6 +156,19 @@ class Parallel(_Strict):
         return self
 
 
+class Float8(_Strict):
+    """How precision fp8 runs the block linears: torchao's float8 training
+    (docs/frameworks.md has the source of each setting)."""
+
+    recipe: Fp8Recipe = Field("tensorwise", description="tensorwise / rowwise / "
+                              "rowwise_with_gw_hp: torchao Float8Linear's scaling; mxfp8: "
+                              "torchao MXFP8Linear, 32-element blocks with e8m0 scales "
+                              "(Blackwell, compute capability 10.0+)")
+    fsdp_float8_all_gather: bool = Field(False, description="FSDP2 all-gathers the block "
+                                         "linears' weights in float8 (torchao "
+                                         "enable_fsdp_float8_all_gather; tensorwise only)")
+
+
 class Offload(_Strict):
     """CPU offload (ZeRO-Offload / FSDP CPUOffload) of optimizer states and parameters."""
 
@@ -241,9 +257,11 @@ class Job(_Strict):
     keep_grads_between_steps: bool = Field(False, description="zero_grad(set_to_none=False): "
                                            "gradients stay allocated into the next forward "
                                            "(torch < 2.0's default; torchtitan)")
-    compile: bool = Field(False, description="torch.compile of the model (and loss); not "
-                          "modelled yet: the engines refuse it")
+    compile: bool = Field(False, description="torch.compile of each transformer block and "
+                          "of the loss (as torchtitan and torchtune compile)")
     parallel: Parallel = Field(Parallel(), description="how the job is spread over GPUs")
+    fp8: Float8 = Field(Float8(), description="float8 training options (precision fp8 "
+                        "only)")
     offload: Offload = Field(Offload(), description="CPU offload of optimizer states and "
                              "parameters")
     runtime: Runtime = Field(Runtime(), description="memory the framework holds beyond "
@@ -276,6 +294,7 @@ class Job(_Strict):
         if self.peft and self.peft.method == "qlora" and self.precision == "fp8":
             problems.append("QLoRA computes in 16-bit; fp8 training of a 4-bit base is not "
                             "supported: use bf16-mixed or fp16-mixed")
+        problems += self._fp8_problems()
         if self.optimizer in ("paged-adamw-8bit", "paged-adamw") and self.offload.optimizer:
             problems.append(f"{self.optimizer} already pages its states to the CPU; drop "
                             "offload.optimizer")
@@ -290,13 +309,41 @@ class Job(_Strict):
             raise ValueError("; ".join(problems))
         return self
 
+    def _fp8_problems(self) -> list[str]:
+        if self.precision != "fp8":
+            # (the framework's own fp8 defaults may stay on a job whose precision changed)
+            return [] if self.fp8 in (Float8(), self._framework_fp8()) else [
+                "fp8.recipe and fp8.fsdp_float8_all_gather apply to precision fp8 only: set "
+                "precision fp8 or drop them"]
+        problems = []
+        if self.fp8.fsdp_float8_all_gather and self.fp8.recipe != "tensorwise":
+            problems.append(f"fp8.fsdp_float8_all_gather supports the tensorwise recipe only "
+                            f"(torchao Float8LinearConfig), not {self.fp8.recipe}: use "
+                            "recipe tensorwise or drop it")
+        if self.fp8.fsdp_float8_all_gather and self.parallel.strategy not in (
+                "fsdp", "hybrid-shard"):
+            problems.append("fp8.fsdp_float8_all_gather changes FSDP2's parameter all-gather: "
+                            "use strategy fsdp or hybrid-shard, or drop it")
+        return problems
+
+    def _framework_fp8(self) -> Float8:
+        """The fp8 options the job's framework sets by default."""
+        from vramplan.frameworks import get_profile
+
+        settings = get_profile(self.framework).settings
+        return Float8(**{name.removeprefix("fp8."): setting.value
+                         for name, setting in settings.items() if name.startswith("fp8.")})
+
     def _framework_problems(self) -> list[str]:
         if self.framework == "plain":
             return []
         from vramplan.frameworks import profile_problems
 
         fields = {"parallel.strategy": self.parallel.strategy, "optimizer": self.optimizer,
-                  "loss": self.loss, "peft.method": self.peft.method if self.peft else None}
+                  "loss": self.loss, "peft.method": self.peft.method if self.peft else None,
+                  "fp8.recipe": self.fp8.recipe if self.precision == "fp8" else None,
+                  "fp8.fsdp_float8_all_gather": self.fp8.fsdp_float8_all_gather
+                  if self.precision == "fp8" else None}
         problems = profile_problems(self.framework, fields)
         if self.framework == "torchtune" and self.activation_offload and (
                 self.checkpointing == "none"):

@@ -25,6 +25,7 @@ from rich.console import Console
 
 from vramplan.errors import JobError
 from vramplan.job import (
+    Float8,
     Job,
     Offload,
     Parallel,
@@ -49,7 +50,7 @@ def print_json(data: Any) -> None:
 # type (and a Literal's choices) comes from the Job field it sets.
 
 _MODELS = {(): Job, ("peft",): Peft, ("parallel",): Parallel, ("offload",): Offload,
-           ("runtime",): Runtime}
+           ("runtime",): Runtime, ("fp8",): Float8}
 
 _JOB_FLAGS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
     "task": (("task",), (), "the training task (default: the model's own)"),
@@ -60,6 +61,10 @@ _JOB_FLAGS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
     "image_size": (("image_size",), (), "image side in pixels (vision)"),
     "audio_seconds": (("audio_seconds",), (), "clip length (speech)"),
     "precision": (("precision",), ("-p",), "weights and compute dtypes"),
+    "fp8_recipe": (("fp8", "recipe"), (), "with -p fp8: torchao's tensorwise (default), "
+                   "rowwise, rowwise_with_gw_hp, or mxfp8 (Blackwell)"),
+    "fp8_all_gather": (("fp8", "fsdp_float8_all_gather"), (), "with -p fp8 and fsdp: "
+                       "all-gather the block linears' weights in float8 (tensorwise)"),
     "optimizer": (("optimizer",), ("-o",), "the optimizer"),
     "optimizer_impl": (("optimizer_impl",), (), "torch's optimizer implementation"),
     "framework": (("framework",), ("-f",), "whose defaults fill what the job leaves unset "
@@ -80,7 +85,7 @@ _JOB_FLAGS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
     "optimizer_in_backward": (("optimizer_in_backward",), (), "step inside backward"),
     "keep_grads": (("keep_grads_between_steps",), (), "zero_grad(set_to_none=False): "
                    "gradients stay allocated into the next forward"),
-    "compile": (("compile",), (), "torch.compile the model (not modelled yet: refused)"),
+    "compile": (("compile",), (), "torch.compile each transformer block and the loss"),
     "activation_offload": (("activation_offload",), (), "offload saved activations"),
     "num_gpus": (("parallel", "num_gpus"), ("-n",), "GPUs in the job"),
     "strategy": (("parallel", "strategy"), (), "data-parallel strategy"),

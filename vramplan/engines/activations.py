@@ -433,3 +433,38 @@ def block_op_sac_outputs(stack: Stack, shape: BlockShape, dt: Dtypes, *, attenti
         else:  # q @ k^T and probs @ v run as aten.bmm: saved, not counted
             kept.append((f"{tag} scores+out", c * b * a * s * s_k + c * b * s * a * d))
     return kept
+
+
+def compiled_block_saved_tensors(stack: Stack, shape: BlockShape,
+                                 dt: Dtypes) -> list[tuple[str, int]]:
+    """What one compiled Llama-style block (RMSNorm, rotary sdpa attention, gated MLP)
+    saves for backward: the min-cut partitioner's choice, read from the graphs torch 2.13
+    builds (tests/test_compile_formula.py checks it against the trace). Norm outputs are
+    saved once in the compute dtype (eager autocast saves one cast per linear), the norms'
+    fp32 inputs and normalised tensors are recomputed from the block input and an fp32
+    rsqrt per token, the residual sum from the attention output projection's output, and
+    silu(gate) from gate's output. Weight copies under autocast are as in eager mode
+    (counted apart)."""
+    b, s = shape.batch, shape.seq
+    h, a, k, d, f = (stack.hidden_size, stack.num_heads, stack.num_kv_heads, stack.head_dim,
+                     stack.intermediate_size)
+    n_h, n_q, n_kv, c = b * s * h, b * s * a * d, b * s * k * d, dt.compute
+    return [("block input", dt.residual * n_h), ("norm rsqrt x2", 2 * 4 * b * s),
+            ("attn norm out", c * n_h), ("q, k (rotated), v", c * (n_q + 2 * n_kv)),
+            ("sdpa out", c * n_q), ("logsumexp", 4 * b * a * s),
+            ("attn out proj out", c * n_h), ("mlp norm out", c * n_h),
+            ("gate, up, gate*up", 3 * c * b * s * f)]
+
+
+def compiled_block_unsupported(stack: Stack, *, attention: str, adapters: Adapters,
+                               dropout: float, norms_per_block: int, rotary: bool) -> str:
+    """Why compiled_block_saved_tensors does not describe this block ('' if it does)."""
+    reasons = [(stack.norm != "rmsnorm", f"{stack.norm}"),
+               (stack.mlp != "gated", f"a {stack.mlp} MLP"),
+               (stack.num_experts > 1, "mixture-of-experts"),
+               (stack.qk_norm, "query/key norms"), (stack.cross_attention, "cross-attention"),
+               (not rotary, "learned positions"), (norms_per_block != 2, "extra norms"),
+               (len(_pick(stack, "attn_in")) != 3, "a fused q/k/v projection"),
+               (attention != "sdpa", f"{attention} attention"), (dropout > 0, "dropout"),
+               (bool(adapters.targets) or not adapters.base_trainable, "LoRA adapters")]
+    return ", ".join(why for bad, why in reasons if bad)

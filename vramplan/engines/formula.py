@@ -35,7 +35,7 @@ from vramplan.engines.runtime import (
     runtime_context_bytes,
     workspaces_bytes,
 )
-from vramplan.errors import JobError
+from vramplan.errors import EngineError, JobError
 from vramplan.hardware import get_gpu, list_gpus
 from vramplan.hardware.gpu import GPU
 from vramplan.job import CHUNKED_LOSS_CHUNKS, Job
@@ -97,6 +97,8 @@ class ParamMemory:
     tied_grad_transient: float = 0.0
     outside_blocks: float = 0.0  # bytes as stored of weights outside the blocks (FSDP's root)
     notes: tuple[str, ...] = ()
+    # FSDP float8 all-gather: the largest block as FSDP2 gathers it (0: in param dtype)
+    fp8_gathered_block: float = 0.0
 
 
 def estimate(job: Job, *, gpus: list[GPU] | None = None,
@@ -108,20 +110,20 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None,
     >>> report.peak_allocated > 0
     True
     """
-    if job.compile:
-        raise JobError("the formula does not model torch.compile yet: drop compile (its "
-                       "eager numbers are an upper bound for the compiled step)")
     # model_config: a Hugging Face config dict used instead of looking up job.model (an
     # uploaded config.json in the web app; the trace and measure engines take it too)
     arch = (architecture_from_config(model_config, job.model) if model_config is not None
             else load_architecture(job.model))
     task = _task(job, arch)
+    if job.compile:
+        _check_compiled(job, arch, task)
     shapes = _shapes(job, arch, task)
     runtime_gpu = get_gpu(job.gpu) if job.gpu else None
     if runtime_gpu:
         check_precision_supported(job, runtime_gpu)
     whole = _param_memory(job, arch, task)
     dt = _activation_dtypes(job)
+    _check_mxfp8_inputs(job, dt)
     _check_parallel(job, arch)
     _check_context_parallel_split(job, shapes)
     # with pipeline stages, the first (most activations) or the last (the head) is largest
@@ -187,6 +189,8 @@ def _stage_report(job: Job, arch: Architecture, task: str, shapes: Shapes,
         block_cast = max(0.0, cast - params.cast_head / tp)
         cast -= block_cast * _checkpointed_share(job, arch)
         recompute = dict(activations=block_acts / (tp * cp), cast=block_cast / layers)
+        if job.compile:  # a compiled block casts its weights inside its graph: no cache
+            cast_fwd = cast
 
     saved_inputs = (shapes.input_bytes - shapes.label_bytes) / cp  # what backward still holds
     base = dict(weights=w, optimizer_states=o, inputs=saved_inputs)
@@ -395,7 +399,21 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
     in_blocks = sum(s.num_layers * s.params_per_layer for s in arch.stacks)
     outside = (total - in_blocks) * (dt.weight if job.peft is None else frozen_base_bytes(job))
     return ParamMemory(total, trainable, weights, grads, optimizer, cast, step_temp,
-                       block_bytes, cast_head, tied, outside_blocks=outside, notes=tuple(notes))
+                       block_bytes, cast_head, tied, outside_blocks=outside, notes=tuple(notes),
+                       fp8_gathered_block=_fp8_gathered_block(job, arch))
+
+
+def _fp8_gathered_block(job: Job, arch: Architecture) -> float:
+    """The largest block as FSDP2 gathers it with torchao's float8 all-gather: each
+    Float8Linear weight's fsdp_pre_all_gather casts its shard to float8 and the gathered
+    float8 data (and one scalar scale) is the unsharded weight, with no 16-bit copy
+    (torchao/float8/fsdp_utils.py, WeightWithDynamicFloat8CastTensor); the block's other
+    parameters (norms) gather in the 16-bit param dtype. 0 when the option is off."""
+    if job.precision != "fp8" or not job.fp8.fsdp_float8_all_gather:
+        return 0.0
+    return max((2 * s.params_per_layer - sum(ln.in_features * ln.out_features * ln.count
+                                             for ln in s.linears) for s in arch.stacks),
+               default=0)
 
 
 def _block_base_bytes(job: Job, arch: Architecture, stack: Stack, base: int) -> float:
@@ -486,8 +504,8 @@ def _per_gpu_params(job: Job, params: ParamMemory):
         # at half their size; a PEFT base is stored in 16-bit (or 4-bit) and gathers as
         # stored, so it is not halved again.
         halve = 2 if dtypes_for(job).autocast and job.peft is None else 1
-        gathered = (FSDP_GATHERED_BLOCKS * params.largest_block
-                    + params.outside_blocks) / tp / halve
+        block = params.fp8_gathered_block or params.largest_block / halve
+        gathered = (FSDP_GATHERED_BLOCKS * block + params.outside_blocks / halve) / tp
         root = params.outside_blocks / tp / halve
         cast = 0.0
     elif strategy == "ddp" and par.data_parallel > 1:
@@ -546,7 +564,9 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
                                 adapters.rank, adapters.dropout, False, adapters.upcast_bytes)
     for stack, seq in zip(arch.stacks, shapes.stack_seq):
         encoder_seq = shapes.stack_seq[0] if stack.cross_attention else 0
-        saved = act.block_saved_tensors(
+        saved = act.compiled_block_saved_tensors(
+            stack, act.BlockShape(job.batch_size, seq), dt) if job.compile else \
+            act.block_saved_tensors(
             stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
             attention=_attention_impl(job, arch), hidden_dropout=arch.hidden_dropout,
             attention_dropout=arch.attention_dropout, activation=_activation_name(arch),
@@ -679,6 +699,12 @@ def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task
         tc = t / CHUNKED_LOSS_CHUNKS
         return max(c + 4, 8) * tc * vocab, (c + 12) * tc * vocab + c * t * h
     tv = t * vocab
+    if job.compile:
+        # the compiled loss (training/compiled.py compile_loss) fuses the upcast, log_softmax
+        # and nll into reductions: forward keeps the logits and two fp32 values per token
+        # (max, log-sum-exp); its backward writes the logits' gradient in their dtype
+        # while the saved logits are still alive
+        return c * tv + 8 * t, 2 * c * tv + 8 * t
     if task == "causal-lm" or not dt.autocast:
         # transformers' causal-LM loss upcasts the logits to fp32 first; other heads without
         # autocast stay in the logits' dtype. Forward: logits (kept by the output), the
@@ -696,6 +722,29 @@ def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task
     if arch.extra.get("final_logit_softcapping"):  # Gemma-2 keeps tanh(logits / cap)
         forward, backward = forward + c * tv, backward + c * tv
     return forward, backward
+
+
+def _check_compiled(job: Job, arch: Architecture, task: str) -> None:
+    """The formula models compiled Llama-style decoder blocks and the compiled causal-LM
+    loss; anything else is the trace's (which compiles the real model)."""
+    why = [] if task == "causal-lm" else [f"task {task}"]
+    if job.loss != "standard":
+        why.append(f"the {job.loss} loss")
+    if job.precision == "fp8":
+        why.append("fp8")
+    for stack in arch.stacks:
+        reason = act.compiled_block_unsupported(
+            stack, attention=_attention_impl(job, arch), adapters=_adapters(job),
+            dropout=max(arch.hidden_dropout, arch.attention_dropout),
+            norms_per_block=_norms_per_block(arch, stack),
+            rotary=arch.model_type not in LEARNED_POSITIONS)
+        if reason:
+            why.append(reason)
+    if why:
+        raise JobError(f"the formula models torch.compile for Llama-style blocks (RMSNorm, "
+                       f"rotary sdpa attention, gated MLP) and the causal-LM loss, in full "
+                       f"fine-tuning; this job has {'; '.join(why)}: use --engine trace, "
+                       "which compiles the real model")
 
 
 def _check_parallel(job: Job, arch: Architecture) -> None:
@@ -738,9 +787,7 @@ def _technique_notes(job: Job, arch: Architecture) -> list[str]:
                      "the device total can exceed the same job without checkpointing; "
                      "allocated memory never does")
     if job.precision == "fp8":
-        notes.append("fp8 (torchao Float8Linear): block linears save their bf16 input and "
-                     "the fp32 weight itself, and cast both to fp8 in forward and again in "
-                     "backward; no autocast weight copies for them; the rest as bf16-mixed")
+        notes.append(_fp8_note(job))
     if job.activation_offload:
         notes.append("activation offloading keeps about two blocks of activations on the "
                      "GPU; the rest waits in pinned host memory")
@@ -748,6 +795,35 @@ def _technique_notes(job: Job, arch: Architecture) -> list[str]:
         notes.append(f"{arch.name} has no transformer blocks to checkpoint (transformers does "
                      "not support gradient checkpointing for it): estimated without it")
     return notes
+
+
+def _fp8_note(job: Job) -> str:
+    recipe = job.fp8.recipe
+    if recipe == "mxfp8":
+        note = ("fp8 recipe mxfp8 (torchao MXFP8Linear): block linears save their 16-bit "
+                "input and the weight itself, and cast both to float8 with one e8m0 scale "
+                "per 32 values in forward and again in backward (temporaries)")
+    else:
+        note = (f"fp8 recipe {recipe} (torchao Float8Linear): block linears save their bf16 "
+                "input and the weight itself and cast both to float8 in forward and again "
+                "in backward; tensorwise, rowwise and rowwise_with_gw_hp save the same "
+                "tensors and differ only in those temporaries (per-row fp32 scales; "
+                "rowwise_with_gw_hp runs the weight-gradient matmul in bf16)")
+    if job.fp8.fsdp_float8_all_gather:
+        note += ("; FSDP2 all-gathers the block linears' weights in float8 (1 byte each, no "
+                 "16-bit unsharded copy), in forward and again in backward")
+    return note + "; no autocast weight copies for them; the rest as bf16-mixed"
+
+
+def _check_mxfp8_inputs(job: Job, dt: Dtypes) -> None:
+    """torchao's MXFP8Linear does not cast its input to autocast's dtype (Float8Linear
+    does): with fp32 weights under autocast its norm-fed linears save fp32 inputs and
+    return fp32 outputs, which the block model here does not follow."""
+    if job.precision == "fp8" and job.fp8.recipe == "mxfp8" and dt.residual == 4:
+        raise EngineError("the formula models fp8 recipe mxfp8 where the linears see 16-bit "
+                          "inputs: under FSDP (strategy fsdp or hybrid-shard, bf16 params as "
+                          "torchtitan runs it) or with LoRA; on fp32 weights under autocast "
+                          "torchao's MXFP8Linear keeps fp32 activations: use --engine trace")
 
 
 # --- framework behaviours (docs/frameworks.md) ------------------------------------------

@@ -7,7 +7,9 @@ Precision semantics follow the Hugging Face Trainer / Lightning conventions:
   fp8         as bf16-mixed, with torchao's Float8Linear in the blocks: it casts the input to
               bf16 and saves it and the fp32 weight (no copy) for backward, where it casts
               both to fp8 again (torchao float8/float8_linear.py,
-              matmul_with_hp_or_float8_args, torchao 0.19); no autocast weight copies
+              matmul_with_hp_or_float8_args, torchao 0.19); no autocast weight copies.
+              Job.fp8.recipe picks torchao's scaling (tensorwise, rowwise,
+              rowwise_with_gw_hp: the same saved tensors) or MXFP8Linear (mxfp8)
 """
 
 from __future__ import annotations

@@ -64,8 +64,16 @@ PRECISION_MATMUL_DTYPE = {"bf16-mixed": "bf16", "bf16-pure": "bf16", "fp8": "fp8
                           "fp16-mixed": "fp16"}
 
 
-def precision_problem(precision: str, gpu: GPU) -> str:
-    """Why `gpu` cannot run `precision` ("" when it can)."""
+# MXFP8's block-scaled matmuls (32 float8 values share one e8m0 scale) run on Blackwell's
+# tensor cores: torchao's mx_formats check is_sm_at_least_100(), torchtitan's converter
+# has_cuda_capability(10, 0) (torchtitan b5bcd76c components/quantization/mx.py)
+MXFP8_MIN_CAPABILITY = (10, 0)
+
+
+def precision_problem(precision: str, gpu: GPU, fp8_recipe: str = "tensorwise") -> str:
+    """Why `gpu` cannot run `precision` ("" when it can); fp8_recipe: the job's fp8.recipe."""
+    if precision == "fp8" and fp8_recipe == "mxfp8":
+        return _mxfp8_problem(gpu)
     needed = PRECISION_MATMUL_DTYPE.get(precision)
     if needed is None or needed in gpu.tflops:
         return ""
@@ -75,10 +83,22 @@ def precision_problem(precision: str, gpu: GPU) -> str:
     return f"{gpu.name}{capability} has no {needed} tensor cores: use {fallback}"
 
 
+def _mxfp8_problem(gpu: GPU) -> str:
+    capability = gpu.compute_capability
+    if capability and tuple(int(x) for x in capability.split(".")) >= MXFP8_MIN_CAPABILITY:
+        return ""
+    where = f" (compute capability {capability})" if capability else ""
+    fallback = "fp8 recipe tensorwise or rowwise" if "fp8" in gpu.tflops else "bf16-mixed"
+    return (f"{gpu.name}{where} has no MXFP8 (block-scaled float8) tensor cores, which need "
+            f"compute capability {'.'.join(map(str, MXFP8_MIN_CAPABILITY))}+ (Blackwell): use "
+            f"{fallback}")
+
+
 def check_precision_supported(job: Job, gpu: GPU) -> None:
-    problem = precision_problem(job.precision, gpu)
+    problem = precision_problem(job.precision, gpu, job.fp8.recipe)
     if problem:
-        raise JobError(f"precision {job.precision} on {problem}")
+        recipe = f" (fp8 recipe {job.fp8.recipe})" if job.precision == "fp8" else ""
+        raise JobError(f"precision {job.precision}{recipe} on {problem}")
 
 
 def fit_table(report: MemoryReport, runtime: Runtime, gpus: Iterable[GPU],
@@ -96,7 +116,7 @@ def fit_table(report: MemoryReport, runtime: Runtime, gpus: Iterable[GPU],
                  + runtime_context_bytes(runtime, gpu) - report.categories["runtime_context"])
         required = report.device_total + delta
         headroom = gpu.usable_bytes - required
-        problem = precision_problem(precision, gpu)
+        problem = precision_problem(precision, gpu, report.job.fp8.recipe)
         fits.append(GpuFit(gpu=gpu.name, usable_bytes=gpu.usable_bytes, required_bytes=required,
                            headroom_bytes=headroom, margin=margin,
                            fits=fits_within(required, gpu.usable_bytes, margin) and not problem,

@@ -44,6 +44,7 @@ from vramplan.engines.report import CATEGORIES, MemoryReport, ModuleUsage
 from vramplan.engines.trace_shard import sharding
 from vramplan.errors import EngineError, VramplanError
 from vramplan.job import Job
+from vramplan.training.compiled import in_fused_kernel
 from vramplan.training.patches import transformers_quirks
 from vramplan.training.private_api import (
     DataDependentOutputException,
@@ -123,7 +124,18 @@ class _TimeLimit(Exception):
 
 
 class _Tracker(TorchDispatchMode):
-    """Sees every op's outputs; records new storages and (via weakref.finalize) their frees."""
+    """Sees every op's outputs; records new storages and (via weakref.finalize) their frees.
+
+    Under torch.compile it is off while Dynamo and AOTAutograd compile (their fake tensors
+    are not the step's memory) and on while the compiled graphs run."""
+
+    # compiled graphs may call higher-order ops (run_and_save_rng_state, when the
+    # partitioner recomputes a random op): run them on, and see their outputs
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
 
     def __init__(self, deadline: float):
         super().__init__()
@@ -131,6 +143,7 @@ class _Tracker(TorchDispatchMode):
         self.events: list[tuple[int, Storage]] = []  # (+1 alloc | -1 free, storage)
         self.marks: list[tuple[int, int, str]] = []  # (event index, step, phase)
         self.live: dict[int, Storage] = {}
+        self.fused: set[int] = set()  # storages of results a compiled step fuses away
         self.step, self.phase = 0, "build"
         self.module_stack: list[str] = []
         self.head_modules: set[str] = set()
@@ -165,7 +178,11 @@ class _Tracker(TorchDispatchMode):
             return
         storage = t.untyped_storage()
         key = storage._cdata
-        if key in self.live or storage.nbytes() == 0:
+        if key in self.live or storage.nbytes() == 0 or key in self.fused:
+            return
+        if in_fused_kernel():  # Inductor never writes this result (or views of it) to memory
+            self.fused.add(key)
+            weakref.finalize(storage, self.fused.discard, key)
             return
         module = self.module_stack[-1] if self.module_stack else ""
         op = func.__name__.split(".")[0]
@@ -220,11 +237,16 @@ def _module_scope(tracker: _Tracker, model: torch.nn.Module):
     """Keeps tracker.module_stack = the modules whose forward is running (also recompute)."""
     names = {id(m): name or type(m).__name__ for name, m in model.named_modules()}
 
+    def inside_compiled(module) -> bool:
+        # a compiled block's ops run as one graph: they belong to the block itself
+        return torch.compiler.is_compiling() or isinstance(module, torch.fx.GraphModule)
+
     def push(module, args):
-        tracker.module_stack.append(names.get(id(module), type(module).__name__))
+        if not inside_compiled(module):
+            tracker.module_stack.append(names.get(id(module), type(module).__name__))
 
     def pop(module, args, output):
-        if tracker.module_stack:
+        if tracker.module_stack and not inside_compiled(module):
             tracker.module_stack.pop()
 
     nn_module = torch.nn.modules.module

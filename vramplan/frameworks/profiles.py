@@ -82,7 +82,12 @@ def apply_profile(data: dict[str, Any]) -> dict[str, Any]:
     if profile is None:
         return data
     data = dict(data)
-    for dotted, setting in profile.settings.items():
+    # fp8.* settings last: they apply only to a job whose precision (its own or the
+    # profile's) is fp8
+    ordered = sorted(profile.settings.items(), key=lambda item: item[0].startswith("fp8."))
+    for dotted, setting in ordered:
+        if dotted.startswith("fp8.") and data.get("precision") != "fp8":
+            continue
         _set_default(data, dotted.split("."), setting.value)
     return data
 
@@ -93,7 +98,7 @@ def _set_default(data: dict[str, Any], path: list[str], value: Any) -> None:
         data.setdefault(key, value)
         return
     part = data.get(key)
-    if part is None and key != "parallel":
+    if part is None and key not in ("parallel", "fp8"):
         return  # e.g. peft.adapter_dtype on a job without peft
     if part is None:
         part = {}

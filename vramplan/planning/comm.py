@@ -11,7 +11,8 @@ that for an all-reduce. A group that fits in one node runs over the GPU intercon
   zero1/2     reduce-scatter of gradients (overlapped with backward), all-gather of the
               updated parameters after the step (not overlapped)
   zero3/fsdp  per micro-batch: all-gather of 16-bit parameters in forward and again in
-              backward (prefetched: overlapped), reduce-scatter of gradients (overlapped)
+              backward (prefetched: overlapped), reduce-scatter of gradients (overlapped);
+              with fp8.fsdp_float8_all_gather the block linears' weights travel in float8
   hybrid      fsdp inside a node, plus an all-reduce of the gradient shards between nodes
   tensor par. 2 all-reduces of the activations per block in forward, 2 in backward
               (Megatron-LM), on the critical path
@@ -59,6 +60,11 @@ def ring_bytes(kind: str, buffer: float, n: int) -> float:
     return 2 * share if kind == "all-reduce" else share
 
 
+def _block_linear_params(arch: Architecture) -> int:
+    return sum(s.num_layers * ln.in_features * ln.out_features * ln.count
+               for s in arch.stacks for ln in s.linears)
+
+
 def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
     """Every collective of one step of `job` on GPUs of kind `gpu`."""
     par = job.parallel
@@ -97,6 +103,10 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
             gathered = params.total * dtypes_for(job).compute / tp
             if job.peft is not None:
                 gathered = params.weights / tp  # frozen base stays in its stored dtype
+            if params.fp8_gathered_block:
+                # torchao's float8 all-gather: block linears' weights travel as 1 byte
+                # (engines/formula.py, _fp8_gathered_block), the rest in 16-bit
+                gathered -= share * _block_linear_params(arch) * (2 - 1) / tp
             shard_link = link(shard, model_parallel)
             for phase in ("forward", "backward"):
                 out.append(Collective(f"parameter all-gather, {phase} ({strategy})",

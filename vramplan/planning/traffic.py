@@ -20,6 +20,13 @@ them; they are counts of what the code does, not fitted numbers:
   optimizer    per trainable element: the passes of torch's foreach / fused kernels,
                bitsandbytes' 8-bit blockwise kernel, clip_grad_norm's norm and scale
 
+Compiled (job.compile, training/compiled.py): Inductor fuses each elementwise chain into one
+kernel that reads its inputs once and writes what is kept once: a norm reads the residual
+and writes its 16-bit output (the input casts fused in), rotary reads q and k and writes
+them rotated, act(gate) * up reads both and writes the product; the compiled loss reads the
+logits for its max and log-sum-exp and writes nothing token x vocab, and its backward reads
+them once and writes their gradient.
+
 Backward runs each elementwise op's gradient: about twice its forward traffic (it reads
 the saved input and the output gradient and writes the input gradient). Recomputation
 (checkpointing) runs the forward elementwise work again.
@@ -157,6 +164,13 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
         kernels += launches
 
     norms = _norms_per_block(arch, stack)
+    if job.compile:  # the formula compiles Llama-style blocks only (formula._check_compiled)
+        add("norm", norms * n_h * (r + c), norms)
+        add("rotary", 2 * c * (n_q + n_kv), 1)
+        add("attention io", c * (2 * n_q + 2 * n_kv), 1)
+        add("residual", 2 * 3 * r * n_h, 2)
+        add("activation", 3 * c * n_f, 1)
+        return ops, kernels
     if stack.norm == "rmsnorm":
         add("norm", norms * n_h * (r + RMSNORM_PASSES_FP32 * 4 + 2 * c), norms * 6)
     else:
@@ -251,6 +265,10 @@ def _loss(job: Job, arch: Architecture, task: str, shapes, dt, t: Traffic) -> No
     if not tv:
         return
     c = dt.compute
+    if job.compile:  # logits written, read for max and log-sum-exp; backward: r c, w c
+        t.add("loss", "forward", 3 * c * tv, 2)
+        t.add("loss", "backward", 2 * c * tv, 1)
+        return
     # forward: logits written, fp32 upcast (r c w 4), log_softmax (r 4 x2, w 4), nll;
     # backward: nll grad (w 4), log_softmax grad (r 4 x2, w 4), downcast (r 4 w c)
     forward, backward = tv * (c + c + 4 + 12), tv * (4 + 12 + 4 + c)

@@ -49,6 +49,8 @@ FLAGS: dict[tuple[str, ...], str] = {
     ("parallel", "context_parallel"): "--cp",
     ("parallel", "pipeline_parallel"): "--pp",
     ("parallel", "pipeline_schedule"): "--pp-schedule",
+    ("fp8", "recipe"): "--fp8-recipe",
+    ("fp8", "fsdp_float8_all_gather"): "--fp8-all-gather",
     ("offload", "optimizer"): "--offload-optimizer",
     ("offload", "params"): "--offload-params",
     ("gpu",): "--gpu",
@@ -60,7 +62,8 @@ _NEGATIVE = {"--optimizer-in-backward": "--no-optimizer-in-backward",
              "--keep-grads": "--no-keep-grads", "--compile": "--no-compile",
              "--activation-offload": "--no-activation-offload",
              "--offload-optimizer": "--no-offload-optimizer",
-             "--offload-params": "--no-offload-params"}
+             "--offload-params": "--no-offload-params",
+             "--fp8-all-gather": "--no-fp8-all-gather"}
 
 
 def _flatten(data: dict[str, Any], prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:

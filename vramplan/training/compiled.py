@@ -1,32 +1,226 @@
-"""What torch.compile changes in memory: the tensors a step saves for backward, eager versus
-compiled (issue 10, section 2).
+"""torch.compile in the training step (issue 10, section 2): what compiling changes in memory.
 
-AOTAutograd traces forward and backward into one graph and its partitioner decides which
-intermediate tensors the backward keeps and which it recomputes (the min-cut partitioner
-recomputes cheap elementwise chains such as norms and activations from their inputs).
-`saved_for_backward` runs one forward on real (CPU) tensors and records, through
-saved-tensor hooks, every distinct storage autograd keeps, parameters left out.
+Compiling changes two things. AOTAutograd traces forward and backward into one graph and
+its min-cut partitioner decides which intermediate tensors the backward keeps and which it
+recomputes (cheap elementwise chains such as norms and activations are recomputed from
+their inputs). Inductor then fuses chains of elementwise ops into one kernel, so their
+intermediate results never exist in memory.
 
-`COMPILED_BACKEND` is AOTAutograd with Inductor's decompositions and the min-cut
-partitioner, without Inductor's code generation: the saved set is the one Inductor's
-partitioner chooses; what it approximates is Inductor's buffer reuse and fusion inside the
-forward and backward kernels (transient memory), which it does not model. The trace engine
-does not run compiled steps yet (a Job with compile=True is refused there); this module is
-what it will build on.
+`apply_compile` compiles what torchtitan and torchtune compile: each transformer block and
+the loss. The backend depends on where the step runs:
+  - trace (fake tensors): `TRACE_BACKEND`, AOTAutograd with Inductor's decompositions and
+    partitioner (the saved set is the one Inductor would get), whose graphs run node by
+    node; a node Inductor would fuse into its consumers (`fused_nodes`) runs inside
+    `fused_kernel()`, and the trace does not count what it allocates. What this
+    approximates: Inductor's exact fusion choices (it may also materialise a chain with
+    many readers), its reuse of a dead buffer for a new one of the same size, and memory
+    its generated kernels allocate inside themselves;
+  - measure: Inductor itself (`"inductor"`), on the GPU or the CPU.
 
-    >>> eager, compiled = compare_saved(model, lambda m: m(input_ids=ids, labels=ids).loss)
-    >>> compiled.bytes < eager.bytes
+`saved_for_backward` and `compare_saved` record what one forward saves for backward,
+eager versus compiled, on real CPU tensors (tests/test_compiled.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import functools
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
-from torch import nn
+from torch import fx, nn
 
-COMPILED_BACKEND = "aot_eager_decomp_partition"
+from vramplan.errors import EngineError
+from vramplan.job import Job
+
+# ops Inductor generates into its own loops (and so can fuse), besides those tagged
+# pointwise: casts, copies, constants, indexing loads, concatenation, padding
+_INLINED = {"_to_copy", "clone", "copy", "full", "full_like", "scalar_tensor", "zeros",
+            "zeros_like", "ones", "ones_like", "expand", "cat", "slice", "select", "gather",
+            "index", "embedding", "where", "constant_pad_nd", "iota", "arange",
+            "convert_element_type", "lift_fresh_copy", "fill"}
+# ops that write into a copy of their first input: Inductor fuses the producer of that
+# input into them, and rewrites a scatter into a constant (nll_loss's backward) as a
+# pointwise op (fx_passes/post_grad.py, scatter_upon_const_tensor)
+_SCATTERS = {"scatter", "scatter_add", "index_put", "select_scatter", "slice_scatter"}
+# ops that only change how memory is viewed: a consumer reads through them
+_VIEWS = {"view", "_unsafe_view", "reshape", "permute", "transpose", "t", "unsqueeze",
+          "squeeze", "expand", "alias", "slice", "select", "split", "split_with_sizes",
+          "unbind", "as_strided", "chunk", "narrow", "getitem"}
+
+_state = threading.local()
+
+
+def in_fused_kernel() -> bool:
+    """True while a graph node that Inductor would fuse away runs (the trace skips its
+    allocations)."""
+    return getattr(_state, "fused", 0) > 0
+
+
+@contextlib.contextmanager
+def fused_kernel() -> Iterator[None]:
+    _state.fused = getattr(_state, "fused", 0) + 1
+    try:
+        yield
+    finally:
+        _state.fused -= 1
+
+
+def _name(node: fx.Node) -> str:
+    target = node.target
+    if target is getattr:
+        return "getattr"
+    if getattr(target, "__name__", "") == "getitem":
+        return "getitem"
+    packet = getattr(target, "_opname", None) or getattr(target, "__name__", "")
+    return str(packet).split(".")[0]
+
+
+def _kind(node: fx.Node) -> str:
+    """'inline' (Inductor writes it into a fused loop), 'reduction' (a loop that can read
+    inline producers), 'view', or 'kernel' (an extern kernel such as a matmul, attention
+    or a fallback op: its inputs must exist in memory)."""
+    if node.op != "call_function":
+        return "kernel"
+    name = _name(node)
+    tags = getattr(node.target, "tags", ())
+    if name in _VIEWS:
+        return "view"
+    if torch.Tag.reduction in tags:
+        return "reduction"
+    if torch.Tag.pointwise in tags or name in _INLINED:
+        return "inline"
+    if name in _SCATTERS:
+        into = node.args[0] if node.args else None
+        constant = isinstance(into, fx.Node) and _name(into) in ("full", "zeros")
+        return "inline" if constant and name == "scatter" else "scatter"
+    return "kernel"
+
+
+def fused_nodes(graph: fx.Graph) -> set[fx.Node]:
+    """Nodes of an AOTAutograd graph whose result Inductor would not write to memory: an
+    inlinable op whose every reader (through views) is an inlinable op or a reduction,
+    and which is not a graph output (outputs include the tensors saved for backward)."""
+    outputs: set[fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "output":
+            fx.node.map_arg(node.args, outputs.add)
+
+    def readers(node: fx.Node) -> Iterator[fx.Node]:
+        for user in node.users:
+            if _kind(user) == "view" and user not in outputs:
+                yield from readers(user)
+            else:
+                yield user
+
+    fused = set()
+    for node in graph.nodes:
+        if node.op == "call_function" and _kind(node) == "inline" and node not in outputs:
+            users = list(readers(node))
+            if users and all(_kind(u) in ("inline", "reduction") or (
+                    _kind(u) == "scatter" and u.args[0] is node) for u in users):
+                fused.add(node)
+    return fused
+
+
+class _FusingInterpreter(fx.Interpreter):
+    """Runs a graph node by node, fused nodes inside fused_kernel(). A fused node (or a
+    view) stands for code inside the kernel of the node that reads it, so what it reads
+    stays alive until that kernel has run: values are freed after their last use by a
+    written node."""
+
+    def __init__(self, module: fx.GraphModule, fused: set[fx.Node]):
+        super().__init__(module)
+        self.fused = fused
+        order = {node: i for i, node in enumerate(module.graph.nodes)}
+
+        def kernels_reading(node: fx.Node) -> Iterator[fx.Node]:
+            for user in node.users:
+                if user in fused or _kind(user) == "view":
+                    yield from kernels_reading(user)
+                else:
+                    yield user
+
+        self.user_to_last_uses = {}
+        for node in module.graph.nodes:
+            readers = list(kernels_reading(node))
+            if readers:
+                last = max(readers, key=order.__getitem__)
+                self.user_to_last_uses.setdefault(last, []).append(node)
+
+    def run_node(self, n: fx.Node):
+        if n in self.fused:
+            with fused_kernel():
+                return super().run_node(n)
+        return super().run_node(n)
+
+
+def _fusing_compiler(gm: fx.GraphModule, example_inputs) -> Callable:
+    fused = fused_nodes(gm.graph)
+
+    def run(args: list) -> object:
+        return _FusingInterpreter(gm, fused).boxed_run(args)
+
+    run._boxed_call = True  # AOTAutograd passes a list it may empty: inputs freed early
+    return run
+
+
+@functools.cache
+def trace_backend() -> Callable:
+    """AOTAutograd with Inductor's decompositions and partitioner; graphs run node by node
+    with Inductor's fusion modelled (fused_nodes)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.compile_fx import select_decomp_table
+
+    return aot_autograd(
+        fw_compiler=_fusing_compiler, bw_compiler=_fusing_compiler,
+        decompositions=select_decomp_table(),
+        partition_fn=functools.partial(min_cut_rematerialization_partition,
+                                       compiler="inductor"))
+
+
+def compile_blocks(model: nn.Module, backend) -> int:
+    """Compile each transformer block's forward (torchtitan's and torchtune's per-block
+    compile); the block's own call, and so checkpointing around it, stays eager. Returns
+    the number of blocks compiled."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    blocks = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    # blocks of a few kinds (dense and MoE, sliding and global attention) each compile
+    # once; past the limit Dynamo would run the rest eagerly without saying so
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    for block in blocks:
+        block.forward = torch.compile(block.forward, backend=backend, dynamic=False)
+    return len(blocks)
+
+
+def compile_loss(model: nn.Module, backend) -> bool:
+    """Compile a Hugging Face model's loss function (logits upcast and cross-entropy), as
+    torchtune's compile_loss and torchtitan's loss compile do. False if it has none."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not hasattr(type(base), "loss_function"):
+        return False
+    base.loss_function = torch.compile(base.loss_function, backend=backend, dynamic=False)
+    return True
+
+
+def apply_compile(model: nn.Module, job: Job, backend, notes: list[str]) -> None:
+    torch._dynamo.reset()  # no graph cached from another job's model or shapes
+    blocks = compile_blocks(model, backend)
+    if not blocks:
+        raise EngineError(f"compile: vramplan compiles each transformer block (a "
+                          f"transformers GradientCheckpointingLayer) and "
+                          f"{type(model).__name__} has none: drop compile (the eager step's "
+                          "memory is an upper bound)")
+    loss = job.loss == "standard" and compile_loss(model, backend)
+    how = ("Inductor" if backend == "inductor" else "the partitioner's saved tensors, "
+           "Inductor's elementwise fusion modelled")
+    notes.append(f"torch.compile: {blocks} blocks" + (" and the loss" if loss else
+                 f" compiled; the {job.loss} loss runs eagerly") + f" ({how})")
 
 
 @dataclass(frozen=True)
@@ -58,7 +252,8 @@ def saved_for_backward(step: Callable[[nn.Module], torch.Tensor], model: nn.Modu
 
 
 def compare_saved(model: nn.Module, step: Callable[[nn.Module], torch.Tensor], *,
-                  backend: str = COMPILED_BACKEND) -> tuple[SavedTensors, SavedTensors]:
+                  backend: str | Callable = "aot_eager_decomp_partition",
+                  ) -> tuple[SavedTensors, SavedTensors]:
     """(eager, compiled) saved tensors of one forward of `step` on `model`."""
     eager = saved_for_backward(step, model)
     torch._dynamo.reset()  # a fresh compile: no graph cached from another model or shape

@@ -22,6 +22,8 @@ def fully_shard_setup(setup: TrainingSetup, job: Job, mesh=None) -> int:
     reshard = job.parallel.strategy != "zero2"
     policy = MixedPrecisionPolicy(param_dtype=setup.autocast_dtype, reduce_dtype=torch.float32)
     blocks = repeated_blocks(setup.model)
+    if job.precision == "fp8" and job.fp8.fsdp_float8_all_gather:
+        _float8_all_gather(setup)
     for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
     fully_shard(setup.model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
@@ -40,3 +42,16 @@ def repeated_blocks(model: nn.Module) -> list[nn.Module]:
         return blocks
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
     return list(max(lists, key=len)) if lists else []
+
+
+def _float8_all_gather(setup: TrainingSetup) -> None:
+    """torchao's enable_fsdp_float8_all_gather on the stand-in Fp8Linear weights (the real
+    Float8Linear wraps its weights itself when converted)."""
+    from vramplan.training.emulate.float8_gather import wrap_for_float8_all_gather
+    from vramplan.training.emulate.lowbit import Fp8Linear
+
+    count = wrap_for_float8_all_gather(setup.model, Fp8Linear)
+    if count:
+        setup.notes.append(f"fp8: FSDP2 all-gathers {count} linears' weights in float8 "
+                           "(torchao enable_fsdp_float8_all_gather, stand-in)")
+

@@ -162,15 +162,18 @@ def _build_on(auto, hf_config, job: Job, dtype: torch.dtype, device: torch.devic
               notes: list[str], kernels: Kernels) -> nn.Module:
     model = _from_config(auto, hf_config, job, dtype, task, notes, device)
     skip = {id(model.get_output_embeddings())} if model.get_output_embeddings() else set()
+    recipe = job.fp8.recipe
     if job.precision == "fp8" and kernels.fp8 == TORCHAO:
         from vramplan.training import real_kernels
-        count = real_kernels.convert_to_fp8(model, skip)
-        notes.append(f"fp8: {count} linears are torchao Float8Linear "
-                     "(convert_to_float8_training, tensorwise scaling)")
+        count = real_kernels.convert_to_fp8(model, skip, recipe,
+                                            job.fp8.fsdp_float8_all_gather)
+        kind = "MXFP8Linear" if recipe == "mxfp8" else "Float8Linear"
+        notes.append(f"fp8: {count} linears are torchao {kind} (recipe {recipe})")
     elif job.precision == "fp8":
-        count = lowbit.convert_to_fp8(model, skip)
-        notes.append(f"fp8: {count} linears keep float8 copies of their inputs and weights for "
-                     "backward (torchao Float8Linear-like); weights fp32 + bf16 autocast")
+        count = lowbit.convert_to_fp8(model, skip, recipe)
+        notes.append(f"fp8: {count} linears save their high-precision inputs and weights and "
+                     f"cast both to float8 per matmul (torchao recipe {recipe}, stand-in); "
+                     "weights fp32 + bf16 autocast")
     apply_checkpointing(model, job, notes)
     if job.peft is not None:
         with device:

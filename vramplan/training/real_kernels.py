@@ -5,7 +5,8 @@
   quantised before the next exists, so a 70B base is never whole in 16 bits on the GPU.
 * Optimizers: bitsandbytes AdamW8bit / PagedAdamW8bit / PagedAdamW, torchao AdamW4bit /
   AdamWFp8, with the learning rate the stand-ins use.
-* fp8: torchao's convert_to_float8_training on every linear but the output head.
+* fp8: torchao's convert_to_float8_training with the job's recipe (or MXFP8Linear for
+  mxfp8) on every linear but the output head.
 """
 
 from __future__ import annotations
@@ -79,14 +80,64 @@ def build_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimi
     raise ValueError(f"no real-library optimizer for {name!r}")
 
 
-def convert_to_fp8(model: nn.Module, skip: set[int]) -> int:
-    """torchao float8 training (tensorwise scaling, its default) on every nn.Linear not in
-    `skip`; returns how many were converted."""
-    from torchao.float8 import convert_to_float8_training
+def convert_to_fp8(model: nn.Module, skip: set[int], recipe: str = "tensorwise",
+                   fsdp_float8_all_gather: bool = False) -> int:
+    """torchao float8 training with `recipe` (Float8LinearConfig.from_recipe_name), or
+    MXFP8Linear for "mxfp8", on every nn.Linear not in `skip`; returns how many were
+    converted."""
+    if recipe == "mxfp8":
+        return _convert_to_mxfp8(model, skip)
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    convert_to_float8_training(model, module_filter_fn=lambda module, fqn: (
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    if fsdp_float8_all_gather:  # (a frozen dataclass: rebuilt with the option)
+        from dataclasses import replace
+        config = replace(config, enable_fsdp_float8_all_gather=True)
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda module, fqn: (
         id(module) not in skip and _fp8_shape_ok(module)))
     return sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+
+
+def _convert_to_mxfp8(model: nn.Module, skip: set[int]) -> int:
+    """torchao's MXFP8Linear (prototype/moe_training/mxfp8_linear.py, torchtitan's dense
+    MXFP8 converter): the same parameters, MXFP8Linear's forward and its defaults."""
+    try:
+        from torchao.prototype.moe_training.mxfp8_linear import MXFP8Linear
+    except ImportError as error:
+        from vramplan.errors import EngineError
+        raise EngineError(f"fp8 recipe mxfp8 needs torchao's MXFP8Linear "
+                          f"(torchao.prototype.moe_training.mxfp8_linear): {error}; upgrade "
+                          "torchao (--engine trace still works without it)") from None
+    _check_mx_capability(model)
+    defaults = MXFP8Linear(MX_BLOCK_CHECK, MX_BLOCK_CHECK, bias=False, device="meta")
+    converted = 0
+    for module in model.modules():
+        if type(module) is nn.Linear and id(module) not in skip and _fp8_shape_ok(module):
+            module.__class__ = MXFP8Linear
+            for name in ("kernel_preference", "scale_calculation_mode", "wgrad_with_hp"):
+                setattr(module, name, getattr(defaults, name))
+            converted += 1
+    return converted
+
+
+MX_BLOCK_CHECK = 32  # a shape MXFP8Linear accepts, for reading its defaults
+
+
+def _check_mx_capability(model: nn.Module) -> None:
+    """MXFP8's kernels need compute capability 10.0 (engines/runtime.py,
+    MXFP8_MIN_CAPABILITY): say so before torchao fails inside a kernel."""
+    from vramplan.engines.runtime import MXFP8_MIN_CAPABILITY
+
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MXFP8_MIN_CAPABILITY:
+        from vramplan.errors import EngineError
+        raise EngineError(f"fp8 recipe mxfp8 needs compute capability 10.0+ (Blackwell); "
+                          f"{torch.cuda.get_device_name(device)} is "
+                          f"{capability[0]}.{capability[1]}: use fp8 recipe tensorwise or "
+                          "rowwise (--engine trace runs the MXFP8 stand-in anywhere)")
 
 
 def _fp8_shape_ok(module: nn.Module) -> bool:

@@ -38,6 +38,7 @@ from torch import nn
 from vramplan.errors import EngineError
 from vramplan.job import Job
 from vramplan.training.batches import hf_batch_factory, text_len
+from vramplan.training.compiled import apply_compile, trace_backend
 from vramplan.training.emulate import lowbit
 from vramplan.training.emulate.autocast import cuda_autocast_policy, cuda_dropout_kernels
 from vramplan.training.factory import from_factory, is_factory_ref
@@ -149,6 +150,9 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
         name = config.get("_name_or_path") or (job.model if model_config is None
                                                 else config["model_type"])
     model.train()
+    if job.compile:
+        # fake tensors: the trace's backend; a real device: Inductor itself
+        apply_compile(model, job, trace_backend() if empty else "inductor", notes)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(job, trainable, notes, kernels)
     if kernels is not None and kernels.note():
@@ -216,9 +220,6 @@ def _logical_numel(module: nn.Module, p: nn.Parameter) -> int:
 
 def _check_modelled(job: Job) -> None:
     """Job settings this step does not run yet: refuse rather than report another step."""
-    if job.compile:
-        raise EngineError("the trace and measure engines do not run torch.compile yet: drop "
-                          "compile (the eager step's memory is an upper bound)")
     if job.activation_offload or job.offload.optimizer or job.offload.params:
         # measure would run the step without offloading and report it as the offloaded one
         raise EngineError("CPU offload (activation_offload, offload.optimizer, offload.params) "

@@ -165,7 +165,7 @@ def cuda_dropout_kernels() -> Iterator[None]:
         return torch.native_dropout(input, p, True)[0]
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs):
-        if is_fake(query) and isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad:
+        if isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad and is_fake(query):
             return _EfficientAttention.apply(query, key, value, attn_mask)
         return original_sdpa(query, key, value, attn_mask, 0.0, *args, **kwargs)
 

@@ -8,8 +8,9 @@ right bytes on a CPU-only machine; their arithmetic is simple but sane, not bit-
   fp32, or with double quantisation uint8 + one fp32 per 256 absmax values
   (bitsandbytes/functional.py quantize_4bit). Forward and backward dequantise the whole
   weight to the compute dtype as a temporary, as MatMul4Bit does; nothing else is saved.
-* Fp8Linear: float8 training in the style of torchao's Float8Linear: the matmul inputs are
-  cast to float8_e4m3fn and those 1-byte copies are what backward keeps.
+* Fp8Linear: float8 training as torchao's Float8Linear does it: the high-precision input and
+  weight are saved; each matmul casts its operands to float8 (with the recipe's scales) as
+  temporaries. MxFp8Linear: the same for torchao's MXFP8Linear (e8m0 scale per 32 values).
 * AdamW8bit: bitsandbytes' blockwise 8-bit AdamW layout (optim/optimizer.py,
   Optimizer2State.init_state): uint8 exp_avg and exp_avg_sq, one fp32 absmax per 256
   elements for each; tensors under 4096 elements keep fp32 states.
@@ -25,6 +26,7 @@ from torch import nn
 from vramplan.engines.precision import BNB_BLOCK as ADAM8_BLOCK
 from vramplan.engines.precision import BNB_MIN_8BIT_SIZE as ADAM8_MIN_SIZE
 from vramplan.engines.precision import NF4_BLOCK, NF4_DOUBLE_QUANT_BLOCK
+from vramplan.training.emulate.float8_gather import float8_data
 from vramplan.training.private_api import is_fake
 
 # --- QLoRA: the 4-bit base --------------------------------------------------------------------
@@ -91,50 +93,136 @@ def pack_frozen_linears(model: nn.Module, skip: set[int], double_quant: bool) ->
 
 
 # --- fp8 ----------------------------------------------------------------------------------------
+# torchao's recipes (float8/config.py, Float8LinearConfig.from_recipe_name, torchao 0.19):
+# tensorwise: one fp32 scale per tensor, e4m3 input and weight, e5m2 grad_output;
+# rowwise: e4m3 everywhere, one fp32 scale per row of each cast (axiswise);
+# rowwise_with_gw_hp: as rowwise, but the weight cast for grad_input is tensorwise and
+# grad_weight = input_hp.t() @ grad_output_hp is not cast at all.
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+MX_BLOCK = 32  # MXFP8: 32 float8 values share one e8m0 (1-byte) scale
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype, how: str, out: torch.dtype) -> torch.Tensor:
+    """A float8 copy of a 2-d `t` with its scales ("tensor": one fp32, "row": fp32 per row,
+    "col": fp32 per column, "mx": a uint8 e8m0 per 32 values along a row), returned
+    dequantised to `out`, which the emulated matmul reads (a scaled matmul would read the
+    float8 data and scales directly)."""
+    rows, cols = t.shape
+    shape = {"tensor": (1,), "row": (rows, 1), "col": (1, cols),
+             "mx": (rows, -(-cols // MX_BLOCK))}[how]
+    scale = torch.ones(shape, dtype=torch.uint8 if how == "mx" else torch.float32,  # noqa: F841
+                       device=t.device)  # (alive beside the float8 data, as in the kernel)
+    data = t.to(dtype)
+    return data.to(out)
+
 
 class _Fp8Matmul(torch.autograd.Function):
     """torchao's matmul_with_hp_or_float8_args (float8/float8_linear.py, torchao 0.19):
     the high-precision input and weight are saved for backward, and each matmul casts its
-    operands to float8 as temporaries (forward, and again in backward)."""
+    operands to float8 as temporaries (forward, and again in backward), per the recipe."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias):
-        ctx.save_for_backward(x, weight)
-        compute = torch.bfloat16
-        x8, w8 = x.to(torch.float8_e4m3fn), weight.to(torch.float8_e4m3fn)
-        return nn.functional.linear(x8.to(compute), w8.to(compute),
-                                    None if bias is None else bias.to(compute))
+    def forward(ctx, x, weight, bias, recipe):
+        # a weight FSDP2 gathered in float8 is saved as that float8 data (no cast needed)
+        gathered = float8_data(weight)
+        ctx.save_for_backward(x, weight if gathered is None else gathered)
+        ctx.recipe, ctx.weight_dtype = recipe, weight.dtype
+        how = "tensor" if recipe == "tensorwise" else "row"
+        flat = x.reshape(-1, x.shape[-1])
+        x8 = _cast(flat, E4M3, how, x.dtype)
+        w8 = _cast(weight, E4M3, how, x.dtype) if gathered is None else gathered.to(x.dtype)
+        out = x8 @ w8.t()
+        out = out.reshape(*x.shape[:-1], weight.shape[0])
+        return out if bias is None else out + bias.to(out.dtype)
 
     @staticmethod
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
-        g8 = grad_out.to(torch.float8_e5m2).to(grad_out.dtype)
-        grad_x = (g8 @ weight.to(torch.float8_e4m3fn).to(grad_out.dtype)).to(x.dtype)
-        flat_g = g8.reshape(-1, g8.shape[-1])
-        x8 = x.to(torch.float8_e4m3fn).to(grad_out.dtype).reshape(-1, x.shape[-1])
-        grad_w = (flat_g.t() @ x8).to(weight.dtype)
-        grad_b = grad_out.reshape(-1, grad_out.shape[-1]).sum(0) \
-            if ctx.needs_input_grad[2] else None
-        return grad_x, grad_w, grad_b
+        recipe, c = ctx.recipe, grad_out.dtype
+        flat_g = grad_out.reshape(-1, grad_out.shape[-1])
+        flat_x = x.reshape(-1, x.shape[-1])
+        if weight.dtype == E4M3:  # gathered in float8 (tensorwise only)
+            g_in, w_in = _cast(flat_g, E5M2, "tensor", c), weight.to(c)
+        elif recipe == "tensorwise":
+            g_in, w_in = _cast(flat_g, E5M2, "tensor", c), _cast(weight, E4M3, "tensor", c)
+        else:
+            w_how = "tensor" if recipe == "rowwise_with_gw_hp" else "col"
+            g_in, w_in = _cast(flat_g, E4M3, "row", c), _cast(weight, E4M3, w_how, c)
+        grad_x = (g_in @ w_in).to(x.dtype).reshape(x.shape)
+        del g_in, w_in
+        if recipe == "rowwise_with_gw_hp":
+            grad_w = flat_g.t() @ flat_x.to(c)  # high precision, no casts
+        else:
+            g_dtype, how = (E5M2, "tensor") if recipe == "tensorwise" else (E4M3, "col")
+            grad_w = _cast(flat_g, g_dtype, how, c).t() @ _cast(flat_x, E4M3, how, c)
+        grad_b = flat_g.sum(0) if ctx.needs_input_grad[2] else None
+        return grad_x, grad_w.to(ctx.weight_dtype), grad_b, None
 
 
 class Fp8Linear(nn.Linear):
     """nn.Linear as torchao's Float8Linear runs it: under autocast the input is cast to
     the autocast dtype first (float8_linear.py), then the float8 matmul above."""
 
+    recipe = "tensorwise"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kind = x.device.type
         if torch.is_autocast_enabled(kind):
             x = x.to(torch.get_autocast_dtype(kind))
         with torch.autocast(kind, enabled=False):
-            return _Fp8Matmul.apply(x, self.weight, self.bias)
+            return _Fp8Matmul.apply(x, self.weight, self.bias, self.recipe)
 
 
-def convert_to_fp8(model: nn.Module, skip: set[int]) -> int:
+class _MxFp8Matmul(torch.autograd.Function):
+    """torchao's mx_mm (prototype/moe_training/mxfp8_linear.py, torchao 0.19): the input and
+    weight are saved as they arrive; forward casts both to float8 e4m3 with an e8m0 scale
+    per 32 values (dim 0); backward casts grad_output along both dims, the weight along dim
+    1 and the input along dim 1 (wgrad_with_hp=False, MXFP8Linear's default)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        flat = x.reshape(-1, x.shape[-1])
+        out = _cast(flat, E4M3, "mx", x.dtype) @ _cast(weight, E4M3, "mx", x.dtype).t()
+        out = out.reshape(*x.shape[:-1], weight.shape[0])
+        return out if bias is None else out + bias.to(out.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight = ctx.saved_tensors
+        flat_g = grad_out.contiguous().reshape(-1, grad_out.shape[-1])
+        flat_x = x.reshape(-1, x.shape[-1])
+        c = flat_g.dtype
+        w_t = _cast(weight.t().contiguous(), E4M3, "mx", c)    # the weight along dim 1
+        grad_x = (_cast(flat_g, E4M3, "mx", c) @ w_t.t()).to(x.dtype).reshape(x.shape)
+        del w_t
+        g_t = _cast(flat_g.t().contiguous(), E4M3, "mx", c)    # grad_output along dim 1
+        x_t = _cast(flat_x.t().contiguous(), E4M3, "mx", c)    # the input along dim 1
+        grad_w = g_t @ x_t.t()
+        grad_b = flat_g.sum(0) if ctx.needs_input_grad[2] else None
+        return grad_x, grad_w.to(weight.dtype), grad_b
+
+
+class MxFp8Linear(nn.Linear):
+    """nn.Linear as torchao's MXFP8Linear runs it: no cast of the input to autocast's
+    dtype (unlike Float8Linear), the output in the input's dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            return _MxFp8Matmul.apply(x, self.weight, self.bias)
+
+
+def convert_to_fp8(model: nn.Module, skip: set[int], recipe: str = "tensorwise") -> int:
+    """Give every nn.Linear not in `skip` the float8 forward of `recipe` (the same
+    parameters); returns how many were converted."""
     converted = 0
     for module in model.modules():
         if type(module) is nn.Linear and id(module) not in skip:
-            module.__class__ = Fp8Linear  # same parameters, new forward
+            if recipe == "mxfp8":
+                module.__class__ = MxFp8Linear
+            else:
+                module.__class__ = Fp8Linear
+                module.recipe = recipe
             converted += 1
     return converted
 

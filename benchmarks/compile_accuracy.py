@@ -1,0 +1,91 @@
+"""torch.compile: the trace's peak of a compiled step vs the same step compiled by Inductor
+and run for real on this CPU (issue 10, section 2).
+
+Three numbers per job, all for step 2 of the same job on tiny Hugging Face models:
+  eager       the trace, compile off (itself within 0.00% median of the CPU: trace_accuracy)
+  traced      the trace, compile on: AOTAutograd with Inductor's partitioner on fake
+              tensors, the results Inductor fuses away not counted (training/compiled.py)
+  inductor    the real thing: torch.compile with Inductor (C++ kernels on the CPU), the peak
+              from torch.profiler's allocator events (vramplan.validation.cpu_profiler_peak)
+Inductor on the CPU and on a GPU share the partitioner and the scheduler's fusion rules;
+their kernels differ, which the GPU run of benchmarks/gpu_validation.py checks.
+
+    nice .venv/bin/python benchmarks/compile_accuracy.py   # writes results/compile_accuracy.*
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import torch
+from common import QUICK, machine_line, results_dir  # noqa: E402 (benchmarks/common.py)
+
+from vramplan.engines.trace import run_trace
+from vramplan.job import Job, Peft
+from vramplan.validation import cpu_profiler_peak
+
+OUT = results_dir()
+
+LLAMA = dict(model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
+QWEN2 = dict(model_type="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
+GPT2 = dict(model_type="gpt2", n_embd=128, n_layer=2, n_head=4, vocab_size=512, n_positions=256)
+
+CASES = [  # (name, model config, job fields)
+    ("llama bf16-mixed", LLAMA, dict()),
+    ("llama fp32", LLAMA, dict(precision="fp32")),
+    ("llama bf16-pure", LLAMA, dict(precision="bf16-pure")),
+    ("llama bf16-mixed lora", LLAMA, dict(peft=Peft(rank=8, dropout=0.0))),
+    ("llama bf16-mixed full checkpointing", LLAMA, dict(checkpointing="full")),
+    ("llama bf16-mixed batch 4 x 256", LLAMA, dict(batch_size=4, seq_len=256)),
+    ("qwen2 bf16-mixed", QWEN2, dict()),
+    ("gpt2 fp32", GPT2, dict(precision="fp32")),
+    ("gpt2 bf16-mixed", GPT2, dict()),
+]
+if QUICK:
+    CASES = CASES[:1]
+
+
+def main() -> None:
+    rows = []
+    for name, config, fields in CASES:
+        base = dict(model="x", batch_size=2, seq_len=128, precision="bf16-mixed") | fields
+        eager = run_trace(Job(**base), model_config=dict(config)).peak(rounded=False)[0]
+        job = Job(**base, compile=True)
+        start = time.perf_counter()
+        traced = run_trace(job, model_config=dict(config)).peak(rounded=False)[0]
+        trace_s = time.perf_counter() - start
+        torch._dynamo.reset()
+        real = cpu_profiler_peak(job, model_config=dict(config))
+        rows.append(dict(name=name, eager=eager, traced=traced, inductor=real,
+                         error_pct=100 * (traced - real) / real,
+                         saving_pct=100 * (eager - real) / eager, trace_s=trace_s))
+        print(f"{name:38s} eager {eager:>9,} traced {traced:>9,} inductor {real:>9,} "
+              f"({rows[-1]['error_pct']:+.2f}%)", flush=True)
+    errors = [abs(r["error_pct"]) for r in rows]
+    summary = dict(machine=machine_line(), torch=torch.__version__, jobs=len(rows),
+                   median_abs_error_pct=statistics.median(errors),
+                   max_abs_error_pct=max(errors), rows=rows)
+    (OUT / "compile_accuracy.json").write_text(json.dumps(summary, indent=1) + "\n")
+    lines = ["# torch.compile: trace vs Inductor on the CPU\n",
+             f"Machine: {summary['machine']}, torch {summary['torch']}. Command: "
+             "`nice .venv/bin/python benchmarks/compile_accuracy.py`. Peaks of step 2 in "
+             "bytes, unrounded; nothing is fitted.\n",
+             f"Median |error| {summary['median_abs_error_pct']:.2f}%, max "
+             f"{summary['max_abs_error_pct']:.2f}% over {len(rows)} jobs.\n",
+             "| job | eager (trace) | compiled (trace) | compiled (Inductor, CPU) | error | "
+             "saved by compile |", "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['name']} | {r['eager']:,} | {r['traced']:,} | {r['inductor']:,} | "
+              f"{r['error_pct']:+.2f}% | {r['saving_pct']:.1f}% |" for r in rows]
+    lines += ["", "Where it misses: with full checkpointing Inductor recomputes the whole block "
+              "inside the compiled backward and its horizontal fusion computes several "
+              "recomputed results in one kernel, so more of them are alive at once than "
+              "when the trace runs the same graph op by op."]
+    (OUT / "compile_accuracy.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""The formula's model of a compiled step (engines/activations.py
+compiled_block_saved_tensors, formula._loss_buffers) against the trace, which compiles the
+real model (training/compiled.py)."""
+
+import pytest
+from tiny_configs import LLAMA
+
+from vramplan.api import estimate
+from vramplan.engines import activations as act
+from vramplan.engines.precision import dtypes_for
+from vramplan.errors import JobError
+from vramplan.job import Job, Peft
+from vramplan.models import load_architecture
+
+
+def test_compiled_llama_block_saves_what_the_partitioner_keeps():
+    stack = load_architecture("llama-3.2-1b").stacks[0]
+    job = Job(model="llama-3.2-1b", batch_size=2, seq_len=512, compile=True)
+    saved = act.compiled_block_saved_tensors(stack, act.BlockShape(2, 512), dtypes_for(job))
+    tokens, h, f, q, kv = 2 * 512, 2048, 8192, 32 * 64, 8 * 64
+    # the fp32 block input; an fp32 rsqrt per token for each of the 2 norms; in bf16 the
+    # attention norm's output, q and k after rotation and v, sdpa's output, the out
+    # projection's output, the MLP norm's output, gate's and up's outputs and their
+    # product; sdpa's fp32 log-sum-exp per head and token
+    expected = tokens * (4 * h + 2 * 4 + 2 * h + 2 * (q + 2 * kv) + 2 * q + 2 * h + 2 * h
+                         + 3 * 2 * f + 4 * 32)
+    assert sum(b for _, b in saved) == expected
+
+
+@pytest.mark.parametrize("precision, c", [("bf16-mixed", 2), ("fp32", 4)])
+def test_compiled_loss_keeps_the_logits_and_two_floats_per_token(precision, c):
+    from vramplan.engines import formula
+
+    job = Job(model="llama-3.2-1b", batch_size=4, seq_len=256, precision=precision,
+              compile=True)
+    arch = load_architecture(job.model)
+    shapes = formula._shapes(job, arch, "causal-lm")
+    forward, backward = formula._loss_buffers(job, arch, shapes, formula._activation_dtypes(job),
+                                              "causal-lm")
+    t = 4 * 256  # logits for every position (the last one's label is ignored, not cut)
+    tv = t * 128256
+    # forward: the logits in the compute dtype, the max and log-sum-exp in fp32 per token;
+    # backward: the logits' gradient beside the saved logits
+    assert (forward, backward) == (c * tv + 8 * t, 2 * c * tv + 8 * t)
+
+
+trace_module = pytest.importorskip("vramplan.engines.trace")
+
+
+@pytest.mark.parametrize("fields", [
+    dict(precision="bf16-mixed"), dict(precision="fp32"), dict(precision="bf16-pure"),
+    dict(precision="bf16-mixed", checkpointing="full"), dict(optimizer="sgd"),
+], ids=["bf16-mixed", "fp32", "bf16-pure", "full-checkpointing", "sgd"])
+def test_formula_follows_the_compiled_trace(fields):
+    job = Job(model="x", batch_size=8, seq_len=256, compile=True, **fields)
+    predicted = estimate(job, model_config=dict(LLAMA))
+    traced = trace_module.trace(job, model_config=dict(LLAMA))
+    for phase in ("forward", "backward"):
+        assert predicted.phase_peaks[phase] == pytest.approx(traced.phase_peaks[phase],
+                                                             rel=0.01), phase
+    assert predicted.peak_allocated == pytest.approx(traced.peak_allocated, rel=0.01)
+
+
+@pytest.mark.parametrize("fields, reason", [
+    (dict(peft=Peft(rank=8)), "LoRA adapters"),
+    (dict(attention="eager"), "eager attention"),
+    (dict(loss="chunked"), "the chunked loss"),
+])
+def test_formula_sends_what_it_does_not_model_to_the_trace(fields, reason):
+    with pytest.raises(JobError, match=f"{reason}.*use --engine trace"):
+        estimate(Job(model="llama-3.2-1b", compile=True, **fields))
+
+
+def test_formula_refuses_compiled_gpt2_blocks():
+    with pytest.raises(JobError, match="layernorm, a gelu MLP.*use --engine trace"):
+        estimate(Job(model="gpt2", compile=True))
+
+
+def test_compiled_block_streams_each_tensor_once():
+    from vramplan.planning.traffic import _block_forward
+
+    arch = load_architecture("llama-3.2-1b")
+    stack = arch.stacks[0]
+    job = Job(model="llama-3.2-1b", batch_size=2, seq_len=512, compile=True)
+    ops, kernels = _block_forward(job, arch, stack, 512, dtypes_for(job), "sdpa")
+    tokens, h, q, kv, f = 1024, 2048, 2048, 512, 8192
+    # 2 norms: read the fp32 residual, write bf16; rotary: read and write q and k in bf16;
+    # sdpa: read q, k, v, write o; 2 residual adds: read 2, write 1 in fp32; act(gate) *
+    # up: read 2, write 1 in bf16
+    assert ops == {"norm": 2 * tokens * h * (4 + 2), "rotary": 2 * 2 * tokens * (q + kv),
+                   "attention io": 2 * tokens * (2 * q + 2 * kv),
+                   "residual": 2 * 3 * 4 * tokens * h, "activation": 3 * 2 * tokens * f}
+    assert kernels == 2 + 1 + 1 + 2 + 1
+    eager, _ = _block_forward(job.model_copy(update={"compile": False}), arch, stack, 512,
+                              dtypes_for(job), "sdpa")
+    assert sum(ops.values()) < sum(eager.values())
