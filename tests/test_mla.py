@@ -218,3 +218,9 @@ def test_stacked_experts_are_one_grouped_matmul_for_the_performance_model():
     arch = load_architecture("deepseek-v3")
     job = Job(model="deepseek-v3", batch_size=1, seq_len=1024)
     assert block_modules(job, arch, arch.stacks[1]) == 18
+
+
+def test_compiled_deepseek_is_left_to_the_trace():
+    job = Job(model="deepseek-v2-lite", batch_size=1, seq_len=512, compile=True)
+    with pytest.raises(JobError, match="multi-head latent attention.*--engine trace"):
+        formula.estimate(job)

@@ -463,8 +463,10 @@ def compiled_block_unsupported(stack: Stack, *, attention: str, adapters: Adapte
                (stack.mlp != "gated", f"a {stack.mlp} MLP"),
                (stack.num_experts > 1, "mixture-of-experts"),
                (stack.qk_norm, "query/key norms"), (stack.cross_attention, "cross-attention"),
+               (stack.latent_attention is not None, "multi-head latent attention"),
                (not rotary, "learned positions"), (norms_per_block != 2, "extra norms"),
-               (len(_pick(stack, "attn_in")) != 3, "a fused q/k/v projection"),
+               (len(_pick(stack, "attn_in")) != 3 and stack.latent_attention is None,
+                "a fused q/k/v projection"),
                (attention != "sdpa", f"{attention} attention"), (dropout > 0, "dropout"),
                (bool(adapters.targets) or not adapters.base_trainable, "LoRA adapters")]
     return ", ".join(why for bad, why in reasons if bad)
