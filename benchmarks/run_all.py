@@ -28,6 +28,7 @@ BENCHMARKS: list[tuple[list[str], bool]] = [
     (["trace_speed.py"], True),
     (["gpu_validation.py", "--rescore"], False),    # traces 19 real-size jobs
     (["frameworks_vs_trace.py"], True),
+    (["mla_vs_trace.py"], True),                    # DeepSeek-style tiny models
     (["compile_accuracy.py"], True),                # quick: 1 job, Inductor on the CPU
     (["float8_vs_trace.py"], True),                 # quick: 2 jobs
     (["formula_vs_trace_random.py"], True),         # quick: 4 random jobs

@@ -91,7 +91,7 @@ def test_list_models_filters():
     small = list_models(max_params=200_000_000)
     assert "gpt2" in {e.name for e in small} and all(e.params <= 200_000_000 for e in small)
     big = list_models(min_params=100_000_000_000)
-    assert {e.name for e in big} == {"llama-3.1-405b"}
+    assert {e.name for e in big} == {"llama-3.1-405b", "deepseek-v3"}
     assert list_models(family="nope") == []
 
 

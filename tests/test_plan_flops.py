@@ -13,7 +13,7 @@ from vramplan.planning.flops import step_flops
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tiny_configs import BERT, GPT2, LLAMA, T5, VIT, WHISPER  # noqa: E402
+from tiny_configs import BERT, DEEPSEEK_V3, GPT2, LLAMA, T5, VIT, WHISPER  # noqa: E402
 
 MIXTRAL = dict(model_type="mixtral", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
@@ -21,6 +21,9 @@ MIXTRAL = dict(model_type="mixtral", hidden_size=64, intermediate_size=96, num_h
                # the experts' loop of linears: FlopCounterMode has no formula for the
                # grouped matmul transformers runs by default
                experts_implementation="eager")
+DEEPSEEK = dict(DEEPSEEK_V3, experts_implementation="eager")
+# q/k and v heads of one size: CPU sdpa runs its flash kernel (else its math path)
+DEEPSEEK_EQUAL_HEADS = dict(DEEPSEEK, v_head_dim=24)
 
 
 def _counted(job: Job, config: dict) -> int:
@@ -63,6 +66,11 @@ def _counted(job: Job, config: dict) -> int:
     (WHISPER, dict(seq_len=16)),
     (VIT, dict(batch_size=4)),
     (MIXTRAL, dict()),
+    (DEEPSEEK, dict(attention="eager")),
+    (DEEPSEEK, dict(attention="eager", checkpointing="full")),
+    (DEEPSEEK, dict(attention="eager", peft=Peft(rank=4, target_modules=(
+        "q_a_proj", "kv_b_proj", "o_proj")))),
+    (DEEPSEEK_EQUAL_HEADS, dict()),
 ])
 def test_flops_match_flop_counter(tmp_path, config, changes):
     path = tmp_path / "config.json"

@@ -15,3 +15,12 @@ VIT = dict(model_type="vit", hidden_size=32, intermediate_size=64, num_hidden_la
            num_attention_heads=2, image_size=16, patch_size=8, num_labels=3)
 BERT = dict(model_type="bert", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, vocab_size=256, max_position_embeddings=64)
+# DeepSeek-V3's layout in miniature: multi-head latent attention (q and kv latents, a rotary
+# part, value heads narrower than q/k), one dense block then MoE blocks of 8 routed experts
+# (top-2 from 1 of 2 groups) and a shared expert
+DEEPSEEK_V3 = dict(model_type="deepseek_v3", hidden_size=64, intermediate_size=128,
+                   moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+                   num_key_value_heads=4, q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16,
+                   qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
+                   n_group=2, topk_group=1, n_shared_experts=1, first_k_dense_replace=1,
+                   vocab_size=256, max_position_embeddings=1024)

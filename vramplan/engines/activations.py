@@ -84,9 +84,8 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
     bias comes from an embedding, so it has the weights' dtype (fp32 under autocast).
     """
     b, s = shape.batch, shape.seq
-    h, a, k, d, f = (stack.hidden_size, stack.num_heads, stack.num_kv_heads, stack.head_dim,
-                     stack.intermediate_size)
-    n_h, n_q, n_kv = b * s * h, b * s * a * d, b * s * k * d
+    h, a, d, f = stack.hidden_size, stack.num_heads, stack.head_dim, stack.intermediate_size
+    n_h, n_q = b * s * h, b * s * a * d
     c = dt.compute
     saved: list[tuple[str, int]] = []
 
@@ -140,22 +139,28 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
     # --- self-attention ---------------------------------------------------------------
     norm("attn norm")
     linear_inputs("attn in", n_h, _pick(stack, "attn_in"), fp32_norm_out)
-    if stack.qk_norm:
-        # RMSNorm on the queries and keys (Qwen3, OLMo-2, Gemma-3) saves what a block norm
-        # saves, over the q and k projections' outputs
-        norm("q norm", n_q)
-        norm("k norm", n_kv)
-    saved.extend(_attention_core(b, s, s, a, k, d, c, attention, attention_dropout,
-                                 upcast_softmax or dt.autocast, "self", score_softcap))
-    if trained_bias and attention == "sdpa":
-        saved.append(("position bias copy", dt.residual * a * s * s))
-    if len(_pick(stack, "attn_in")) == 1 and rotary:
-        # one fused q/k/v projection: q and k are rotated copies, and v is a view that keeps
-        # the whole output alive
-        saved.append(("fused qkv output", c * (n_q + n_kv)))
-    # eager attention's head merge makes a copy; sdpa's is a view unless q was contiguous
-    merged_is_view = attention == "sdpa" and not sdpa_query_contiguous
-    linear_inputs("attn out", n_q, _pick(stack, "attn_out"), False, merged_is_view)
+    if stack.latent_attention is not None:
+        mla = stack.latent_attention
+        for tensor, rank, reader in (("q latent", mla.q_lora_rank, "q_b_proj"),
+                                     ("kv latent", mla.kv_lora_rank, "kv_b_proj")):
+            if rank:
+                # RMSNorm over the 16-bit latent: its fp32 copy, and the normalised 16-bit
+                # tensor its weight multiplies (not saved when the weight is frozen); the
+                # product is fp32 under autocast (an fp32 weight), cast by the b projection
+                trained = c if adapters.base_trainable else 0
+                saved.append((f"{tensor} norm", (4 + trained) * b * s * rank))
+                linear_inputs(tensor, b * s * rank, [reader], fp32_norm_out)
+        merged_is_view = _latent_attention_core(saved, stack, shape, c, attention,
+                                                attention_dropout)
+        linear_inputs("attn out", b * s * a * mla.v_head_dim, _pick(stack, "attn_out"), False,
+                      merged_is_view)
+    else:
+        merged_is_view = _self_attention_core(
+            saved, stack, shape, dt, attention=attention, attention_dropout=attention_dropout,
+            upcast_softmax=upcast_softmax, score_softcap=score_softcap,
+            trained_bias=trained_bias, rotary=rotary,
+            sdpa_query_contiguous=sdpa_query_contiguous, norm=norm)
+        linear_inputs("attn out", n_q, _pick(stack, "attn_out"), False, merged_is_view)
     dropout_mask("attn resid dropout", n_h, hidden_dropout)
 
     # --- cross-attention (decoder of encoder-decoder) ------------------------------------
@@ -170,6 +175,13 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
         dropout_mask("cross resid dropout", n_h, hidden_dropout)
 
     # --- MLP ------------------------------------------------------------------------------
+    if stack.router:
+        norm("mlp norm")
+        _deepseek_moe(saved, stack, shape, dt, adapters, activation, linear_inputs,
+                      fp32_norm_out)
+        for i in range(norms_per_block - 2):
+            norm(f"extra norm {i + 1}")
+        return saved
     routed = stack.experts_per_token if stack.num_experts > 1 else 1
     n_f = b * s * f * routed
     norm("mlp norm")
@@ -196,6 +208,118 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
     return saved
 
 
+def _self_attention_core(saved: list[tuple[str, int]], stack: Stack, shape: BlockShape,
+                         dt: Dtypes, *, attention: str, attention_dropout: float,
+                         upcast_softmax: bool, score_softcap: bool, trained_bias: bool,
+                         rotary: bool, sdpa_query_contiguous: bool, norm) -> bool:
+    """Multi-head (or grouped-query) attention between the q/k/v projections and the output
+    projection; returns whether the head merge feeding the output projection is a view."""
+    b, s, c = shape.batch, shape.seq, dt.compute
+    a, k, d = stack.num_heads, stack.num_kv_heads, stack.head_dim
+    n_q, n_kv = b * s * a * d, b * s * k * d
+    if stack.qk_norm:
+        # RMSNorm on the queries and keys (Qwen3, OLMo-2, Gemma-3) saves what a block norm
+        # saves, over the q and k projections' outputs
+        norm("q norm", n_q)
+        norm("k norm", n_kv)
+    saved.extend(_attention_core(b, s, s, a, k, d, c, attention, attention_dropout,
+                                 upcast_softmax or dt.autocast, "self", score_softcap))
+    if trained_bias and attention == "sdpa":
+        saved.append(("position bias copy", dt.residual * a * s * s))
+    if len(_pick(stack, "attn_in")) == 1 and rotary:
+        # one fused q/k/v projection: q and k are rotated copies, and v is a view that keeps
+        # the whole output alive
+        saved.append(("fused qkv output", c * (n_q + n_kv)))
+    # eager attention's head merge makes a copy; sdpa's is a view unless q was contiguous
+    return attention == "sdpa" and not sdpa_query_contiguous
+
+
+def _latent_attention_core(saved: list[tuple[str, int]], stack: Stack, shape: BlockShape,
+                           c: int, attention: str, dropout: float) -> bool:
+    """Multi-head latent attention (transformers' DeepseekV2/V3Attention) from the latents'
+    b projections to the output projection; returns whether the head merge is a view.
+
+    The query is a new tensor (the cat of its nope and rotated parts, cast to 16-bit under
+    autocast), the key a new [b, heads, s, nope + rope] tensor (expand_kv's new_empty); the
+    value is a split view of kv_b_proj's output."""
+    mla = stack.latent_attention
+    b, s, a = shape.batch, shape.seq, stack.num_heads
+    dq, dv = mla.qk_head_dim, mla.v_head_dim
+    qk = c * 2 * b * s * a * dq
+    if attention == "sdpa":
+        # sdpa keeps the value as given, so kv_b_proj's whole output stays; with q/k and v
+        # head sizes equal, flash attention returns the output in q's contiguous
+        # [b, heads, s, d] layout and merging the heads copies it; with them unequal
+        # (DeepSeek: 192 vs 128) flash cannot run and CUDA's memory-efficient kernel writes
+        # [b, s, heads, d], so the merge is a view
+        kv_out = c * b * s * a * (mla.qk_nope_head_dim + dv)
+        saved.extend([("mla q, k", qk), ("kv_b_proj output (v is a view)", kv_out),
+                      ("sdpa out", c * b * s * a * dv), ("logsumexp", 4 * b * a * s)])
+        return dq != dv
+    scores = b * a * s * s
+    # eager: softmax in fp32 and its 16-bit copy for p @ v. matmul folds v's batch and head
+    # dimensions into one: a view of kv_b_proj's output (kept whole) when the batch is 1,
+    # else a contiguous copy of v
+    value = (("kv_b_proj output (v is a view)", c * b * s * a * (mla.qk_nope_head_dim + dv))
+             if b == 1 else ("v contiguous copy", c * b * s * a * dv))
+    saved.extend([("mla q, k", qk), ("softmax fp32", 4 * scores), value])
+    if dropout > 0:
+        saved.append(("attn dropout", (1 + c) * scores))
+    elif c != 4:
+        saved.append(("probs 16-bit", c * scores))
+    return False
+
+
+def _deepseek_moe(saved: list[tuple[str, int]], stack: Stack, shape: BlockShape, dt: Dtypes,
+                  adapters: Adapters, activation: str, linear_inputs,
+                  fp32_norm_out: bool) -> None:
+    """DeepSeek's MoE block as transformers 5 runs it (DeepseekV2Moe / DeepseekV3MoE with
+    the grouped_mm experts of integrations/moe.py): the router, the routed experts on the
+    tokens sorted by expert, and the shared experts (one gated MLP)."""
+    b, s, c, h = shape.batch, shape.seq, dt.compute, stack.hidden_size
+    tokens, k, f = b * s, stack.experts_per_token, stack.intermediate_size
+    routed = tokens * k
+    trained = adapters.base_trainable
+    # the router reads hidden.float(): under autocast its linear casts that to 16-bit (one
+    # more cast of the norm output, beside the shared experts'); without autocast a 16-bit
+    # model keeps the fp32 copy. A frozen router saves no input.
+    readers = ["gate", *_pick(stack, "shared_in")]
+    linear_inputs("mlp in", tokens * h, readers, fp32_norm_out)
+    if trained and not dt.autocast and c != 4:
+        saved.append(("router fp32 input", 4 * tokens * h))
+    # router logits are 16-bit under autocast, else fp32
+    logit = c if dt.autocast else 4
+    if stack.router == "sigmoid":
+        # V3: sigmoid scores; gather of the top-k by index (int64); the top-k weights and
+        # their fp32 sum (norm_topk_prob), kept by the in-place division
+        saved.append(("router sigmoid scores", logit * tokens * stack.num_experts))
+        saved.append(("router top-k indices and weights", (8 + logit) * routed + 4 * tokens))
+        weight = logit
+    else:
+        # V2: softmax in fp32; top-k keeps its indices
+        saved.append(("router softmax fp32", 4 * tokens * stack.num_experts))
+        saved.append(("router top-k indices", 8 * routed))
+        weight = 4
+    # the sort by expert (perm), the token index perm // k, the inverse permutation (int64),
+    # the int32 offsets, and each routed copy's weight
+    saved.append(("expert permutations", 3 * 8 * routed + 4 * stack.num_experts
+                  + weight * routed))
+    if trained:
+        saved.append(("expert inputs gathered", c * routed * h))
+    # gate_up output (gate and up are views), the activation's output; the product is the
+    # down projection's input (saved when the experts train)
+    saved.append(("expert gate/up/act", (2 * c + _activation_saved_bytes(activation, dt))
+                  * routed * f))
+    if trained:
+        saved.append(("expert product", c * routed * f))
+    saved.append(("expert outputs", c * routed * h))  # multiplied by the routing weights
+    # shared experts: a gated MLP every token runs
+    shared = tokens * stack.shared_intermediate_size
+    saved.append(("shared gate/up/act", (2 * c + _activation_saved_bytes(activation, dt))
+                  * shared))
+    linear_inputs("shared mid", shared, _pick(stack, "shared_out"), False)
+
+
 def _attention_core(b: int, s_q: int, s_k: int, a: int, k: int, d: int, c: int, attention: str,
                     dropout: float, fp32_softmax: bool, tag: str,
                     softcap: bool = False) -> list[tuple[str, int]]:
@@ -219,6 +343,12 @@ def _attention_core(b: int, s_q: int, s_k: int, a: int, k: int, d: int, c: int, 
     return out
 
 
+def _value_head_size(stack: Stack) -> int:
+    """The attention output's head size (multi-head latent attention: v_head_dim)."""
+    mla = stack.latent_attention
+    return mla.v_head_dim if mla else stack.head_dim
+
+
 def _pick(stack: Stack, role: str) -> list[str]:
     """Names of the block's linears that play `role` (see Linear.role)."""
     return [ln.name for ln in stack.linears if ln.role == role]
@@ -226,8 +356,14 @@ def _pick(stack: Stack, role: str) -> list[str]:
 
 def _width(tensor: str, stack: Stack) -> int:
     """Feature width of a named block tensor (to turn its element count into tokens)."""
+    mla = stack.latent_attention
     if tensor == "mlp mid":
         return stack.intermediate_size
+    if tensor == "shared mid":
+        return stack.shared_intermediate_size
+    if mla is not None and tensor in ("q latent", "kv latent", "attn out"):
+        return {"q latent": mla.q_lora_rank, "kv latent": mla.kv_lora_rank,
+                "attn out": stack.num_heads * mla.v_head_dim}[tensor]
     if tensor in ("attn out", "cross out"):
         return stack.num_heads * stack.head_dim
     return stack.hidden_size
@@ -238,7 +374,7 @@ def block_matmul_outputs(stack: Stack, shape: BlockShape, dt: Dtypes, *, attenti
     """What selective checkpointing keeps of one block (torchtitan's "op" policy): its
     input and the outputs of its matmuls and attention kernels; the rest is recomputed."""
     b, s, c = shape.batch, shape.seq, dt.compute
-    a, d = stack.num_heads, stack.head_dim
+    a, d = stack.num_heads, _value_head_size(stack)
     routed = stack.experts_per_token if stack.num_experts > 1 else 1
     kept = [("block input", dt.residual * b * s * stack.hidden_size)]
     for ln in stack.linears:
@@ -267,7 +403,7 @@ def block_op_sac_outputs(stack: Stack, shape: BlockShape, dt: Dtypes, *, attenti
     whose count is even is recomputed; a linear with a bias runs as aten.addmm, which is
     always saved and not counted. In a Llama block that keeps q, v, gate and down."""
     b, s, c = shape.batch, shape.seq, dt.compute
-    a, d = stack.num_heads, stack.head_dim
+    a, d = stack.num_heads, _value_head_size(stack)
     routed = stack.experts_per_token if stack.num_experts > 1 else 1
     kept = [("block input", dt.residual * b * s * stack.hidden_size)]
     mm_count = 0
@@ -350,8 +486,10 @@ def compiled_block_unsupported(stack: Stack, *, attention: str, adapters: Adapte
                (stack.mlp != "gated", f"a {stack.mlp} MLP"),
                (stack.num_experts > 1, "mixture-of-experts"),
                (stack.qk_norm, "query/key norms"), (stack.cross_attention, "cross-attention"),
+               (stack.latent_attention is not None, "multi-head latent attention"),
                (not rotary, "learned positions"), (norms_per_block != 2, "extra norms"),
-               (len(_pick(stack, "attn_in")) != 3, "a fused q/k/v projection"),
+               (len(_pick(stack, "attn_in")) != 3 and stack.latent_attention is None,
+                "a fused q/k/v projection"),
                (attention != "sdpa", f"{attention} attention"), (dropout > 0, "dropout"),
                (adapters.dropout > 0, "LoRA dropout"),
                (adapters.upcast_bytes > 0, "fp32 adapters on a 16-bit model without autocast")]

@@ -43,7 +43,9 @@ from vramplan.models import Architecture, Stack, architecture_from_config, load_
 from vramplan.models.families import (
     EAGER_ONLY,
     LEARNED_POSITIONS,
+    PEFT_EXPERT_TARGETS,
     SDPA_QUERY_CONTIGUOUS,
+    STACKED_EXPERTS,
     TRAINED_ATTENTION_BIAS,
     text_len,
 )
@@ -361,7 +363,8 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
         if job.peft.method == "qlora":
             per = (NF4_DOUBLE_QUANT_BYTES_PER_PARAM if job.peft.double_quant
                    else NF4_BYTES_PER_PARAM)
-            weights = linear_params * per + (frozen - linear_params) * base
+            nf4 = sum(s.num_layers * _nf4_params(arch, s) for s in arch.stacks)
+            weights = nf4 * per + (frozen - nf4) * base
             # bitsandbytes dequantises one weight at a time to 16-bit for its matmul
             cast_head = max((ln.in_features * ln.out_features for s in arch.stacks
                         for ln in s.linears), default=0) * 2
@@ -370,7 +373,7 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
         else:
             weights = frozen * base
         weights += adapters * adapter_bytes(job) + head * dt.weight
-        block_bytes = max((_block_base_bytes(job, s, base) for s in arch.stacks), default=0)
+        block_bytes = max((_block_base_bytes(job, arch, s, base) for s in arch.stacks), default=0)
         largest = max((ln.in_features * ln.out_features for s in arch.stacks
                        for ln in s.linears), default=1)
         dt = Dtypes(adapter_bytes(job), adapter_bytes(job), dt.compute, dt.residual,
@@ -410,13 +413,21 @@ def _fp8_gathered_block(job: Job, arch: Architecture) -> float:
                default=0)
 
 
-def _block_base_bytes(job: Job, stack: Stack, base: int) -> float:
+def _block_base_bytes(job: Job, arch: Architecture, stack: Stack, base: int) -> float:
     """One block of a PEFT base as stored: QLoRA keeps its linears' weights in NF4."""
     if job.peft is None or job.peft.method != "qlora":
         return stack.params_per_layer * base
     per = NF4_DOUBLE_QUANT_BYTES_PER_PARAM if job.peft.double_quant else NF4_BYTES_PER_PARAM
-    weights = sum(ln.in_features * ln.out_features * ln.count for ln in stack.linears)
+    weights = _nf4_params(arch, stack)
     return weights * per + (stack.params_per_layer - weights) * base
+
+
+def _nf4_params(arch: Architecture, stack: Stack) -> int:
+    """Weights of one block that QLoRA stores in NF4: its nn.Linear weights (not stacked
+    experts, families.STACKED_EXPERTS)."""
+    stacked = arch.model_type in STACKED_EXPERTS
+    return sum(ln.in_features * ln.out_features * ln.count for ln in stack.linears
+               if not (stacked and ln.count > 1))
 
 
 def _hidden(arch: Architecture) -> int:
@@ -432,6 +443,13 @@ def _largest_tensor(arch: Architecture) -> int:
 
 def _adapter_params(job: Job, arch: Architecture) -> int:
     targets = set(job.peft.target_modules)
+    on_experts = targets & PEFT_EXPERT_TARGETS.get(arch.model_type, frozenset())
+    if on_experts:
+        raise JobError(f"LoRA target_modules {sorted(on_experts)}: on {arch.model_type} peft "
+                       "puts these adapters on the routed experts' stacked parameters and the "
+                       "router, which the formula does not model; target the attention "
+                       "projections (q_a_proj, q_b_proj, q_proj, kv_a_proj_with_mqa, kv_b_proj, "
+                       "o_proj), or use --engine trace")
     names = {ln.name for s in arch.stacks for ln in s.linears}
     if "all-linear" not in targets and not targets & names:
         raise JobError(f"LoRA target_modules {sorted(targets)} match no linear layer of "

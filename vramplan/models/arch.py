@@ -27,8 +27,28 @@ class Linear:
     bias: bool
     count: int = 1     # how many copies per block (MoE experts)
     # What the layer reads and writes, for the activation model: attn_in (q/k/v), attn_out,
-    # cross_q, cross_kv, cross_out, mlp_in (up/gate/fc1), mlp_out (down/fc2), router.
+    # cross_q, cross_kv, cross_out, mlp_in (up/gate/fc1), mlp_out (down/fc2), router;
+    # multi-head latent attention adds attn_latent (q_b_proj, kv_b_proj: read a normed
+    # latent), DeepSeek's shared experts shared_in / shared_out.
     role: str = ""
+
+
+@dataclass(frozen=True)
+class LatentAttention:
+    """Multi-head latent attention (DeepSeek-V2/V3): queries through a low-rank latent
+    (q_a_proj -> RMSNorm -> q_b_proj, or one q_proj when q_lora_rank is 0), keys and values
+    from one normed latent (kv_a_proj_with_mqa -> RMSNorm -> kv_b_proj) plus a rotary key
+    part shared by all heads."""
+
+    q_lora_rank: int        # 0 = a plain q_proj (DeepSeek-V2-Lite)
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True)
@@ -54,6 +74,13 @@ class Stack:
     sequence: Literal["text", "audio", "patches"] = "text"
     # RMSNorm on queries and keys before attention (Qwen3, OLMo-2, Gemma-3)
     qk_norm: bool = False
+    # multi-head latent attention (head_dim is then the q/k head size, nope + rope)
+    latent_attention: LatentAttention | None = None
+    # DeepSeek MoE: the router's scores ("sigmoid" group-limited top-k, V3; "softmax"
+    # greedy top-k, V2) and the shared experts' width (one gated MLP every token runs);
+    # "" = the generic MoE model (Mixtral, Qwen3-MoE)
+    router: str = ""
+    shared_intermediate_size: int = 0
 
 
 @dataclass(frozen=True)

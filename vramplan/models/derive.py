@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import ModelConfigError
-from .arch import Architecture, Linear, Stack
+from .arch import Architecture, LatentAttention, Linear, Stack
 
 _MISSING = object()
 # Larger sizes are typos: no tensor dimension or layer count comes near 2**31 (and torch
@@ -188,6 +188,104 @@ def _llama_like(c: _Cfg) -> Architecture:
         default_task="causal-lm", vocab_size=vocab,
         max_positions=c.opt_int("max_position_embeddings", 0) or None, tied_embeddings=tie,
         hidden_dropout=c.float("resid_pdrop") if mt == "phi3" else 0.0,
+        attention_dropout=c.float("attention_dropout"), num_labels=num_labels)
+
+
+# ---------------------------------------------------------------- deepseek (MLA + MoE)
+
+
+# transformers 5.24's defaults for the keys a DeepSeek config may leave out
+# (models/deepseek_v2|v3/configuration_deepseek_v2|v3.py); V3's are DeepSeek-V3's values
+_DEEPSEEK_DEFAULTS = {
+    "deepseek_v2": dict(first_k_dense_replace=0, kv_lora_rank=512, q_lora_rank=1536,
+                        n_routed_experts=64, n_shared_experts=2, qk_nope_head_dim=128,
+                        qk_rope_head_dim=64, v_head_dim=128, moe_intermediate_size=1407),
+    "deepseek_v3": dict(first_k_dense_replace=3, kv_lora_rank=512, q_lora_rank=1536,
+                        n_routed_experts=256, n_shared_experts=1, qk_nope_head_dim=128,
+                        qk_rope_head_dim=64, v_head_dim=128, moe_intermediate_size=2048,
+                        num_experts_per_tok=8),
+}
+
+
+def _deepseek(c: _Cfg) -> Architecture:
+    """DeepSeek-V2/V3 (transformers' DeepseekV2/V3ForCausalLM): multi-head latent attention
+    in every block; the first `first_k_dense_replace` blocks have a dense SwiGLU MLP, the
+    rest a MoE of routed experts (one 3-D parameter each for gate/up and down), a router
+    and shared experts (one SwiGLU MLP of n_shared_experts x moe_intermediate_size). They
+    are two stacks: dense, then sparse. DeepSeek-V3's multi-token-prediction layer
+    (num_nextn_predict_layers) is not built by transformers, so it is not counted."""
+    mt = c.model_type
+    defaults = _DEEPSEEK_DEFAULTS[mt]
+
+    def opt(key: str) -> int:
+        return c.opt_int(key, defaults[key]) if key in defaults else c.int(key)
+
+    h, layers, nh = c.int("hidden_size"), c.int("num_hidden_layers"), c.int("num_attention_heads")
+    vocab, inter = c.int("vocab_size"), c.int("intermediate_size")
+    # an explicit null q_lora_rank means one q_proj (DeepSeek-V2-Lite); a missing key, the default
+    q_rank = c.raw.get("q_lora_rank", defaults["q_lora_rank"])
+    q_rank = 0 if q_rank is None else _Cfg({"q_lora_rank": q_rank}, c.name).int("q_lora_rank")
+    mla = LatentAttention(q_rank, opt("kv_lora_rank"), opt("qk_nope_head_dim"),
+                          opt("qk_rope_head_dim"), opt("v_head_dim"))
+    experts, top_k = opt("n_routed_experts"), opt("num_experts_per_tok")
+    moe_inter, shared = opt("moe_intermediate_size"), opt("n_shared_experts")
+    dense_layers = min(opt("first_k_dense_replace"), layers)
+    attn_bias = bool(c.get("attention_bias", False))
+    mlp_bias = bool(c.get("mlp_bias", False)) if mt == "deepseek_v2" else False
+    tie = bool(c.get("tie_word_embeddings", False))
+
+    dq = mla.qk_head_dim
+    if q_rank:
+        query = [Linear("q_a_proj", h, q_rank, attn_bias, role="attn_in"),
+                 Linear("q_b_proj", q_rank, nh * dq, False, role="attn_latent")]
+    else:
+        query = [Linear("q_proj", h, nh * dq, False, role="attn_in")]
+    attn = query + [
+        Linear("kv_a_proj_with_mqa", h, mla.kv_lora_rank + mla.qk_rope_head_dim, attn_bias,
+               role="attn_in"),
+        Linear("kv_b_proj", mla.kv_lora_rank, nh * (mla.qk_nope_head_dim + mla.v_head_dim),
+               False, role="attn_latent"),
+        Linear("o_proj", nh * mla.v_head_dim, h, attn_bias, role="attn_out")]
+    # RMSNorms: input and post-attention (h each), q_a_layernorm, kv_a_layernorm
+    norms = 2 * h + q_rank + mla.kv_lora_rank
+
+    def gated(width: int, role_in: str, role_out: str) -> list[Linear]:
+        return [Linear("gate_proj", h, width, mlp_bias, role=role_in),
+                Linear("up_proj", h, width, mlp_bias, role=role_in),
+                Linear("down_proj", width, h, mlp_bias, role=role_out)]
+
+    def stack(n: int, mlp: list[Linear], **moe) -> Stack:
+        linears = tuple(attn + mlp)
+        return Stack(role="decoder", num_layers=n, hidden_size=h, num_heads=nh, num_kv_heads=nh,
+                     head_dim=dq, intermediate_size=moe.pop("width", inter), mlp="gated",
+                     norm="rmsnorm", linears=linears,
+                     params_per_layer=_lin_params(linears) + norms, latent_attention=mla,
+                     **moe)
+
+    stacks = []
+    if dense_layers:
+        stacks.append(stack(dense_layers, gated(inter, "mlp_in", "mlp_out")))
+    if layers > dense_layers:
+        # checkpoint names (mlp.experts.N.gate_proj/up_proj/down_proj) with the experts'
+        # prefix, apart from the shared experts' and dense MLPs' nn.Linear; "gate" is the
+        # router. (LoRA targets on these names are refused: families.PEFT_EXPERT_TARGETS)
+        routed = [Linear("gate", h, experts, False, role="router"),
+                  *(Linear(f"experts.{n}", i, o, False, experts, role)
+                    for n, i, o, role in (("gate_proj", h, moe_inter, "mlp_in"),
+                                          ("up_proj", h, moe_inter, "mlp_in"),
+                                          ("down_proj", moe_inter, h, "mlp_out")))]
+        stacks.append(stack(layers - dense_layers,
+                            routed + gated(moe_inter * shared, "shared_in", "shared_out"),
+                            width=moe_inter, num_experts=experts, experts_per_token=top_k,
+                            router="sigmoid" if mt == "deepseek_v3" else "softmax",
+                            shared_intermediate_size=moe_inter * shared))
+    num_labels = c.num_labels(2)
+    return Architecture(
+        name=c.name, model_type=mt, kind="decoder", stacks=tuple(stacks),
+        embedding_params=vocab * h, other_params=h,
+        head_params={"causal-lm": 0 if tie else vocab * h, "seq-classification": h * num_labels},
+        default_task="causal-lm", vocab_size=vocab,
+        max_positions=c.opt_int("max_position_embeddings", 0) or None, tied_embeddings=tie,
         attention_dropout=c.float("attention_dropout"), num_labels=num_labels)
 
 
@@ -439,7 +537,7 @@ def _whisper(c: _Cfg) -> Architecture:
 _BUILDERS: dict[str, Callable[[_Cfg], Architecture]] = {
     **{mt: _llama_like for mt in _LLAMA_LIKE},
     "gpt2": _gpt2, "bert": _bert_like, "roberta": _bert_like, "t5": _t5, "vit": _vit,
-    "resnet": _resnet, "whisper": _whisper,
+    "resnet": _resnet, "whisper": _whisper, "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))
@@ -504,6 +602,8 @@ def _with_roles(linears: tuple[Linear, ...]) -> tuple[Linear, ...]:
     """Tag each linear with what it reads (Linear.role), from the block's layer order:
     attention sets come first (the second one of a decoder block is cross-attention),
     their output projection follows, then the MLP, whose last linear is its output."""
+    if all(ln.role for ln in linears):
+        return linears  # set by the family's builder (DeepSeek)
     roles, attention_sets, in_attention = [], 0, False
     for ln in linears:
         cross = attention_sets > 1

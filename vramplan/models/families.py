@@ -17,6 +17,19 @@ SDPA_QUERY_CONTIGUOUS = frozenset({"whisper", "phi3"})
 # transformers runs attention eagerly whatever is asked (it changes the scores first)
 EAGER_ONLY = frozenset({"gemma2"})
 
+# LoRA targets peft puts on a MoE's stacked expert parameters and its router instead of on
+# nn.Linear modules of that name (peft 0.21.2 utils/transformers_weight_conversion.py,
+# _MOE_TARGET_MODULE_MAPPING["qwen2_moe"], the pattern transformers 5 gives DeepSeek;
+# "all-linear" includes them). The formula does not model those adapters.
+PEFT_EXPERT_TARGETS = {mt: frozenset({"gate", "gate_proj", "up_proj", "down_proj", "all-linear"})
+                       for mt in ("deepseek_v2", "deepseek_v3")}
+
+# transformers 5 keeps these families' routed experts as stacked 3-D parameters, not
+# nn.Linear: bitsandbytes (and the trace's stand-in) quantise nn.Linear only, so QLoRA
+# leaves them 16-bit. (Mixtral and Qwen3-MoE keep theirs the same way; the formula still
+# counts those in 4-bit.)
+STACKED_EXPERTS = frozenset({"deepseek_v2", "deepseek_v3"})
+
 DEFAULT_TEXT_LEN = 2048
 
 

@@ -8,7 +8,10 @@ steps of tiny models):
     input requires one, and its weight's gradient only when the weight trains (a frozen
     PEFT base does neither in the first block, where nothing before it trains);
   * a LoRA adapter adds x @ A and (x A) @ B, and their gradients;
-  * MoE experts see each token top-k times; the router is a linear;
+  * MoE experts see each token top-k times; the router is a linear; DeepSeek's shared
+    experts see every token;
+  * multi-head latent attention: its low-rank projections are linears, and q k^T uses the
+    q/k head size (nope + rope), p v the value head size;
   * attention does q @ k^T and p @ v (and 4 matmuls backward). Flash and memory-efficient
     kernels skip the tiles above a causal mask's diagonal; eager attention computes them
     (`dense_attention=True` counts every tile, as FlopCounterMode does);
@@ -139,7 +142,10 @@ def _early_stop(stack: Stack, tokens: int, adapters: frozenset[str], post_norms:
     the block's last matmul, whose output nothing saves, is skipped, unless a norm reads
     it (Gemma-2's post-MLP norm). With LoRA on it, the base matmul runs (it comes first)
     and only lora_B, the last, is skipped; its FLOPs are small and left in."""
-    last = [ln for ln in stack.linears if ln.role == "mlp_out"]
+    # DeepSeek's MoE runs its shared experts after the routed ones (their output is saved
+    # by the routing weights' product): the shared down projection comes last
+    last_role = "shared_out" if stack.shared_intermediate_size else "mlp_out"
+    last = [ln for ln in stack.linears if ln.role == last_role]
     if post_norms or not last or last[-1].name in adapters:
         return 0.0
     ln = last[-1]
@@ -179,26 +185,40 @@ def _block(stack: Stack, tokens: int, enc_tokens: int, b: int, seq: int, enc_seq
     into = {c: PhaseFlops() for c in ("linear", "lora", "attention")}
     routed = stack.experts_per_token if stack.num_experts > 1 else 1
 
-    def run(role: str, n_tokens: int, in_grad: bool) -> bool:
+    def run(role: str, n_tokens: int, in_grad: bool, names: tuple[str, ...] = ()) -> bool:
         out_grad = False
         for ln in stack.linears:
-            if ln.role == role:
+            if ln.role == role and (not names or ln.name in names):
                 t = n_tokens * routed if ln.count > 1 else n_tokens
                 out_grad |= _linear(ln, t, in_grad, full_ft,
                                     rank if ln.name in adapters else 0, into)
         return out_grad
 
+    # q/k and v head sizes (multi-head latent attention's differ: nope + rope, and v)
+    mla = stack.latent_attention
+    d_qk, d_v = (mla.qk_head_dim, mla.v_head_dim) if mla else (stack.head_dim, stack.head_dim)
+
     def core(s_q: int, s_k: int, needs_grad: bool, is_causal: bool) -> None:
-        dense = 2 * 2 * b * stack.num_heads * s_q * s_k * stack.head_dim  # q k^T and p v
+        tile = 2 * b * stack.num_heads * s_q * s_k  # x head size = one s_q x s_k matmul
         fraction = 1.0
         if is_causal and attention == "sdpa" and not dense_attention and s_q > CAUSAL_TILE:
             fraction = (1 + CAUSAL_TILE / s_q) / 2
-        into["attention"].forward += dense * fraction
-        # fused kernels recompute q k^T in backward: 5 matmuls; eager keeps p: 4
-        backward = 2.5 if attention == "sdpa" else 2.0
-        into["attention"].backward += backward * dense * fraction if needs_grad else 0
+        into["attention"].forward += tile * (d_qk + d_v) * fraction  # q k^T and p v
+        # backward: dp = do v^T and dv = p^T do (v's size), dq = ds k and dk = ds^T q (q/k's);
+        # fused kernels also recompute q k^T, eager keeps p
+        backward = (3 if attention == "sdpa" else 2) * d_qk + 2 * d_v
+        into["attention"].backward += tile * backward * fraction if needs_grad else 0
 
-    qkv_grad = run("attn_in", tokens, grad_in)
+    if mla:
+        # two paths: q_a_proj -> q_b_proj (or one q_proj), kv_a_proj_with_mqa -> kv_b_proj
+        # (its rotary key part comes from kv_a directly)
+        q_grad = run("attn_in", tokens, grad_in, ("q_a_proj", "q_proj"))
+        q_grad = run("attn_latent", tokens, q_grad, ("q_b_proj",)) or q_grad
+        kv_grad = run("attn_in", tokens, grad_in, ("kv_a_proj_with_mqa",))
+        kv_grad = run("attn_latent", tokens, kv_grad, ("kv_b_proj",)) or kv_grad
+        qkv_grad = q_grad or kv_grad
+    else:
+        qkv_grad = run("attn_in", tokens, grad_in)
     core(seq, seq, qkv_grad, causal)
     h = run("attn_out", tokens, qkv_grad) or grad_in
     if stack.cross_attention:
@@ -209,6 +229,9 @@ def _block(stack: Stack, tokens: int, enc_tokens: int, b: int, seq: int, enc_seq
     run("router", tokens, h)
     mid = run("mlp_in", tokens, h)
     out = run("mlp_out", tokens, mid) or h
+    # DeepSeek's shared experts: a gated MLP over every token, beside the routed experts
+    shared = run("shared_in", tokens, h)
+    out = run("shared_out", tokens, shared) or out
     return into, out
 
 

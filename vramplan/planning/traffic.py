@@ -48,6 +48,7 @@ from vramplan.engines.formula import (
 from vramplan.engines.precision import dtypes_for
 from vramplan.job import Job
 from vramplan.models import Architecture, Stack, load_architecture
+from vramplan.models.families import STACKED_EXPERTS
 
 # Passes over the tensor per op, forward (see the module docstring).
 RMSNORM_PASSES_FP32 = 7      # upcast(r,w) pow(r,w) mean(r) mul(r,w) ... counted in fp32
@@ -110,7 +111,7 @@ def step_traffic(job: Job, arch: Architecture | None = None) -> Traffic:
             t.add(op, "backward", n * BACKWARD_OVER_FORWARD * nbytes, 0)
             if recompute:
                 t.add(op, "recompute", n * nbytes, 0)
-        linear_fwd, linear_bwd = _linear_kernels(job, stack, dt)
+        linear_fwd, linear_bwd = _linear_kernels(job, arch, stack, dt)
         if job.peft is None:  # norm weights (and biases): their gradients' AccumulateGrad
             linear_bwd += _norms_per_block(arch, stack) * (2 if stack.norm == "layernorm" else 1)
         t.kernels["forward"] += stack.num_layers * (kernels + linear_fwd)
@@ -136,7 +137,7 @@ def block_modules(job: Job, arch: Architecture, stack: Stack) -> float:
     """nn.Module calls of one block's forward: its linears (each expert of an MoE), norms,
     activation, dropouts, the block and its attention and MLP containers, LoRA's A, B and
     dropout per adapted linear."""
-    linears = sum(ln.count for ln in stack.linears)
+    linears = sum(_calls(arch, ln) for ln in stack.linears)
     dropouts = 3 if (arch.hidden_dropout or arch.attention_dropout) else 0
     adapted = 0
     if job.peft is not None:
@@ -203,14 +204,16 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
         drops = residuals + (1 if stack.mlp == "relu" else 0)
         add("dropout", drops * n_h * (2 * c + 1), drops)
     if stack.num_experts > 1:  # gather tokens to experts, scatter-add them back, router
+        launches = (GROUPED_MOE_KERNELS if arch.model_type in STACKED_EXPERTS
+                    else 6 + 4 * stack.num_experts)
         add("moe routing", 4 * c * tokens * routed * h + 8 * tokens * stack.num_experts,
-            6 + 4 * stack.num_experts)
+            launches)
     if job.peft is not None:
         _lora(job, stack, tokens, c, add)
     return ops, kernels
 
 
-def _linear_kernels(job: Job, stack: Stack, dt) -> tuple[float, float]:
+def _linear_kernels(job: Job, arch: Architecture, stack: Stack, dt) -> tuple[float, float]:
     """Kernels of a block's linears (matmuls included), forward and backward.
 
     Forward: the matmul (bias fused in addmm), and under autocast with fp32 weights a cast
@@ -219,7 +222,7 @@ def _linear_kernels(job: Job, stack: Stack, dt) -> tuple[float, float]:
     each gradient into .grad (a cast to fp32 under autocast)."""
     fwd = bwd = 0.0
     for ln in stack.linears:
-        n = ln.count if ln.count > 1 else 1
+        n = _calls(arch, ln)
         params = 1 + ln.bias
         casts = params if dt.autocast and job.peft is None else 0
         fwd += n * (1 + casts)
@@ -228,6 +231,21 @@ def _linear_kernels(job: Job, stack: Stack, dt) -> tuple[float, float]:
         else:
             bwd += n  # the input gradient only
     return fwd, bwd
+
+
+# DeepSeek's router and grouped-matmul experts (transformers 5,
+# integrations/moe.py grouped_mm_experts_forward and DeepseekV3TopkRouter.forward), kernels
+# besides the two grouped matmuls: router linear, sigmoid, bias add, group top-2, sum, group
+# top-k, zeros, scatter, masked fill, top-k, gather, sum, add, divide, scale (15); sort,
+# gather of the tokens, of their weights, histc, cumsum, weighting, inverse permutation
+# (empty, arange, index_put), reorder, sum over k, cast (12)
+GROUPED_MOE_KERNELS = 27
+
+
+def _calls(arch: Architecture, ln) -> int:
+    """Launches (and module calls) of one linear of a block: one per expert, except for
+    experts kept as one stacked parameter (families.STACKED_EXPERTS), one grouped matmul."""
+    return 1 if ln.count == 1 or arch.model_type in STACKED_EXPERTS else ln.count
 
 
 def _lora(job: Job, stack: Stack, tokens: int, c: int, add) -> None:

@@ -117,11 +117,11 @@ def architecture_from_built_model(config: dict, name: str, source: str = "") -> 
     """The Architecture of a config dict whose family derive.py does not know, read from the
     model transformers builds from it on the meta device. Parameter counts are exact."""
     if config.get("kv_lora_rank") or config.get("q_lora_rank"):
-        # DeepSeek-V2/V3-style multi-head latent attention: low-rank q/kv projections and a
-        # split rotary head the formula's attention model does not have
+        # multi-head latent attention outside DeepSeek-V2/V3 (whose configs derive.py reads):
+        # its blocks' linears do not say how the latents feed the heads
         raise ModelConfigError(f"{name}: {config['model_type']!r} uses multi-head latent "
-                               "attention (kv_lora_rank), which the formula does not model: "
-                               "use --engine trace")
+                               "attention (kv_lora_rank); the formula models it for "
+                               "deepseek_v2 and deepseek_v3 configs only: use --engine trace")
     model, hf, task = build_on_meta(config, name)
     try:
         blocks = _blocks(model)
