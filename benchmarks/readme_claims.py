@@ -136,9 +136,15 @@ def _extra_rows():
         yield (f"formula vs trace on framework-profile jobs "
                f"({len(_load('frameworks_vs_trace.json')['rows'])}: torchtitan op-SAC, "
                "torchtune losses and adapters, kept gradients, low-bit and paged optimizers, "
-               "CPU offload)",
+               "CPU offload, torch.compile)",
                (f"peak allocated: median \\|difference\\| {_pct(f['median_abs'])}, max "
                 f"{_pct(f['max_abs'])}", f"`frameworks_vs_trace.py` ({VM})"))
+    if (RESULTS / "compile_accuracy.json").exists():
+        c = _load("compile_accuracy.json")
+        yield (f"trace of a `--compile` step vs the same step compiled by Inductor and run "
+               f"for real on the CPU ({c['jobs']} tiny Llama/Qwen2/GPT-2 jobs)",
+               (f"peak: median \\|error\\| {c['median_abs_error_pct']:.2f}%, max "
+                f"{c['max_abs_error_pct']:.2f}%", f"`compile_accuracy.py` ({VM})"))
     if (RESULTS / "formula_vs_trace_random.json").exists():
         r = _load("formula_vs_trace_random.json")["summary"]
         yield ("formula vs trace on random small jobs (six families, every technique)",

@@ -17,6 +17,7 @@ the same builders the trace engine runs, so measure and trace see the same step.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import re
@@ -445,6 +446,10 @@ class _CpuProbe(_Probe):
         self.setup.optimizer.zero_grad(set_to_none=True)
         sizes = tensor_bytes(self.setup)
         self._live_at_start = sizes["weights"] + sizes["optimizer_states"]
+        # a profiler of an earlier measure that the garbage collector destroys while this
+        # one records ends the allocator's memory reporting for the process: destroy any
+        # such leftover first
+        gc.collect()
         self._profiler = torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
         self._profiler.__enter__()
