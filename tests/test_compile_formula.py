@@ -70,9 +70,11 @@ trace_module = pytest.importorskip("vramplan.engines.trace")
 @pytest.mark.parametrize("fields", [
     dict(precision="bf16-mixed"), dict(precision="fp32"), dict(precision="bf16-pure"),
     dict(precision="bf16-mixed", checkpointing="full"), dict(optimizer="sgd"),
+    dict(checkpointing="selective"), dict(checkpointing="selective:torchtitan-op"),
     dict(peft=Peft(rank=8, dropout=0.0)),
     dict(precision="bf16-pure", peft=Peft(rank=8, dropout=0.0, target_modules=("all-linear",))),
-], ids=["bf16-mixed", "fp32", "bf16-pure", "full-checkpointing", "sgd", "lora-attention",
+], ids=["bf16-mixed", "fp32", "bf16-pure", "full-checkpointing", "sgd", "selective",
+        "torchtitan-op-sac", "lora-attention",
         "lora-all-linear-bf16-pure"])
 def test_formula_follows_the_compiled_trace(fields):
     # four blocks: the first block of a LoRA model saves less (nothing below it trains), a

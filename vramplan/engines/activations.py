@@ -138,7 +138,7 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
 
     # --- self-attention ---------------------------------------------------------------
     norm("attn norm")
-    linear_inputs("attn in", n_h, _pick(stack, "attn_in"), fp32_norm_out)
+    linear_inputs("attn in", n_h, linear_names(stack, "attn_in"), fp32_norm_out)
     if stack.latent_attention is not None:
         mla = stack.latent_attention
         for tensor, rank, reader in (("q latent", mla.q_lora_rank, "q_b_proj"),
@@ -152,26 +152,26 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
                 linear_inputs(tensor, b * s * rank, [reader], fp32_norm_out)
         merged_is_view = _latent_attention_core(saved, stack, shape, c, attention,
                                                 attention_dropout)
-        linear_inputs("attn out", b * s * a * mla.v_head_dim, _pick(stack, "attn_out"), False,
-                      merged_is_view)
+        linear_inputs("attn out", b * s * a * mla.v_head_dim, linear_names(stack, "attn_out"),
+                      False, merged_is_view)
     else:
         merged_is_view = _self_attention_core(
             saved, stack, shape, dt, attention=attention, attention_dropout=attention_dropout,
             upcast_softmax=upcast_softmax, score_softcap=score_softcap,
             trained_bias=trained_bias, rotary=rotary,
             sdpa_query_contiguous=sdpa_query_contiguous, norm=norm)
-        linear_inputs("attn out", n_q, _pick(stack, "attn_out"), False, merged_is_view)
+        linear_inputs("attn out", n_q, linear_names(stack, "attn_out"), False, merged_is_view)
     dropout_mask("attn resid dropout", n_h, hidden_dropout)
 
     # --- cross-attention (decoder of encoder-decoder) ------------------------------------
     if stack.cross_attention:
         n_enc = b * shape.encoder_seq * h
         norm("cross norm")
-        linear_inputs("cross q in", n_h, _pick(stack, "cross_q"), fp32_norm_out)
-        linear_inputs("encoder out", n_enc, _pick(stack, "cross_kv"), dt.autocast)
+        linear_inputs("cross q in", n_h, linear_names(stack, "cross_q"), fp32_norm_out)
+        linear_inputs("encoder out", n_enc, linear_names(stack, "cross_kv"), dt.autocast)
         saved.extend(_attention_core(b, s, shape.encoder_seq, a, a, d, c, attention,
                                      attention_dropout, upcast_softmax or dt.autocast, "cross"))
-        linear_inputs("cross out", n_q, _pick(stack, "cross_out"), False, merged_is_view)
+        linear_inputs("cross out", n_q, linear_names(stack, "cross_out"), False, merged_is_view)
         dropout_mask("cross resid dropout", n_h, hidden_dropout)
 
     # --- MLP ------------------------------------------------------------------------------
@@ -190,7 +190,7 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
         saved.append(("expert inputs gathered", c * b * s * routed * h))
         saved.append(("expert outputs", c * b * s * routed * h))
     linear_inputs("mlp in", n_h * (routed if stack.num_experts > 1 else 1),
-                  _pick(stack, "mlp_in"), fp32_norm_out and stack.num_experts == 1)
+                  linear_names(stack, "mlp_in"), fp32_norm_out and stack.num_experts == 1)
     if stack.mlp == "gated":
         # gate out (act input), act out, up out: each saved by the elementwise product
         saved.append(("gate/up/act", (2 * c + _activation_saved_bytes(activation, dt)) * n_f))
@@ -201,7 +201,7 @@ def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attentio
             act_bytes = c  # relu keeps its output, and the dropout after it makes a new one
         saved.append(("mlp act input", act_bytes * n_f))
     dropout_mask("mlp inner dropout", n_f, hidden_dropout if stack.mlp == "relu" else 0.0)
-    linear_inputs("mlp mid", n_f, _pick(stack, "mlp_out"), False)
+    linear_inputs("mlp mid", n_f, linear_names(stack, "mlp_out"), False)
     dropout_mask("mlp resid dropout", n_h, hidden_dropout)
     for i in range(norms_per_block - 2 - int(stack.cross_attention)):
         norm(f"extra norm {i + 1}")  # Gemma-2's post-attention / post-MLP norms
@@ -226,7 +226,7 @@ def _self_attention_core(saved: list[tuple[str, int]], stack: Stack, shape: Bloc
                                  upcast_softmax or dt.autocast, "self", score_softcap))
     if trained_bias and attention == "sdpa":
         saved.append(("position bias copy", dt.residual * a * s * s))
-    if len(_pick(stack, "attn_in")) == 1 and rotary:
+    if len(linear_names(stack, "attn_in")) == 1 and rotary:
         # one fused q/k/v projection: q and k are rotated copies, and v is a view that keeps
         # the whole output alive
         saved.append(("fused qkv output", c * (n_q + n_kv)))
@@ -283,7 +283,7 @@ def _deepseek_moe(saved: list[tuple[str, int]], stack: Stack, shape: BlockShape,
     # the router reads hidden.float(): under autocast its linear casts that to 16-bit (one
     # more cast of the norm output, beside the shared experts'); without autocast a 16-bit
     # model keeps the fp32 copy. A frozen router saves no input.
-    readers = ["gate", *_pick(stack, "shared_in")]
+    readers = ["gate", *linear_names(stack, "shared_in")]
     linear_inputs("mlp in", tokens * h, readers, fp32_norm_out)
     if trained and not dt.autocast and c != 4:
         saved.append(("router fp32 input", 4 * tokens * h))
@@ -317,7 +317,7 @@ def _deepseek_moe(saved: list[tuple[str, int]], stack: Stack, shape: BlockShape,
     shared = tokens * stack.shared_intermediate_size
     saved.append(("shared gate/up/act", (2 * c + _activation_saved_bytes(activation, dt))
                   * shared))
-    linear_inputs("shared mid", shared, _pick(stack, "shared_out"), False)
+    linear_inputs("shared mid", shared, linear_names(stack, "shared_out"), False)
 
 
 def _attention_core(b: int, s_q: int, s_k: int, a: int, k: int, d: int, c: int, attention: str,
@@ -349,7 +349,7 @@ def _value_head_size(stack: Stack) -> int:
     return mla.v_head_dim if mla else stack.head_dim
 
 
-def _pick(stack: Stack, role: str) -> list[str]:
+def linear_names(stack: Stack, role: str) -> list[str]:
     """Names of the block's linears that play `role` (see Linear.role)."""
     return [ln.name for ln in stack.linears if ln.role == role]
 
@@ -457,7 +457,7 @@ def compiled_block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes,
     n_f = b * s * f
 
     def trained(role: str) -> list[str]:
-        names = _pick(stack, role)
+        names = linear_names(stack, role)
         return names if adapters.base_trainable else [n for n in names
                                                        if n in adapters.targets]
 
@@ -471,7 +471,7 @@ def compiled_block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes,
         saved.append(("mlp norm out", c * n_h))
     if trained("mlp_out"):
         saved.append(("gate * up", c * n_f))
-    if fp32_adapters and set(_pick(stack, "attn_out")) & adapters.targets:
+    if fp32_adapters and set(linear_names(stack, "attn_out")) & adapters.targets:
         saved.append(("out proj adapter input cast", c * n_q))
     lora = [ln for ln in stack.linears if ln.name in adapters.targets]
     if lora:
@@ -488,7 +488,7 @@ def compiled_block_unsupported(stack: Stack, *, attention: str, adapters: Adapte
                (stack.qk_norm, "query/key norms"), (stack.cross_attention, "cross-attention"),
                (stack.latent_attention is not None, "multi-head latent attention"),
                (not rotary, "learned positions"), (norms_per_block != 2, "extra norms"),
-               (len(_pick(stack, "attn_in")) != 3 and stack.latent_attention is None,
+               (len(linear_names(stack, "attn_in")) != 3 and stack.latent_attention is None,
                 "a fused q/k/v projection"),
                (attention != "sdpa", f"{attention} attention"), (dropout > 0, "dropout"),
                (adapters.dropout > 0, "LoRA dropout"),

@@ -585,6 +585,10 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
                       else act.block_op_sac_outputs)
             kept = policy(stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
                           attention=_attention_impl(job, arch), adapters=adapters)
+            if job.compile:  # the partitioner drops what backward never reads: the MLP's
+                # output projection only feeds the residual sum
+                unread = {f"{name} out" for name in act.linear_names(stack, "mlp_out")}
+                kept = [(name, b) for name, b in kept if name not in unread]
             # what selective keeps is a subset of what the block saves, and backward
             # recomputes only the rest of one block
             kept_bytes = min(sum(b for _, b in kept), block)
