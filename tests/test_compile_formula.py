@@ -47,6 +47,25 @@ def test_compiled_lora_block_saves_what_the_adapters_need():
     assert sum(b for _, b in saved) == expected
 
 
+def test_compiled_lora_dropout_keeps_each_adapters_input_and_mask():
+    stack = load_architecture("llama-3.2-1b").stacks[0]
+    job = Job(model="llama-3.2-1b", batch_size=2, seq_len=512, compile=True,
+              peft=Peft(rank=16, dropout=0.1, target_modules=("q_proj", "o_proj", "down_proj")))
+    adapters = act.Adapters(frozenset(job.peft.target_modules), 16, 0.1, base_trainable=False)
+    from vramplan.engines.formula import _activation_dtypes
+
+    saved = act.compiled_block_saved_tensors(stack, act.BlockShape(2, 512),
+                                             _activation_dtypes(job), adapters,
+                                             fp32_adapters=True)
+    tokens, h, f, q, kv = 2 * 512, 2048, 8192, 32 * 64, 8 * 64
+    # what every block keeps (as without adapters' inputs), the 3 adapters' A outputs, then
+    # per adapter its dropped-out bf16 input and 1-byte mask: q_proj reads the hidden
+    # state, o_proj the merged heads, down_proj gate * up; no shared norm output or cast
+    expected = tokens * (2 * h + 2 * 4 + 2 * (q + 2 * kv) + 2 * q + 4 * 32 + 2 * h + 2 * 2 * f
+                         + 3 * 2 * 16 + 3 * h + 3 * q + 3 * f)
+    assert sum(b for _, b in saved) == expected
+
+
 @pytest.mark.parametrize("precision, c", [("bf16-mixed", 2), ("fp32", 4)])
 def test_compiled_loss_keeps_the_logits_and_two_floats_per_token(precision, c):
     from vramplan.engines import formula
@@ -71,10 +90,10 @@ trace_module = pytest.importorskip("vramplan.engines.trace")
     dict(precision="bf16-mixed"), dict(precision="fp32"), dict(precision="bf16-pure"),
     dict(precision="bf16-mixed", checkpointing="full"), dict(optimizer="sgd"),
     dict(checkpointing="selective"), dict(checkpointing="selective:torchtitan-op"),
-    dict(peft=Peft(rank=8, dropout=0.0)),
+    dict(peft=Peft(rank=8, dropout=0.0)), dict(peft=Peft(rank=8, dropout=0.1)),
     dict(precision="bf16-pure", peft=Peft(rank=8, dropout=0.0, target_modules=("all-linear",))),
 ], ids=["bf16-mixed", "fp32", "bf16-pure", "full-checkpointing", "sgd", "selective",
-        "torchtitan-op-sac", "lora-attention",
+        "torchtitan-op-sac", "lora-attention", "lora-dropout",
         "lora-all-linear-bf16-pure"])
 def test_formula_follows_the_compiled_trace(fields):
     # four blocks: the first block of a LoRA model saves less (nothing below it trains), a
@@ -103,7 +122,6 @@ def test_torchtune_chunked_losses_compiled_follow_the_trace(loss):
 
 
 @pytest.mark.parametrize("fields, reason", [
-    (dict(peft=Peft(rank=8, dropout=0.05)), "LoRA dropout"),
     (dict(peft=Peft(method="qlora", rank=8, dropout=0.0)), "qlora"),
     (dict(attention="eager"), "eager attention"),
     (dict(loss="chunked"), "the chunked loss"),

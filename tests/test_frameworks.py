@@ -85,9 +85,9 @@ def test_bad_combinations_are_one_clear_line(data, message):
     assert "\n" not in str(error.value)
 
 
-def test_compile_with_lora_dropout_is_sent_to_the_trace():
-    with pytest.raises(JobError, match="LoRA dropout: use --engine trace"):
-        estimate(Job(model=MODEL, compile=True, peft=Peft(rank=8)))
+def test_compile_with_eager_attention_is_sent_to_the_trace():
+    with pytest.raises(JobError, match="eager attention: use --engine trace"):
+        estimate(Job(model=MODEL, compile=True, attention="eager"))
 
 
 # --- gradients kept between steps ------------------------------------------------------------
@@ -334,7 +334,7 @@ def test_cli_framework_flags(run_cli):
 
 @pytest.mark.parametrize("args, fragment", [
     (["--framework", "torchtitan", "--peft", "qlora"], "torchtitan does not support peft"),
-    (["--compile", "--lora-rank", "8"], "LoRA dropout: use --engine trace"),
+    (["--compile", "--attention", "eager"], "eager attention: use --engine trace"),
     (["--framework", "megatron"], "'megatron' is not one of"),
     (["--gpu", "T4"], "T4 (compute capability 7.5) has no bf16 tensor cores"),
 ])

@@ -447,19 +447,26 @@ def compiled_block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes,
     up's outputs (silu(gate) and the norms' fp32 tensors are recomputed). Then what the
     trained weights need: a norm's output once in the compute dtype for the linears that
     read it (eager autocast keeps one cast per linear), gate * up for down, and each LoRA
-    adapter's A output. fp32_adapters (fp32 LoRA under autocast): peft casts the out
-    projection's input for its adapter, a copy where the merged heads are otherwise a view
-    of sdpa's output. Weight copies under autocast are as in eager mode (counted apart)."""
+    adapter's A output; with LoRA dropout each adapter's dropped-out input and its 1-byte
+    mask instead of the shared inputs. fp32_adapters (fp32 LoRA under autocast): peft
+    casts the out projection's input for its adapter, a copy where the merged heads are
+    otherwise a view of sdpa's output. Weight copies under autocast are as in eager mode
+    (counted apart)."""
     b, s = shape.batch, shape.seq
     h, a, k, d, f = (stack.hidden_size, stack.num_heads, stack.num_kv_heads, stack.head_dim,
                      stack.intermediate_size)
     n_h, n_q, n_kv, c = b * s * h, b * s * a * d, b * s * k * d, dt.compute
     n_f = b * s * f
 
+    # with LoRA dropout each adapter reads its own dropped-out copy of its input, which it
+    # keeps with the 1-byte mask; without it the adapters read the shared input
+    dropped = adapters.dropout > 0 and not adapters.base_trainable
+
     def trained(role: str) -> list[str]:
         names = linear_names(stack, role)
-        return names if adapters.base_trainable else [n for n in names
-                                                       if n in adapters.targets]
+        if adapters.base_trainable:
+            return names
+        return [] if dropped else [n for n in names if n in adapters.targets]
 
     saved = [("block input", dt.residual * n_h), ("norm rsqrt x2", 2 * 4 * b * s),
              ("q, k (rotated), v", c * (n_q + 2 * n_kv)), ("sdpa out", c * n_q),
@@ -471,11 +478,16 @@ def compiled_block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes,
         saved.append(("mlp norm out", c * n_h))
     if trained("mlp_out"):
         saved.append(("gate * up", c * n_f))
-    if fp32_adapters and set(linear_names(stack, "attn_out")) & adapters.targets:
+    targets = set(linear_names(stack, "attn_out")) & adapters.targets
+    if fp32_adapters and targets and not dropped:
         saved.append(("out proj adapter input cast", c * n_q))
     lora = [ln for ln in stack.linears if ln.name in adapters.targets]
     if lora:
         saved.append((f"lora A out x{len(lora)}", len(lora) * c * b * s * adapters.rank))
+    if dropped:
+        inputs = {"attn_in": n_h, "attn_out": n_q, "mlp_in": n_h, "mlp_out": n_f}
+        saved.append((f"lora dropout out and mask x{len(lora)}",
+                      sum((c + 1) * inputs[ln.role] for ln in lora)))
     return saved
 
 
@@ -491,6 +503,5 @@ def compiled_block_unsupported(stack: Stack, *, attention: str, adapters: Adapte
                (len(linear_names(stack, "attn_in")) != 3 and stack.latent_attention is None,
                 "a fused q/k/v projection"),
                (attention != "sdpa", f"{attention} attention"), (dropout > 0, "dropout"),
-               (adapters.dropout > 0, "LoRA dropout"),
                (adapters.upcast_bytes > 0, "fp32 adapters on a 16-bit model without autocast")]
     return ", ".join(why for bad, why in reasons if bad)

@@ -746,8 +746,8 @@ def _check_compiled(job: Job, arch: Architecture, task: str) -> None:
             why.append(reason)
     if why:
         raise JobError(f"the formula models torch.compile for Llama-style blocks (RMSNorm, "
-                       f"rotary sdpa attention, gated MLP; full fine-tuning or LoRA without "
-                       f"dropout) and the causal-LM loss; this job has {'; '.join(why)}: use "
+                       f"rotary sdpa attention, gated MLP; full fine-tuning or LoRA) and "
+                       f"the causal-LM loss; this job has {'; '.join(why)}: use "
                        "--engine trace, which compiles the real model")
 
 
