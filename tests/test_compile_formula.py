@@ -27,16 +27,21 @@ def test_compiled_llama_block_saves_what_the_partitioner_keeps():
     assert sum(b for _, b in saved) == expected
 
 
-def test_compiled_lora_block_saves_what_the_adapters_need():
-    stack = load_architecture("llama-3.2-1b").stacks[0]
-    job = Job(model="llama-3.2-1b", batch_size=2, seq_len=512, compile=True,
-              peft=Peft(rank=16, dropout=0.0))  # q, k, v and o adapters, fp32, bf16-mixed
-    adapters = act.Adapters(frozenset(job.peft.target_modules), 16, 0.0, base_trainable=False)
+def _lora_block_bytes(peft: Peft) -> int:
+    """Bytes a compiled Llama-3.2-1B block saves for LoRA `peft` (fp32 adapters,
+    bf16-mixed, batch 2 x 512)."""
     from vramplan.engines.formula import _activation_dtypes
 
-    saved = act.compiled_block_saved_tensors(stack, act.BlockShape(2, 512),
-                                             _activation_dtypes(job), adapters,
-                                             fp32_adapters=True)
+    job = Job(model="llama-3.2-1b", batch_size=2, seq_len=512, compile=True, peft=peft)
+    adapters = act.Adapters(frozenset(peft.target_modules), peft.rank, peft.dropout,
+                            base_trainable=False)
+    saved = act.compiled_block_saved_tensors(load_architecture(job.model).stacks[0],
+                                             act.BlockShape(2, 512), _activation_dtypes(job),
+                                             adapters, fp32_adapters=True)
+    return sum(b for _, b in saved)
+
+
+def test_compiled_lora_block_saves_what_the_adapters_need():
     tokens, h, f, q, kv = 2 * 512, 2048, 8192, 32 * 64, 8 * 64
     # the frozen base keeps the residual stream in bf16: the block input; 2 fp32 rsqrt; q, k
     # (rotated), v; sdpa's output and fp32 log-sum-exp; the residual rebuild; gate's and
@@ -44,26 +49,18 @@ def test_compiled_lora_block_saves_what_the_adapters_need():
     # projection's input cast for its fp32 adapter; 4 adapters' A outputs of rank 16
     expected = tokens * (2 * h + 2 * 4 + 2 * (q + 2 * kv) + 2 * q + 4 * 32 + 2 * h + 2 * 2 * f
                          + 2 * h + 2 * q + 4 * 2 * 16)
-    assert sum(b for _, b in saved) == expected
+    assert _lora_block_bytes(Peft(rank=16, dropout=0.0)) == expected  # q, k, v, o adapters
 
 
 def test_compiled_lora_dropout_keeps_each_adapters_input_and_mask():
-    stack = load_architecture("llama-3.2-1b").stacks[0]
-    job = Job(model="llama-3.2-1b", batch_size=2, seq_len=512, compile=True,
-              peft=Peft(rank=16, dropout=0.1, target_modules=("q_proj", "o_proj", "down_proj")))
-    adapters = act.Adapters(frozenset(job.peft.target_modules), 16, 0.1, base_trainable=False)
-    from vramplan.engines.formula import _activation_dtypes
-
-    saved = act.compiled_block_saved_tensors(stack, act.BlockShape(2, 512),
-                                             _activation_dtypes(job), adapters,
-                                             fp32_adapters=True)
     tokens, h, f, q, kv = 2 * 512, 2048, 8192, 32 * 64, 8 * 64
     # what every block keeps (as without adapters' inputs), the 3 adapters' A outputs, then
     # per adapter its dropped-out bf16 input and 1-byte mask: q_proj reads the hidden
     # state, o_proj the merged heads, down_proj gate * up; no shared norm output or cast
     expected = tokens * (2 * h + 2 * 4 + 2 * (q + 2 * kv) + 2 * q + 4 * 32 + 2 * h + 2 * 2 * f
                          + 3 * 2 * 16 + 3 * h + 3 * q + 3 * f)
-    assert sum(b for _, b in saved) == expected
+    assert _lora_block_bytes(Peft(rank=16, dropout=0.1, target_modules=(
+        "q_proj", "o_proj", "down_proj"))) == expected
 
 
 @pytest.mark.parametrize("precision, c", [("bf16-mixed", 2), ("fp32", 4)])

@@ -44,7 +44,6 @@ from vramplan.engines.report import CATEGORIES, MemoryReport, ModuleUsage
 from vramplan.engines.trace_shard import sharding
 from vramplan.errors import EngineError, VramplanError
 from vramplan.job import Job
-from vramplan.training.compiled import in_fused_kernel
 from vramplan.training.patches import transformers_quirks
 from vramplan.training.placement import HOST, UNIFIED, current_placement
 from vramplan.training.private_api import (
@@ -144,7 +143,6 @@ class _Tracker(TorchDispatchMode):
         self.events: list[tuple[int, Storage]] = []  # (+1 alloc | -1 free, storage)
         self.marks: list[tuple[int, int, str]] = []  # (event index, step, phase)
         self.live: dict[int, Storage] = {}
-        self.fused: set[int] = set()  # storages of results a compiled step fuses away
         self.step, self.phase = 0, "build"
         self.module_stack: list[str] = []
         self.head_modules: set[str] = set()
@@ -153,7 +151,8 @@ class _Tracker(TorchDispatchMode):
         self.ops: set[str] = set()  # names of ops that made storages
         self._ops = 0
         # storages outside the GPU's caching allocator (training/placement.py): paged
-        # optimizer states in unified memory, offloaded tensors on the host
+        # optimizer states in unified memory, offloaded tensors on the host, results a
+        # compiled graph fuses away
         self.outside: dict[int, tuple[str, int]] = {}  # key -> (place, bytes)
         self.outside_live: dict[str, int] = defaultdict(int)
         self.outside_peak: dict[str, int] = defaultdict(int)
@@ -184,12 +183,7 @@ class _Tracker(TorchDispatchMode):
             return
         storage = t.untyped_storage()
         key = storage._cdata
-        if key in self.live or key in self.outside or storage.nbytes() == 0 \
-                or key in self.fused:
-            return
-        if in_fused_kernel():  # Inductor never writes this result (or views of it) to memory
-            self.fused.add(key)
-            weakref.finalize(storage, self.fused.discard, key)
+        if key in self.live or key in self.outside or storage.nbytes() == 0:
             return
         place = current_placement()
         if place is not None:

@@ -8,10 +8,10 @@ intermediate results never exist in memory.
 
 `apply_compile` compiles what torchtitan and torchtune compile: each transformer block and
 the loss. The backend depends on where the step runs:
-  - trace (fake tensors): `TRACE_BACKEND`, AOTAutograd with Inductor's decompositions and
+  - trace (fake tensors): `trace_backend()`, AOTAutograd with Inductor's decompositions and
     partitioner (the saved set is the one Inductor would get), whose graphs run node by
     node; a node Inductor would fuse into its consumers (`fused_nodes`) runs inside
-    `fused_kernel()`, and the trace does not count what it allocates. What this
+    `placed(FUSED)`, and the trace does not count what it allocates. What this
     approximates: Inductor's exact fusion choices (it may also materialise a chain with
     many readers), its reuse of a dead buffer for a new one of the same size, and memory
     its generated kernels allocate inside themselves;
@@ -23,9 +23,7 @@ eager versus compiled, on real CPU tensors (tests/test_compiled.py).
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -35,11 +33,12 @@ from torch import fx, nn
 from vramplan.errors import EngineError
 from vramplan.job import Job
 from vramplan.training import losses
+from vramplan.training.placement import FUSED, placed
 
 # ops Inductor generates into its own loops (and so can fuse), besides those tagged
 # pointwise: casts, copies, constants, indexing loads, concatenation, padding
 _INLINED = {"_to_copy", "clone", "copy", "full", "full_like", "scalar_tensor", "zeros",
-            "zeros_like", "ones", "ones_like", "expand", "cat", "slice", "select", "gather",
+            "zeros_like", "ones", "ones_like", "cat", "gather",
             "index", "embedding", "where", "constant_pad_nd", "iota", "arange",
             "convert_element_type", "lift_fresh_copy", "fill"}
 # ops that write into a copy of their first input: Inductor fuses the producer of that
@@ -50,24 +49,6 @@ _SCATTERS = {"scatter", "scatter_add", "index_put", "select_scatter", "slice_sca
 _VIEWS = {"view", "_unsafe_view", "reshape", "permute", "transpose", "t", "unsqueeze",
           "squeeze", "expand", "alias", "slice", "select", "split", "split_with_sizes",
           "unbind", "as_strided", "chunk", "narrow", "getitem"}
-
-_state = threading.local()
-
-
-def in_fused_kernel() -> bool:
-    """True while a graph node that Inductor would fuse away runs (the trace skips its
-    allocations)."""
-    return getattr(_state, "fused", 0) > 0
-
-
-@contextlib.contextmanager
-def fused_kernel() -> Iterator[None]:
-    _state.fused = getattr(_state, "fused", 0) + 1
-    try:
-        yield
-    finally:
-        _state.fused -= 1
-
 
 def _name(node: fx.Node) -> str:
     target = node.target
@@ -127,7 +108,7 @@ def fused_nodes(graph: fx.Graph) -> set[fx.Node]:
 
 
 class _FusingInterpreter(fx.Interpreter):
-    """Runs a graph node by node, fused nodes inside fused_kernel(). A fused node (or a
+    """Runs a graph node by node, fused nodes inside placed(FUSED). A fused node (or a
     view) stands for code inside the kernel of the node that reads it, so what it reads
     stays alive until that kernel has run: values are freed after their last use by a
     written node."""
@@ -153,7 +134,7 @@ class _FusingInterpreter(fx.Interpreter):
 
     def run_node(self, n: fx.Node):
         if n in self.fused:
-            with fused_kernel():
+            with placed(FUSED):
                 return super().run_node(n)
         return super().run_node(n)
 
