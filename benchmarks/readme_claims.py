@@ -108,11 +108,27 @@ def _extra_rows():
     if (RESULTS / "time_accuracy.json").exists():
         t = _load("time_accuracy.json")
         loo, fit = t["out_of_sample_leave_one_out"], t["in_sample_fit_all_runs"]
-        yield ("step time predicted vs measured on the H200 runs (performance model)",
+        shipped = t["in_sample_shipped_factors"]
+        yield ("step time predicted vs measured on the H200 runs, factors refitted on them "
+               "(as `vramplan calibrate` does)",
                (f"leave-one-out (out of sample): median \\|error\\| {_pct(loo['median_abs'], 1)},"
                 f" p90 {_pct(loo['p90_abs'], 1)} over {loo['runs']} runs (targets 10% / 25%); "
-                f"in-sample: median {_pct(fit['median_abs'], 1)}",
+                f"in-sample: median {_pct(fit['median_abs'], 1)}; shipped factors (in sample): "
+                f"median {_pct(shipped['median_abs'], 1)}",
                 f"`time_accuracy.py` ({H200})"))
+    if (RESULTS / "published_accuracy.json").exists():
+        a = _load("published_accuracy.json")
+        b = a["published_rows"]
+        loso, r35, r45 = b["loso"], b["rule_035"], b["rule_045"]
+        iv = a["interval_80"]
+        yield (f"step time on published training runs ({loso['rows']} rows: llm-foundry, "
+               "Megatron-LM, NeMo; A100, H100, B200, GB200/GB300; 8-6144 GPUs)",
+               (f"leave one source out (out of sample): median \\|error\\| "
+                f"{_pct(loso['median_abs'], 1)}, p90 {_pct(loso['p90_abs'], 1)} (targets 10% / "
+                f"30%); fixed MFU 0.35: {_pct(r35['median_abs'], 1)} / {_pct(r35['p90_abs'], 1)}"
+                f"; 0.45: {_pct(r45['median_abs'], 1)} / {_pct(r45['p90_abs'], 1)}; 80% "
+                f"interval covers {_pct(iv['coverage_leave_one_source_out'], 0)}",
+                f"`published_accuracy.py` ({VM}; throughputs as published by their sources)"))
     if (RESULTS / "plan_speed.json").exists():
         p = _load("plan_speed.json")
         cases = "; ".join(f"{c['case']}: {c['seconds_median']:.2f} s" for c in p["plan"])

@@ -34,6 +34,7 @@ BENCHMARKS: list[tuple[list[str], bool]] = [
     (["formula_vs_trace_random.py"], True),         # quick: 4 random jobs
     (["mutation_check.py"], True),                  # quick: 1 mutant
     (["time_accuracy.py"], True),                   # quick: 2 leave-one-out folds
+    (["published_accuracy.py"], True),              # quick: a subsample per fold
     (["plan_speed.py"], True),
     (["web_fuzz.py"], True),                        # schemathesis against the web API
     (["web_load.py"], True),                        # 20 clients x 5000 estimates

@@ -138,7 +138,9 @@ def markdown(result: dict) -> str:
              f"{result['machine']['scored_on']}.", "",
              "Error = predicted / measured - 1. **Out of sample** = leave-one-out (factors "
              "fitted on the other runs); **in sample** = factors fitted on all scored runs "
-             "(those shipped in vramplan/planning/efficiency.toml).", ""]
+             "(what `vramplan calibrate` would store for this GPU). The shipped factors of "
+             "vramplan/planning/efficiency.toml are fitted on these runs and on published runs "
+             "(benchmarks/published_accuracy.py), so they are in sample here too.", ""]
     for key, label in (("out_of_sample_leave_one_out", "out of sample (leave-one-out)"),
                        ("in_sample_fit_all_runs", "in sample (fit on all runs)"),
                        ("in_sample_shipped_factors", "in sample (shipped efficiency.toml)")):

@@ -257,6 +257,13 @@ class Performance(_Frozen):
     price_per_hour: float | None = Field(None, description="USD per GPU-hour used for the cost")
     cost_usd: float | None = Field(None, description="gpu_hours x price_per_hour")
     factors: str = Field("", description="where the efficiency factors come from")
+    step_time_range_s: tuple[float, float] | None = Field(
+        None, description="80% interval of the step time, from the model's out-of-sample "
+        "errors on published training runs (efficiency.toml [interval])")
+    training_time_range_s: tuple[float, float] | None = Field(
+        None, description="80% interval of the training time (as step_time_range_s)")
+    cost_range_usd: tuple[float, float] | None = Field(
+        None, description="80% interval of the cost (as step_time_range_s)")
     notes: list[str] = Field(default_factory=list, description="assumptions of the prediction")
 
 

@@ -9,6 +9,7 @@ from importlib import resources
 from pydantic import BaseModel, ConfigDict, Field
 
 from vramplan.hardware.gpu import GPU
+from vramplan.planning.gemm import GemmModel
 
 
 class Factors(BaseModel):
@@ -41,9 +42,62 @@ def architecture_of(gpu: GPU) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _table() -> dict[str, dict]:
+def _data() -> dict:
     path = resources.files("vramplan.planning").joinpath("efficiency.toml")
-    return tomllib.loads(path.read_text())["architectures"]
+    return tomllib.loads(path.read_text())
+
+
+def _table() -> dict[str, dict]:
+    return _data()["architectures"]
+
+
+def gemm_model() -> GemmModel:
+    """The GEMM shape model's constants ([gemm] of efficiency.toml)."""
+    g = _data()["gemm"]
+    return GemmModel(k0=float(g["k0"]), overhead_us=float(g["overhead_us"]))
+
+
+def interval() -> tuple[float, float]:
+    """(low, high) multipliers of a predicted time that hold the measured one 80% of the
+    time ([interval] of efficiency.toml)."""
+    import math
+
+    iv = _data()["interval"]
+    return math.exp(iv["log_low"]), math.exp(iv["log_high"])
+
+
+def sm_count(gpu: GPU) -> int | None:
+    """Streaming multiprocessors of `gpu` ([sm_count]); None when not listed."""
+    return _data()["sm_count"].get(gpu.name)
+
+
+def fp8_ratio(gpu: GPU) -> float:
+    """How much less of its fp8 peak than of its bf16 peak the architecture's best matmul
+    reaches (mamf_fp8 / mamf; 1 where fp8 was not measured)."""
+    data = _data()
+    arch = architecture_of(gpu)
+    lender = arch if arch in data["architectures"] else data["borrowed"].get(arch, "hopper")
+    row = data["architectures"][lender]
+    return row.get("mamf_fp8", row["mamf"]) / row["mamf"]
+
+
+def shipped_factors(arch: str, training: dict | None = None) -> Factors:
+    """The factors of an architecture: its measured matmul ceiling (or the one it borrows)
+    times the training shares of efficiency.toml (or `training`, when fitting)."""
+    data = _data()
+    table = data["architectures"]
+    lender = arch if arch in table else data["borrowed"].get(arch, "hopper")
+    shares = {**{k: v for k, v in data["training"].items() if k != "sources"},
+              **(training or {})}
+    matmul = min(1.0, table[lender]["mamf"] * shares.pop("matmul_share"))
+    attention = min(1.0, matmul * shares.pop("attention_ratio"))
+    if lender == arch:
+        source = (f"{arch}: measured matmul ceiling; shares fitted on published runs "
+                  "(efficiency.toml)")
+    else:
+        source = (f"{arch}: no measured matmul ceiling; {lender.capitalize()}'s borrowed "
+                  "(efficiency.toml)")
+    return Factors(matmul=matmul, attention=attention, **shares, source=source)
 
 
 @functools.lru_cache(maxsize=1)
@@ -74,16 +128,9 @@ def _calibrated(gpu: GPU) -> Factors | None:
 
 def factors_for(gpu: GPU, *, calibrated: bool = True) -> Factors:
     """The factors calibrated on the user's own runs of `gpu` if any (and `calibrated`);
-    else those of its architecture; Hopper's (our only measured one) otherwise, and
-    `source` says which."""
+    else those of its architecture, or of the architecture it borrows from, and `source`
+    says which."""
     own = _calibrated(gpu) if calibrated else None
     if own is not None:
         return own
-    table = _table()
-    arch = architecture_of(gpu)
-    if arch in table:
-        values, source = table[arch], f"{arch}: measured (efficiency.toml)"
-    else:
-        values = table["hopper"]
-        source = f"{arch}: not measured; Hopper's factors (efficiency.toml)"
-    return Factors(**{k: v for k, v in values.items() if k != "sources"}, source=source)
+    return shipped_factors(architecture_of(gpu))

@@ -34,8 +34,16 @@ from vramplan.job import Job
 from vramplan.models import Architecture, load_architecture
 from vramplan.planning.amount import TrainingAmount
 from vramplan.planning.comm import collectives
-from vramplan.planning.efficiency import Factors, factors_for
+from vramplan.planning.efficiency import (
+    Factors,
+    factors_for,
+    fp8_ratio,
+    gemm_model,
+    interval,
+    sm_count,
+)
 from vramplan.planning.flops import step_flops
+from vramplan.planning.gemm import shape_efficiency
 from vramplan.planning.traffic import step_traffic
 
 MICRO_PHASES = ("forward", "backward", "recompute")
@@ -162,6 +170,16 @@ def _per_gpu_work(job: Job, arch: Architecture) -> dict:
     return unit
 
 
+def _shape(job: Job, arch: Architecture, gpu: GPU, peak: float) -> float:
+    """gemm.shape_efficiency, memoised with the job's work (per GPU type)."""
+    memo = _work(job, arch)[2]
+    key = ("shape", gpu.name, peak)
+    if key not in memo:
+        ceiling = factors_for(gpu, calibrated=False).matmul
+        memo[key] = shape_efficiency(job, arch, gemm_model(), sm_count(gpu), peak * ceiling)
+    return memo[key]
+
+
 def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerms:
     """The step's work per GPU and phase, before efficiency factors (fitting reuses it)."""
     arch = arch or load_architecture(job.model)
@@ -169,7 +187,11 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
     peak = gpu.tflops[dtype] * 1e12
     bandwidth = gpu.bandwidth_bytes_s
     unit = _per_gpu_work(job, arch)
-    phases = [PhaseTerms(phase, job.grad_accum, mm / peak, attention / peak, moved / bandwidth,
+    shape = _shape(job, arch, gpu, peak)
+    if dtype == "fp8":  # fp8 GEMMs reach a smaller share of their (doubled) peak
+        shape *= fp8_ratio(gpu)
+    phases = [PhaseTerms(phase, job.grad_accum, mm / (peak * shape), attention / peak,
+                         moved / bandwidth,
                          kernels, mm + attention, moved, modules=modules)
               for phase, mm, attention, moved, kernels, modules in unit["phases"]]
     if job.offload.optimizer:
@@ -260,8 +282,16 @@ def predict(job: Job, gpu: GPU, amount: TrainingAmount | None = None, *,
         mfu=terms.model_flops_gpu / (step * terms.peak), flops_per_step=terms.flops_per_step,
         bound=by_time.bound, phases=phases, communication_s=comm_s, factors=factors.source,
         notes=list(terms.notes))
-    return Performance(**perf, **_training(amount, gpu, step, terms.tokens_per_step,
-                                           terms.samples_per_step, n))
+    training = _training(amount, gpu, step, terms.tokens_per_step, terms.samples_per_step, n)
+    low, high = interval()
+    perf["step_time_range_s"] = (step * low, step * high)
+    if training.get("training_time_s") is not None:
+        t = training["training_time_s"]
+        training["training_time_range_s"] = (t * low, t * high)
+    if training.get("cost_usd") is not None:
+        c = training["cost_usd"]
+        training["cost_range_usd"] = (c * low, c * high)
+    return Performance(**perf, **training)
 
 
 def performance_for(job: Job, gpu: str | GPU, *, tokens: int | None = None,

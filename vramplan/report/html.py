@@ -212,12 +212,16 @@ def performance_section(report: MemoryReport) -> Section:
 
     perf = report.performance
     kpis = kpis_html([
-        ("step time", duration(perf.step_time_s)),
+        ("step time", duration(perf.step_time_s) + (
+            f" (80%: {duration(perf.step_time_range_s[0])}-"
+            f"{duration(perf.step_time_range_s[1])})" if perf.step_time_range_s else "")),
         ("tokens/s (all GPUs)", f"{perf.tokens_per_s:,.0f}"),
         ("MFU", f"{100 * perf.mfu:.0f}%"),
         ("bound by", perf.bound),
         ("training time", duration(perf.training_time_s)),
-        ("cost", money(perf.cost_usd)),
+        ("cost", money(perf.cost_usd) + (
+            f" (80%: {money(perf.cost_range_usd[0])}-{money(perf.cost_range_usd[1])})"
+            if perf.cost_range_usd else "")),
     ])
     rows = [(p.phase, duration(p.time_s), p.per_step, p.bound) for p in perf.phases]
     body = kpis + table_html(("phase", "time", "x per step", "bound"), rows, numeric=(1, 2))

@@ -32,13 +32,23 @@ def print_performance(perf: Performance, console: Console) -> None:
     for p in perf.phases:
         table.add_row(p.phase, f"{1000 * p.time_s:,.1f} ms", str(p.per_step), p.bound)
     console.print(table)
-    console.print(f"step {1000 * perf.step_time_s:,.1f} ms, {perf.tokens_per_s:,.0f} tokens/s "
+    span = ""
+    if perf.step_time_range_s:
+        lo, hi = perf.step_time_range_s
+        span = f" (80%: {1000 * lo:,.1f}-{1000 * hi:,.1f} ms)"
+    console.print(f"step {1000 * perf.step_time_s:,.1f} ms{span}, "
+                  f"{perf.tokens_per_s:,.0f} tokens/s "
                   f"({perf.tokens_per_s_per_gpu:,.0f} per GPU), {perf.samples_per_s:,.2f} "
                   f"samples/s, MFU {100 * perf.mfu:.0f}%, bound by {perf.bound}")
     if perf.training_time_s is not None:
-        console.print(f"training: {perf.steps:,.0f} steps, {duration(perf.training_time_s)}, "
-                      f"{perf.gpu_hours:,.1f} GPU-hours, "
-                      + (f"{money(perf.cost_usd)} at ${perf.price_per_hour:g}/GPU-hour"
+        t_span = (f" (80%: {duration(perf.training_time_range_s[0])}-"
+                  f"{duration(perf.training_time_range_s[1])})"
+                  if perf.training_time_range_s else "")
+        c_span = (f" (80%: {money(perf.cost_range_usd[0])}-{money(perf.cost_range_usd[1])})"
+                  if perf.cost_range_usd else "")
+        console.print(f"training: {perf.steps:,.0f} steps, {duration(perf.training_time_s)}"
+                      f"{t_span}, {perf.gpu_hours:,.1f} GPU-hours, "
+                      + (f"{money(perf.cost_usd)}{c_span} at ${perf.price_per_hour:g}/GPU-hour"
                          if perf.cost_usd is not None else "no price known (--price-per-hour)"))
     for note in perf.notes:
         console.print(f"  note: {note}")

@@ -1,0 +1,273 @@
+"""Step-time accuracy on published training runs, leave one source out.
+
+The runs: benchmarks/data/published_runs/ (llm-foundry, Megatron-LM, NeMo / Megatron-Bridge
+tables; benchmarks/published_runs.py turns each row into a Job) and our own H200 runs
+(benchmarks/results/gpu_validation.json). The performance model's training shares
+(efficiency.toml [training]: matmul_share, attention_ratio, memory, kernel_us, overlap) are
+fitted on them, so every figure is scored **leave one source out**: the shares are fitted on
+the other sources and the left-out one is predicted. In-sample figures are labelled.
+
+Also reported, on the same rows: a fixed MFU rule (tokens/s = r x dense peak / model FLOPs
+per token, r = 0.35 and 0.45), and the coverage of the 80% interval (the 10th-90th
+percentile of the other sources' out-of-sample errors).
+
+    PYTHONPATH=. python benchmarks/published_accuracy.py          # score, write results
+    PYTHONPATH=. python benchmarks/published_accuracy.py --fit    # also print the shares
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import QUICK, machine_line, results_dir  # noqa: E402
+from published_runs import cases  # noqa: E402
+
+from vramplan.hardware import get_gpu  # noqa: E402
+from vramplan.job import Job  # noqa: E402
+from vramplan.planning.efficiency import architecture_of, shipped_factors  # noqa: E402
+from vramplan.planning.performance import step_terms, step_time  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+SHARES = ("matmul_share", "attention_ratio", "memory", "kernel_us", "overlap")
+START = {"matmul_share": 0.83, "attention_ratio": 0.75, "memory": 0.656, "kernel_us": 65.3,
+         "overlap": 0.8}
+BOUNDS = {"matmul_share": (0.3, 1.2), "attention_ratio": (0.2, 1.2), "memory": (0.1, 1.0),
+          "kernel_us": (1.0, 200.0), "overlap": (0.0, 1.0)}
+
+
+def _h200_runs() -> list[dict]:
+    data = json.loads((RESULTS / "gpu_validation.json").read_text())
+    gpu = data["machine"]["gpu"]
+    out = []
+    for row in data["rows"]:
+        measured = (row.get("measured") or {}).get("step_time_median_s")
+        job = row["job"]
+        stand_in = job.get("optimizer") in ("adamw-8bit", "paged-adamw-8bit") or \
+            job.get("precision") == "fp8"
+        if measured and not stand_in:
+            out.append({"id": "h200:" + ",".join(f"{k}={v}" for k, v in job.items()),
+                        "source": "vramplan-h200", "job": Job.model_validate(job),
+                        "gpu": gpu, "measured_step_s": measured})
+    return out
+
+
+def load() -> tuple[list[dict], list[dict]]:
+    """(scorable runs with their step terms, rows vramplan cannot express)."""
+    runs, skipped = [], []
+    for c in cases():
+        if c.job is None:
+            skipped.append({"id": c.id, "source": c.source, "why": c.skipped})
+            continue
+        runs.append({"id": c.id, "source": c.source, "job": c.job, "gpu": c.gpu,
+                     "measured_tps_gpu": c.measured_tokens_per_s_per_gpu,
+                     "assumed": c.assumed})
+    runs += _h200_runs()
+    kept = []
+    for run in runs:
+        gpu = get_gpu(run["gpu"])
+        try:
+            run["terms"] = step_terms(run["job"], gpu)
+        except Exception as error:  # said, never dropped silently
+            skipped.append({"id": run["id"], "source": run["source"],
+                            "why": f"{type(error).__name__}: {error}"})
+            continue
+        run["arch"] = architecture_of(gpu)
+        n = run["job"].parallel.num_gpus
+        if "measured_step_s" in run:
+            run["measured_tps_gpu"] = run["terms"].tokens_per_step / run["measured_step_s"] / n
+        kept.append(run)
+    return kept, skipped
+
+
+def predicted_tps_gpu(run: dict, shares: dict) -> float:
+    factors = shipped_factors(run["arch"], shares)
+    step = step_time(run["terms"], factors)
+    return run["terms"].tokens_per_step / step / run["job"].parallel.num_gpus
+
+
+def _loss(runs: list[dict], shares: dict) -> float:
+    # each source weighs the same, whatever its number of rows
+    by: dict[str, list[float]] = {}
+    for r in runs:
+        by.setdefault(r["source"], []).append(
+            abs(math.log(predicted_tps_gpu(r, shares) / r["measured_tps_gpu"])))
+    return sum(statistics.fmean(v) for v in by.values()) / len(by)
+
+
+def fit(runs: list[dict], start: dict | None = None, rounds: int = 4) -> dict:
+    """Coordinate search of the shares, in multiplicative steps that shrink each round."""
+    shares = dict(start or START)
+    best = _loss(runs, shares)
+    for step in (1.25, 1.1, 1.04, 1.015)[:rounds]:
+        improved = True
+        while improved:
+            improved = False
+            for key in SHARES:
+                for factor in (step, 1 / step):
+                    lo, hi = BOUNDS[key]
+                    trial = {**shares, key: min(hi, max(lo, shares[key] * factor))}
+                    loss = _loss(runs, trial)
+                    if loss < best - 1e-6:
+                        shares, best, improved = trial, loss, True
+    return shares
+
+
+def _summary(errors: list[float]) -> dict:
+    if not errors:
+        return {"rows": 0}
+    ordered = sorted(abs(e) for e in errors)
+    p90 = ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
+    return {"rows": len(ordered), "median_abs": statistics.median(ordered), "p90_abs": p90,
+            "median_signed": statistics.median(errors)}
+
+
+def _scale(n: int) -> str:
+    return "1" if n == 1 else "2-8" if n <= 8 else "9-128" if n <= 128 else ">128"
+
+
+def _rule(run: dict, r: float) -> float:
+    t = run["terms"]
+    n = run["job"].parallel.num_gpus
+    per_token = t.model_flops_gpu * n / t.tokens_per_step
+    return r * t.peak / per_token
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--fit", action="store_true", help="print the all-sources fit")
+    args = parser.parse_args()
+    out = args.out or results_dir()
+    started = time.perf_counter()
+    runs, skipped = load()
+    sources = sorted({r["source"] for r in runs})
+    folds = {}
+    for source in sources:
+        train = [r for r in runs if r["source"] != source]
+        if QUICK:
+            train = train[::8]
+        folds[source] = fit(train, rounds=2 if QUICK else 4)
+        for r in runs:
+            if r["source"] == source:
+                r["loso_tps_gpu"] = predicted_tps_gpu(r, folds[source])
+                r["loso_error"] = r["loso_tps_gpu"] / r["measured_tps_gpu"] - 1
+    all_fit = fit(runs, rounds=2 if QUICK else 4)
+    for r in runs:
+        r["in_sample_error"] = predicted_tps_gpu(r, all_fit) / r["measured_tps_gpu"] - 1
+        r["rule_035_error"] = _rule(r, 0.35) / r["measured_tps_gpu"] - 1
+        r["rule_045_error"] = _rule(r, 0.45) / r["measured_tps_gpu"] - 1
+    # the 80% interval for a source: 10th-90th percentile of the other sources' log errors
+    covered = []
+    for source in sources:
+        others = [math.log1p(r["loso_error"]) for r in runs if r["source"] != source]
+        lo, hi = _quantile(others, 0.1), _quantile(others, 0.9)
+        for r in runs:
+            if r["source"] == source:
+                # measured inside [pred / e^hi, pred / e^lo]
+                x = math.log(r["loso_tps_gpu"] / r["measured_tps_gpu"])
+                r["in_interval"] = lo <= x <= hi
+                covered.append(r["in_interval"])
+    logs = [math.log1p(r["loso_error"]) for r in runs]
+    published = [r for r in runs if r["source"] != "vramplan-h200"]
+
+    def block(rows: list[dict]) -> dict:
+        return {key: _summary([r[f"{key}_error"] for r in rows])
+                for key in ("loso", "in_sample", "rule_035", "rule_045")}
+
+    result = {
+        "machine": machine_line() + " (the CPU side; the runs were measured by their sources)",
+        "sources": sources,
+        "fit_all_sources_in_sample": all_fit,
+        "fit_per_left_out_source": folds,
+        "all_rows": block(runs),
+        "published_rows": block(published),
+        "by_source": {s: block([r for r in runs if r["source"] == s]) for s in sources},
+        "by_architecture": {a: block([r for r in published if r["arch"] == a])
+                            for a in sorted({r["arch"] for r in published})},
+        "by_scale": {s: block([r for r in published
+                               if _scale(r["job"].parallel.num_gpus) == s])
+                     for s in ("1", "2-8", "9-128", ">128")},
+        "interval_80": {"log_low": _quantile(logs, 0.1), "log_high": _quantile(logs, 0.9),
+                        "coverage_leave_one_source_out": sum(covered) / len(covered)},
+        "skipped": skipped,
+        "seconds": time.perf_counter() - started,
+        "quick": QUICK,
+        "rows": [{"id": r["id"], "source": r["source"], "gpu": r["gpu"],
+                  "num_gpus": r["job"].parallel.num_gpus,
+                  "measured_tokens_per_s_per_gpu": r["measured_tps_gpu"],
+                  "loso_tokens_per_s_per_gpu": r["loso_tps_gpu"],
+                  "loso_error": r["loso_error"], "in_sample_error": r["in_sample_error"],
+                  "rule_045_error": r["rule_045_error"], "in_interval": r["in_interval"],
+                  "assumed": r.get("assumed", [])} for r in runs],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "published_accuracy.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "published_accuracy.md").write_text(markdown(result))
+    print(markdown(result).split("\n| id")[0])
+    if args.fit:
+        print("fit on all sources (ship in efficiency.toml [training]):", all_fit)
+
+
+def _cell(s: dict) -> str:
+    if not s.get("rows"):
+        return "-"
+    return f"{100 * s['median_abs']:.1f}% / {100 * s['p90_abs']:.1f}%"
+
+
+def markdown(result: dict) -> str:
+    lines = ["# Step-time accuracy on published training runs", "",
+             f"Scored on {result['machine']}. Error = predicted / measured tokens/s per GPU - "
+             "1. Cells: median / p90 of |error|. **Out of sample** = leave one source out "
+             "(the shares fitted on the other sources); **in sample** = fitted on all of them "
+             "(those shipped). Fixed rule: r x dense peak / model FLOPs per token.", "",
+             "| rows | n | out of sample | in sample | fixed rule 0.35 | fixed rule 0.45 |",
+             "|---|---:|---:|---:|---:|---:|"]
+
+    def row(label: str, b: dict) -> None:
+        lines.append(f"| {label} | {b['loso'].get('rows', 0)} | {_cell(b['loso'])} | "
+                     f"{_cell(b['in_sample'])} | {_cell(b['rule_035'])} | "
+                     f"{_cell(b['rule_045'])} |")
+
+    row("all published rows", result["published_rows"])
+    row("all rows (with our H200 runs)", result["all_rows"])
+    for s, b in result["by_source"].items():
+        row(f"source: {s}", b)
+    for a, b in result["by_architecture"].items():
+        row(f"architecture: {a}", b)
+    for s, b in result["by_scale"].items():
+        if b["loso"].get("rows"):
+            row(f"GPUs: {s}", b)
+    iv = result["interval_80"]
+    lines += ["", f"80% interval: measured within x{math.exp(-iv['log_high']):.2f} to "
+              f"x{math.exp(-iv['log_low']):.2f} of the prediction; coverage, leave one source "
+              f"out: {100 * iv['coverage_leave_one_source_out']:.0f}%.", "",
+              "Shares fitted on all sources (in sample, shipped): "
+              + ", ".join(f"{k} {v:.3g}" for k, v in result["fit_all_sources_in_sample"].items()),
+              "", f"Rows vramplan cannot express: {len(result['skipped'])}"
+              + "".join(f"\n* {s['id']}: {s['why']}" for s in result["skipped"]), "",
+              "| id | source | GPUs | measured tok/s/GPU | out of sample | error |",
+              "|---|---|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['id']} | {r['source']} | {r['num_gpus']} | "
+                     f"{r['measured_tokens_per_s_per_gpu']:.0f} | "
+                     f"{r['loso_tokens_per_s_per_gpu']:.0f} | {100 * r['loso_error']:+.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""Published training runs as vramplan Jobs: what each row of benchmarks/data/published_runs/
+states, turned into a Job, a GPU and a measured tokens/s per GPU.
+
+The rows come from public benchmark tables (llm-foundry, Megatron-LM, NeMo / Megatron-Bridge;
+see benchmarks/data/published_runs/README.md). Where a row leaves a setting unstated, the
+choice made here is written in `assumed` of the case and in the table below, the same for
+every row of that source:
+
+  * micro-batch not stated (Megatron-LM tables): 1, the Megatron-LM default
+    (`--micro-batch-size`, arguments.py);
+  * checkpointing not stated (Megatron-LM 2024, NeMo): none (NeMo's performance recipes turn
+    recompute on only where they say so);
+  * precision not stated (Megatron-LM 2024): bf16 (its MFU is against the bf16 peak);
+  * Megatron-LM 2021 (Narayanan et al. 2021): only TP x PP is stated; TP fills the 8-GPU
+    node first (TP = min(8, TP x PP)), as in that paper's configurations;
+  * Megatron / NeMo data parallelism: the distributed optimizer (ZeRO-1 layout, `zero1`),
+    the NeMo performance recipes' default;
+  * interleaved pipelines: `virtual_pp` model chunks per GPU;
+  * Megatron-LM and NeMo run fused kernels (Transformer Engine, Apex): their memory-bound
+    work is timed as vramplan times compiled blocks (`compile`: one kernel per fused chain).
+
+Measured tokens/s per GPU: as published where the row gives it; for rows that give MFU
+(Megatron-LM), the published TFLOP/s per GPU divided by that source's own FLOPs per token.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vramplan.job import Job
+
+DATA = Path(__file__).parent / "data" / "published_runs"
+_CONFIGS = Path(tempfile.mkdtemp(prefix="vramplan-published-"))
+
+# the catalog GPU each row's GPU is
+GPUS = {"A100-40": "A100-40GB", "A100-80": "A100-80GB", "H100": "H100-SXM", "B200": "B200",
+        "GB200": "GB200", "GB300": "GB300"}
+# NeMo's model names -> catalog models (same shapes as the row's model_config)
+# (names compared in upper case without '-', '_' and '.')
+CATALOG = {"LLAMA38B": "llama-3.1-8b", "LLAMA370B": "llama-3.1-70b",
+           "LLAMA31405B": "llama-3.1-405b", "LLAMA27B": "llama-2-7b", "LLAMA270B": "llama-2-70b"}
+
+
+def _catalog_name(model: str) -> str | None:
+    return CATALOG.get(re.sub(r"[-_.]", "", model.upper()))
+
+
+@dataclass
+class Case:
+    id: str
+    source: str          # source group: llm-foundry, megatron-lm, nemo, ...
+    job: Job | None
+    gpu: str
+    measured_tokens_per_s_per_gpu: float
+    assumed: list[str] = field(default_factory=list)
+    skipped: str = ""    # why vramplan cannot express the row (empty when it can)
+
+
+def load_rows() -> list[dict]:
+    """Every row once (the full llm-foundry file repeats 36 rows of the dev file)."""
+    rows: dict[str, dict] = {}
+    for name in ("throughput_dev.jsonl", "llmfoundry_mpt_full.jsonl"):
+        for line in (DATA / name).read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                row.setdefault("source_group", row.get("group"))
+                rows.setdefault(row["id"], row)
+    return list(rows.values())
+
+
+def _config(name: str, config: dict) -> str:
+    path = _CONFIGS / name
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+def _gpt(layers: int, hidden: int, heads: int, vocab: int, seq: int, ffn: int | None = None):
+    """A GPT-2-style block (learned positions, LayerNorm, GELU MLP, biases, tied embeddings):
+    Megatron-LM's GPT and NeMo's GPT-3."""
+    cfg = {"model_type": "gpt2", "n_layer": layers, "n_embd": hidden, "n_head": heads,
+           "vocab_size": vocab, "n_positions": max(seq, 1024)}
+    if ffn:
+        cfg["n_inner"] = ffn
+    return _config(f"gpt-{layers}-{hidden}-{heads}-{vocab}-{seq}-{ffn}", cfg)
+
+
+def _nemotron(mc: dict, seq: int) -> str:
+    """Nemotron-4 340B (transformers' NemotronConfig: squared-ReLU MLP, GQA, rotary)."""
+    cfg = {"model_type": "nemotron", "num_hidden_layers": mc["layers"],
+           "hidden_size": mc["hidden"], "num_attention_heads": mc["heads"],
+           "num_key_value_heads": mc["kv_heads"], "intermediate_size": mc["ffn"],
+           "vocab_size": mc["vocab"], "max_position_embeddings": max(seq, 4096),
+           "hidden_act": "relu2", "tie_word_embeddings": False}
+    return _config("nemotron-340b", cfg)
+
+
+def _mpt(mc: dict, seq: int) -> str:
+    """llm-foundry's MPT (mpt-*.yaml): learned positions, no biases, tied embeddings."""
+    cfg = {"model_type": "mpt", "d_model": mc["d_model"], "n_heads": mc["n_heads"],
+           "n_layers": mc["n_layers"], "expansion_ratio": mc.get("expansion_ratio", 4),
+           "vocab_size": mc["vocab"], "max_seq_len": seq, "no_bias": True,
+           "learned_pos_emb": True, "attn_config": {"alibi": False, "attn_impl": "flash"}}
+    return _config(f"mpt-{mc['n_layers']}-{mc['d_model']}-{seq}", cfg)
+
+
+def _mpt_as_gpt(mc: dict, seq: int) -> str:
+    return _gpt(mc["n_layers"], mc["d_model"], mc["n_heads"], mc["vocab"], seq,
+                mc.get("expansion_ratio", 4) * mc["d_model"])
+
+
+# Megatron-LM 2021 (Narayanan et al. 2021, Table 1): heads and layers by hidden size
+_MEGATRON_2021 = {2304: (24, 24), 3072: (32, 30), 4096: (32, 36), 6144: (48, 40),
+                  8192: (64, 48), 10240: (80, 60), 12288: (96, 80), 16384: (128, 96),
+                  20480: (128, 105), 25600: (160, 128)}
+_NEMO_GPT = {"GPT3-5B": (24, 4096, 32), "GPT3-175B": (96, 12288, 96)}
+
+
+def _gpu(row: dict) -> str:
+    family, text = row["gpu_family"], row["gpu"]
+    if family == "A100":
+        return GPUS["A100-40" if "40GB" in text else "A100-80"]
+    return GPUS[family]
+
+
+def _measured(row: dict, seq: int) -> float:
+    if row["metric"] == "tokens_per_s_per_gpu":
+        return float(row["value"])
+    mc = row["model_config"]
+    tflops = (row.get("also_reported") or {}).get("model_tflops_per_gpu") or (
+        row.get("also_reported") or {}).get("achieved_tflops_per_gpu")
+    h = mc["hidden"]
+    layers = mc["layers"] if isinstance(mc["layers"], int) else _MEGATRON_2021[h][1]
+    vocab = mc["vocab"]
+    if "WITH recomputation" in row["unit"]:
+        # Narayanan et al. 2021, eq. (3): 96 B s l h^2 (1 + s/6h + V/16lh) per batch
+        per_token = 96 * layers * h * h * (1 + seq / (6 * h) + vocab / (16 * layers * h))
+    else:
+        # Megatron-LM training.py num_floating_point_operations (GPT, 4h MLP, MHA):
+        # 12 l h^2 (6 + s/h + V/(2 l h)) per token
+        per_token = 12 * layers * h * h * (6 + seq / h + vocab / (2 * layers * h))
+    return tflops * 1e12 / per_token
+
+
+def case(row: dict, *, mpt: bool = True) -> Case:
+    """The Job of one published row (see the module docstring for the choices)."""
+    group = row["source_group"]
+    seq = int(row["seq_len"])
+    par = dict(row.get("parallelism") or {})
+    tech = row.get("techniques") or {}
+    n = int(row["num_gpus"])
+    assumed: list[str] = []
+    precision_text = str(row.get("precision"))
+    if tech.get("float8") or precision_text.startswith("fp8"):
+        precision = "fp8"
+    elif precision_text.startswith("fp16"):
+        precision = "fp16-mixed"
+    elif precision_text.startswith("pure bf16"):
+        precision = "bf16-pure"
+    else:
+        precision = "bf16-mixed"
+        if "not stated" in precision_text:
+            assumed.append("precision bf16")
+    tp = int(par.get("tp") or 1)
+    pp = int(par.get("pp") or 1)
+    cp = int(par.get("cp") or 1)
+    if par.get("model_parallel_total"):
+        total = int(par["model_parallel_total"])
+        tp, pp = min(8, total), max(1, total // 8)
+        assumed.append(f"TP {tp} x PP {pp} (only TP x PP = {total} stated)")
+    dp = n // (tp * pp * cp)
+    micro = row.get("micro_batch")
+    if micro is None:
+        micro = 1
+        assumed.append("micro-batch 1")
+    micro = int(micro)
+    grad_accum = max(1, round(int(row["global_batch"]) / (micro * dp)))
+    ckpt_text = str(tech.get("checkpointing"))
+    checkpointing = "full" if ckpt_text.startswith("full") else "none"
+    if "not stated" in ckpt_text:
+        assumed.append("no checkpointing")
+    if group == "llm-foundry":
+        strategy = "zero2" if par.get("fsdp_strategy") == "SHARD_GRAD_OP" else "fsdp"
+    elif dp > 1:
+        strategy = "zero1"
+        assumed.append("distributed optimizer (zero1)")
+    else:
+        strategy = "none"
+    peft = None
+    if row["model"].startswith("MPT"):
+        model = (_mpt if mpt else _mpt_as_gpt)(row["model_config"], seq)
+    elif _catalog_name(row["model"]):
+        model = _catalog_name(row["model"])
+    elif row["model"] == "Nemotron-340B":
+        mc = row["model_config"]
+        model = _nemotron(mc, seq)
+    elif row["model"].startswith("GPT3"):
+        layers, h, heads = _NEMO_GPT[row["model"]]
+        model = _gpt(layers, h, heads, 50257, seq)
+    elif group == "megatron-lm":
+        mc = row["model_config"]
+        h = mc["hidden"]
+        heads, layers = (mc["heads"], mc["layers"]) if isinstance(mc.get("heads"), int) else (
+            _MEGATRON_2021[h][0], mc["layers"])
+        model = _gpt(layers, h, heads, mc["vocab"], seq)
+    else:
+        return Case(row["id"], group, None, _gpu(row), 0.0, assumed,
+                    skipped=f"model {row['model']} is not in the catalog")
+    if "lora" in row["id"]:
+        peft = {"method": "lora", "target_modules": ("q_proj", "k_proj", "v_proj")}
+        assumed.append("LoRA on the attention projections (NeMo's linear_qkv)")
+    pipeline = {}
+    vpp = par.get("virtual_pp")
+    if pp > 1 and vpp and int(vpp) > 1:
+        pipeline = {"pipeline_schedule": "interleaved", "pipeline_chunks": min(int(vpp), 64)}
+    fused = group in ("megatron-lm", "nemo")
+    if fused:
+        assumed.append("Transformer Engine / Megatron fused kernels timed as compiled blocks")
+    job = Job(model=model, batch_size=micro, grad_accum=grad_accum, seq_len=seq, compile=fused,
+              precision=precision, checkpointing=checkpointing, peft=peft,
+              optimizer_impl="fused" if group != "llm-foundry" else "foreach",
+              parallel={"strategy": strategy, "num_gpus": n, "tensor_parallel": tp,
+                        "pipeline_parallel": pp, "context_parallel": cp, **pipeline})
+    measured = _measured(row, seq)
+    if not math.isfinite(measured) or measured <= 0:
+        return Case(row["id"], group, None, _gpu(row), 0.0, assumed, skipped="no throughput")
+    return Case(row["id"], group, job, _gpu(row), measured, assumed)
+
+
+def cases(*, mpt: bool = True) -> list[Case]:
+    out = []
+    for row in load_rows():
+        try:
+            out.append(case(row, mpt=mpt))
+        except Exception as error:  # a row the Job refuses: say why, never drop it silently
+            out.append(Case(row["id"], row["source_group"], None, "", 0.0,
+                            skipped=f"{type(error).__name__}: {str(error).splitlines()[0]}"))
+    return out

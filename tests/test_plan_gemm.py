@@ -1,0 +1,91 @@
+"""The GEMM shape model (planning/gemm.py) and the per-architecture factors it scales."""
+
+import math
+
+import pytest
+
+from vramplan.hardware import get_gpu
+from vramplan.job import Job
+from vramplan.models import load_architecture
+from vramplan.planning import gemm
+from vramplan.planning.efficiency import (
+    factors_for,
+    fp8_ratio,
+    gemm_model,
+    interval,
+    shipped_factors,
+    sm_count,
+)
+from vramplan.planning.performance import predict
+
+MODEL = gemm.GemmModel(k0=256.0, overhead_us=0.0)
+
+
+def test_one_full_wave_runs_at_the_reference_rate_scaled_by_the_reduction_ramp():
+    # 132 tiles of 128 x 256 fill 132 SMs exactly once
+    m, n, k = 128 * 132, 256, 4096
+    ramp = (k / (k + 256)) / (gemm.REFERENCE[2] / (gemm.REFERENCE[2] + 256))
+    assert ramp == pytest.approx(1.0)
+    t = gemm.gemm_seconds(m, n, k, 1e12, MODEL, 132)
+    assert t == pytest.approx(2 * m * n * k / 1e12)
+
+
+def test_a_partly_filled_wave_costs_a_whole_one():
+    # 133 tiles of 128 x 256 on 132 SMs: two waves for 133 tiles (133 / 264 filled); 128 x 128
+    # tiles give 266 tiles in three waves at 0.9 of the rate: 0.9 * 266 / 396, the better one
+    m, n, k = 128 * 133, 256, 4096
+    t = gemm.gemm_seconds(m, n, k, 1e12, MODEL, 132)
+    assert 0.9 * 266 / 396 > 133 / 264
+    assert t == pytest.approx(2 * m * n * k / 1e12 / (0.9 * 266 / 396))
+
+
+def test_short_reductions_and_the_fixed_cost_per_gemm():
+    model = gemm.GemmModel(k0=256.0, overhead_us=3.0)
+    m, n, k = 128 * 132, 256, 256
+    ref = gemm.REFERENCE[2] / (gemm.REFERENCE[2] + 256)
+    expected = 2 * m * n * k / (1e12 * (256 / 512) / ref) + 3e-6
+    assert gemm.gemm_seconds(m, n, k, 1e12, model, 132) == pytest.approx(expected)
+    assert gemm.gemm_seconds(0, n, k, 1e12, model, 132) == 0.0
+
+
+def test_batch_one_lora_on_a_4090_and_tp8_on_405b_do_not_share_a_factor():
+    model, rtx, h100 = gemm_model(), get_gpu("RTX-4090"), get_gpu("H100-SXM")
+    lora = Job(model="llama-3.2-1b", batch_size=1, seq_len=512, peft={"method": "lora"})
+    tp8 = Job(model="llama-3.1-405b", batch_size=1, seq_len=8192,
+              parallel={"num_gpus": 8, "tensor_parallel": 8})
+    small = gemm.shape_efficiency(lora, load_architecture(lora.model), model,
+                                  sm_count(rtx), 165e12)
+    large = gemm.shape_efficiency(tp8, load_architecture(tp8.model), model,
+                                  sm_count(h100), 800e12)
+    assert 0 < small < 0.8 < large <= 1.0
+
+
+def test_tensor_parallelism_splits_column_and_row_parallel_layers():
+    job = Job(model="llama-3.2-1b", seq_len=1024, parallel={"num_gpus": 2, "tensor_parallel": 2})
+    arch = load_architecture(job.model)
+    by_dims = {(n, k) for _, n, k, _ in gemm.shapes(job, arch)}
+    h = arch.stacks[0].hidden_size
+    ffn = arch.stacks[0].intermediate_size
+    assert (ffn // 2, h) in by_dims      # up / gate: N split
+    assert (h, ffn // 2) in by_dims      # down: K split
+
+
+def test_measured_and_borrowed_ceilings_are_said():
+    hopper = factors_for(get_gpu("H100-SXM"), calibrated=False)
+    ada = factors_for(get_gpu("L4"), calibrated=False)
+    assert "measured" in hopper.source
+    assert "Ampere's borrowed" in ada.source
+    ampere = shipped_factors("ampere")
+    assert ada.matmul == ampere.matmul
+    assert fp8_ratio(get_gpu("H100-SXM")) == pytest.approx(0.734 / 0.801)
+    assert fp8_ratio(get_gpu("A100-80GB")) == 1.0
+
+
+def test_every_time_carries_its_80_percent_interval():
+    low, high = interval()
+    assert low < 1 < high
+    perf = predict(Job(model="llama-3.2-1b", batch_size=2, seq_len=1024), get_gpu("H200"))
+    lo, hi = perf.step_time_range_s
+    assert lo == pytest.approx(perf.step_time_s * low)
+    assert hi == pytest.approx(perf.step_time_s * high)
+    assert math.isfinite(lo) and lo < perf.step_time_s < hi

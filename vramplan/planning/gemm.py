@@ -1,0 +1,110 @@
+"""How much of a GPU's best matmul rate the step's own matmul shapes reach.
+
+A GEMM of M x K @ K x N runs as output tiles spread over the streaming multiprocessors:
+
+  * tile and wave quantisation: ceil(M/tm) x ceil(N/tn) tiles run in whole waves of
+    `sm_count` tiles, so a last, partly filled wave costs a full one (the better of
+    128 x 256 tiles and 128 x 128 tiles at 0.9 of their rate, as cuBLAS picks);
+  * the reduction length: each tile pays a fixed prologue and epilogue, worth `k0` steps
+    of K, so time grows as (K + k0) / K;
+  * a fixed cost per GEMM (`overhead_us`: launch ramp and tail on the device).
+
+The three constants were fitted on measured H100 GEMM rates by shape (benchmarks/data/
+gemm_sm90_xla.csv, 153 shapes from 256 to 4096 per side; benchmarks/gemm_shape_fit.py):
+median |error| 12% per shape. The result is relative to the reference shape at which a GPU's
+best rate (MAMF, efficiency.toml) was measured, so a large square GEMM has a factor near 1
+and a batch-1 LoRA GEMM of rank 16 one near 0.1.
+
+Each GEMM of a step is counted in its three passes (forward M x N x K, input gradient
+M x K x N, weight gradient K x N x M), with tensor parallelism's split of N (column-
+parallel: q/k/v, up/gate) or K (row-parallel: o, down) and a MoE expert's share of tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vramplan.job import Job
+from vramplan.models import Architecture
+
+COLUMN_PARALLEL = {"attn_in", "mlp_in", "shared_in", "cross_q", "cross_kv", "attn_latent"}
+ROW_PARALLEL = {"attn_out", "mlp_out", "shared_out", "cross_out"}
+REFERENCE = (8192, 8192, 4096)  # a large, aligned GEMM: the shape class MAMF is measured on
+
+
+@dataclass(frozen=True)
+class GemmModel:
+    k0: float            # reduction steps' worth of fixed work per output tile
+    overhead_us: float   # fixed device time per GEMM
+    tile: tuple[int, int] = (128, 256)
+
+
+def _wave(m: int, n: int, sms: int | None, tile: tuple[int, int]) -> float:
+    if not sms:
+        return 1.0
+
+    def filled(tm: int, tn: int) -> float:
+        tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        return tiles / (math.ceil(tiles / sms) * sms)
+
+    return max(filled(*tile), 0.9 * filled(128, 128))
+
+
+def gemm_seconds(m: int, n: int, k: int, rate: float, model: GemmModel,
+                 sms: int | None) -> float:
+    """Time of one m x k @ k x n GEMM at `rate` FLOP/s for the reference shape."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    flops = 2.0 * m * n * k
+    ref_ramp = REFERENCE[2] / (REFERENCE[2] + model.k0)
+    ramp = k / (k + model.k0) / ref_ramp
+    return flops / (rate * _wave(m, n, sms, model.tile) * min(ramp, 1.0)) + \
+        model.overhead_us * 1e-6
+
+
+def shapes(job: Job, arch: Architecture) -> list[tuple[int, int, int, float]]:
+    """(m, n, k, copies per step per GPU) of every linear GEMM of one micro-batch's forward;
+    the backward's input- and weight-gradient GEMMs are derived from them."""
+    par = job.parallel
+    tp = par.tensor_parallel
+    seq = job.seq_len or arch.max_positions or 512
+    tokens = max(1, job.batch_size * seq // par.context_parallel)
+    out: list[tuple[int, int, int, float]] = []
+    lora = job.peft.rank if job.peft is not None else 0
+    targets = set(job.peft.target_modules) if job.peft is not None else set()
+    for stack in arch.stacks:
+        for ln in stack.linears:
+            m = tokens
+            if ln.count > 1 and stack.num_experts > 1:
+                m = max(1, tokens * stack.experts_per_token // stack.num_experts)
+            n, k = ln.out_features, ln.in_features
+            if ln.role in COLUMN_PARALLEL:
+                n = max(1, n // tp)
+            elif ln.role in ROW_PARALLEL:
+                k = max(1, k // tp)
+            copies = float(stack.num_layers * ln.count)
+            out.append((m, n, k, copies))
+            if lora and ln.name in targets:
+                out.append((m, lora, k, copies))   # x @ A
+                out.append((m, n, lora, copies))   # (x A) @ B
+    if arch.vocab_size:
+        h = arch.stacks[-1].hidden_size if arch.stacks else 0
+        out.append((tokens, max(1, arch.vocab_size // tp), h, 1.0))
+    return out
+
+
+def shape_efficiency(job: Job, arch: Architecture, model: GemmModel, sms: int | None,
+                     rate: float) -> float:
+    """The FLOP-weighted share of the reference GEMM rate (`rate`, FLOP/s) the step's
+    linears reach, in (0, 1]."""
+    flops = seconds = 0.0
+    trains_weights = job.peft is None
+    for m, n, k, copies in shapes(job, arch):
+        passes = [(m, n, k), (m, k, n)] + ([(k, n, m)] if trains_weights else [])
+        for a, b, c in passes:
+            flops += copies * 2.0 * a * b * c
+            seconds += copies * gemm_seconds(a, b, c, rate, model, sms)
+    if not flops or not seconds:
+        return 1.0
+    return min(1.0, flops / (seconds * rate))
