@@ -3,7 +3,7 @@
 The runs: benchmarks/data/published_runs/ (llm-foundry, Megatron-LM, NeMo / Megatron-Bridge
 tables; benchmarks/published_runs.py turns each row into a Job) and our own H200 runs
 (benchmarks/results/gpu_validation.json). The performance model's training shares
-(efficiency.toml [training]: matmul_share, attention_ratio, memory, kernel_us, overlap) are
+(efficiency.toml [training]: matmul_share, attention_share, memory, kernel_us, overlap) are
 fitted on them, so every figure is scored **leave one source out**: the shares are fitted on
 the other sources and the left-out one is predicted. In-sample figures are labelled.
 
@@ -35,10 +35,10 @@ from vramplan.planning.efficiency import architecture_of, shipped_factors  # noq
 from vramplan.planning.performance import step_terms, step_time  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
-SHARES = ("matmul_share", "attention_ratio", "memory", "kernel_us", "overlap")
-START = {"matmul_share": 0.83, "attention_ratio": 0.75, "memory": 0.656, "kernel_us": 65.3,
+SHARES = ("matmul_share", "attention_share", "memory", "kernel_us", "overlap")
+START = {"matmul_share": 0.83, "attention_share": 0.7, "memory": 0.656, "kernel_us": 65.3,
          "overlap": 0.8}
-BOUNDS = {"matmul_share": (0.3, 1.2), "attention_ratio": (0.2, 1.2), "memory": (0.1, 1.0),
+BOUNDS = {"matmul_share": (0.3, 1.2), "attention_share": (0.2, 1.2), "memory": (0.1, 1.0),
           "kernel_us": (1.0, 200.0), "overlap": (0.0, 1.0)}
 
 

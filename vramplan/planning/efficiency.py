@@ -89,14 +89,18 @@ def shipped_factors(arch: str, training: dict | None = None) -> Factors:
     lender = arch if arch in table else data["borrowed"].get(arch, "hopper")
     shares = {**{k: v for k, v in data["training"].items() if k != "sources"},
               **(training or {})}
-    matmul = min(1.0, table[lender]["mamf"] * shares.pop("matmul_share"))
-    attention = min(1.0, matmul * shares.pop("attention_ratio"))
+    row = table[lender]
+    matmul = min(1.0, row["mamf"] * shares.pop("matmul_share"))
+    flash_from = lender if "flash" in row else data["borrowed_flash"].get(lender, "hopper")
+    attention = min(1.0, table[flash_from]["flash"] * shares.pop("attention_share"))
     if lender == arch:
         source = (f"{arch}: measured matmul ceiling; shares fitted on published runs "
                   "(efficiency.toml)")
     else:
         source = (f"{arch}: no measured matmul ceiling; {lender.capitalize()}'s borrowed "
                   "(efficiency.toml)")
+    if flash_from != lender:
+        source += f"; attention rate borrowed from {flash_from.capitalize()}"
     return Factors(matmul=matmul, attention=attention, **shares, source=source)
 
 
