@@ -6,6 +6,8 @@ raise their own errors (StrictDataclassFieldValidationError, not a ValueError) f
 of the wrong type. Here a whole-number float where the field wants an int (MPT's
 `attn_pdrop: 0.0`, which transformers annotates as int) is the same number and is passed
 as an int; any other refusal becomes one ModelConfigError line naming the key and types.
+A shape key the config leaves out, which the class would fill with a default of its own,
+is refused by name.
 """
 
 from __future__ import annotations
@@ -48,6 +50,32 @@ def _copy(config: dict) -> dict:
     return {k: _copy(v) if isinstance(v, dict) else v for k, v in config.items()}
 
 
+# shape keys a transformers config class fills with a default of its own when absent
+_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+               "vocab_size")
+
+
+def _refuse_defaulted_shapes(config: dict, hf, name: str) -> None:
+    """A shape key the config leaves out would silently take transformers' default (a
+    pythia-160m config without hidden_size reads as GPT-NeoX-20B's 6144 wide, 2.9B
+    parameters): refuse naming the keys. Keys a class derives when absent (a None default,
+    e.g. an MLP of 4 x hidden) are not defaults of this kind."""
+    cls = type(hf)
+    aliases = getattr(cls, "attribute_map", None) or {}
+    missing = []
+    for key in _SHAPE_KEYS:
+        field = aliases.get(key, key)
+        default = getattr(cls, field, None)
+        if isinstance(default, bool) or not isinstance(default, int):
+            continue
+        if config.get(key) is None and config.get(field) is None \
+                and getattr(hf, field, None) == default:
+            missing.append(f"{field!r} (transformers' default {default:,})")
+    if missing:
+        raise ModelConfigError(f"{name}: config is missing {', '.join(missing)} for model_type "
+                               f"{config.get('model_type')!r}; add it to the config.json")
+
+
 def to_hf_config(config: dict, name: str, **overrides):
     """The transformers config of a Hugging Face config dict (keys in DROP left out,
     overrides applied), or ModelConfigError in one line."""
@@ -65,7 +93,9 @@ def to_hf_config(config: dict, name: str, **overrides):
     values.update(overrides)
     for _ in range(_MAX_RETRIES):
         try:
-            return AutoConfig.for_model(str(mt), **values)
+            hf = AutoConfig.for_model(str(mt), **values)
+            _refuse_defaulted_shapes(config, hf, name)
+            return hf
         except StrictDataclassError as error:
             text = " ".join(str(error).split())
             match = _FIELD.search(text)

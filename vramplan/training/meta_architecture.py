@@ -41,6 +41,12 @@ def build_on_meta(config: dict, name: str) -> tuple[nn.Module, object, str]:
 
     mt = config.get("model_type")
     hf = to_hf_config(config, name)
+    if _first(hf, "num_attention_heads", "n_head", "num_heads") is None:
+        # RWKV, Mamba and other recurrent or state-space blocks
+        raise ModelConfigError(f"{name}: {mt!r} has no attention heads (its transformers "
+                               "config has no num_attention_heads): the formula models "
+                               "softmax-attention transformers and its blocks are not: use "
+                               "--engine trace")
     hf.use_cache = False
     mappings = {"causal-lm": auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
                 "seq-classification": auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
@@ -72,10 +78,12 @@ def _blocks(model: nn.Module) -> nn.ModuleList:
             best = module
     if best is None:
         raise ModelConfigError("no repeated transformer blocks found: use --engine trace")
-    if len({_params(m) for m in best}) > 1:
+    sizes = sorted({_params(m) for m in best})
+    if len(sizes) > 1:
         # e.g. DeepSeek-V3's dense first layers before its MoE layers: not one uniform stack
-        raise ModelConfigError("its blocks differ in size (dense and sparse layers mixed); the "
-                               "formula models one uniform stack: use --engine trace")
+        raise ModelConfigError(f"its blocks differ in size ({', '.join(f'{n:,}' for n in sizes)} "
+                               "parameters); the formula models one uniform stack: use "
+                               "--engine trace")
     return best
 
 
