@@ -55,7 +55,7 @@ _SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "inter
                "vocab_size")
 
 
-def _refuse_defaulted_shapes(config: dict, hf, name: str) -> None:
+def refuse_defaulted_shapes(config: dict, hf, name: str) -> None:
     """A shape key the config leaves out would silently take transformers' default (a
     pythia-160m config without hidden_size reads as GPT-NeoX-20B's 6144 wide, 2.9B
     parameters): refuse naming the keys. Keys a class derives when absent (a None default,
@@ -76,9 +76,10 @@ def _refuse_defaulted_shapes(config: dict, hf, name: str) -> None:
                                f"{config.get('model_type')!r}; add it to the config.json")
 
 
-def to_hf_config(config: dict, name: str, **overrides):
+def to_hf_config(config: dict, name: str, *, check_shapes: bool = True, **overrides):
     """The transformers config of a Hugging Face config dict (keys in DROP left out,
-    overrides applied), or ModelConfigError in one line."""
+    overrides applied), or ModelConfigError in one line. check_shapes=False leaves the
+    defaulted-shape check (refuse_defaulted_shapes) to the caller."""
     from transformers import AutoConfig
     try:
         from huggingface_hub.errors import StrictDataclassError
@@ -94,7 +95,8 @@ def to_hf_config(config: dict, name: str, **overrides):
     for _ in range(_MAX_RETRIES):
         try:
             hf = AutoConfig.for_model(str(mt), **values)
-            _refuse_defaulted_shapes(config, hf, name)
+            if check_shapes:
+                refuse_defaulted_shapes(config, hf, name)
             return hf
         except StrictDataclassError as error:
             text = " ".join(str(error).split())

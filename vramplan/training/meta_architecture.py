@@ -18,7 +18,7 @@ from torch import nn
 
 from vramplan.errors import ModelConfigError
 from vramplan.models.arch import Architecture, Linear, Stack
-from vramplan.training.hf_config import to_hf_config
+from vramplan.training.hf_config import refuse_defaulted_shapes, to_hf_config
 
 # causal-lm first: the formula models the decoder's language-model loss
 _AUTO = {"causal-lm": "AutoModelForCausalLM", "seq-classification":
@@ -40,13 +40,14 @@ def build_on_meta(config: dict, name: str) -> tuple[nn.Module, object, str]:
     from transformers.models.auto import modeling_auto as auto
 
     mt = config.get("model_type")
-    hf = to_hf_config(config, name)
+    hf = to_hf_config(config, name, check_shapes=False)
     if _first(hf, "num_attention_heads", "n_head", "num_heads") is None:
         # RWKV, Mamba and other recurrent or state-space blocks
         raise ModelConfigError(f"{name}: {mt!r} has no attention heads (its transformers "
                                "config has no num_attention_heads): the formula models "
                                "softmax-attention transformers and its blocks are not: use "
                                "--engine trace")
+    refuse_defaulted_shapes(config, hf, name)
     hf.use_cache = False
     mappings = {"causal-lm": auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
                 "seq-classification": auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
