@@ -433,3 +433,69 @@ def test_strict_config_int_field_given_a_whole_float_is_normalised():
         to_hf_config(_mpt_cfg(attn_config=dict(attn_pdrop=0.1)), "x.json")
     with pytest.raises(ModelConfigError, match="'n_embd' as int, got str"):
         to_hf_config(dict(TINY_GPT2, n_embd="x"), "x.json")
+
+
+# ------------------------------------------------------------------ vision-language configs
+
+TINY_VLM = {
+    "llava": dict(model_type="llava", text_config=dict(TINY_LLAMA),
+                  vision_config=dict(model_type="clip_vision_model", hidden_size=32,
+                                     intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=2, image_size=28, patch_size=14)),
+    # Gemma-3 used to end in a TypeError traceback (its top level has no hidden_size)
+    "gemma3": dict(model_type="gemma3", text_config=dict(
+        model_type="gemma3_text", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=32,
+                           intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14)),
+    # Qwen2-VL keeps its language model's keys at the top level, beside vision_config
+    "qwen2_vl": dict(model_type="qwen2_vl", hidden_size=64, intermediate_size=128,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     vocab_size=256, tie_word_embeddings=True,
+                     rope_scaling=dict(type="mrope", mrope_section=[2, 3, 3]),
+                     vision_config=dict(depth=1, embed_dim=32, num_heads=2, hidden_size=64)),
+}
+
+
+@pytest.mark.parametrize("family", sorted(TINY_VLM))
+def test_vision_language_configs_estimate_their_language_model(family):
+    import torch
+    import transformers
+    from vramplan import Job, estimate
+
+    config = TINY_VLM[family]
+    arch = architecture_from_config(config, "x.json")
+    assert any("vision tower and projector are not counted" in n for n in arch.notes)
+    report = estimate(Job(model="x", batch_size=1, seq_len=32), model_config=config)
+    assert any("not counted" in n for n in report.notes)
+    # the same count as the language model and LM head transformers builds for the config
+    hf = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        model = transformers.AutoModelForImageTextToText.from_config(hf)
+    lm = model.model.language_model
+    head = model.lm_head.weight
+    tied = head is lm.get_input_embeddings().weight
+    expected = sum(p.numel() for p in lm.parameters()) + (0 if tied else head.numel())
+    assert arch.total_params() == expected
+
+
+def test_recurrent_blocks_are_refused_for_their_real_cause():
+    # RWKV was refused as "dense and sparse layers mixed" (its first block has an extra norm)
+    pytest.importorskip("transformers")
+    cfg = dict(model_type="rwkv", hidden_size=64, num_hidden_layers=2, vocab_size=256,
+               attention_hidden_size=64, context_length=128)
+    with pytest.raises(ModelConfigError, match="'rwkv' has no attention heads") as error:
+        architecture_from_config(cfg, "x.json")
+    assert "sparse" not in str(error.value) and "use --engine trace" in str(error.value)
+
+
+def test_meta_built_family_missing_a_shape_key_is_refused():
+    # pythia-160m without hidden_size read as 2.9B parameters (GPT-NeoX-20B's 6144 width)
+    pytest.importorskip("transformers")
+    cfg = dict(model_type="gpt_neox", num_hidden_layers=12, num_attention_heads=12,
+               intermediate_size=3072, vocab_size=50304, max_position_embeddings=2048)
+    with pytest.raises(ModelConfigError, match="missing 'hidden_size' .transformers' default"):
+        architecture_from_config(cfg, "x.json")
+    assert architecture_from_config({**cfg, "hidden_size": 768}, "x.json").stacks[0] \
+        .hidden_size == 768

@@ -777,7 +777,7 @@ def _check_context_parallel_split(job: Job, shapes: Shapes) -> None:
 
 
 def _technique_notes(job: Job, arch: Architecture) -> list[str]:
-    notes = []
+    notes = list(arch.notes)
     if arch.shapes_from != "config":
         notes.append(f"{arch.model_type}: the formula has no table entry for this family; its "
                      f"shapes were read from the {arch.shapes_from}")

@@ -119,6 +119,8 @@ class Architecture:
     # linear bias on the attention scores, no parameters), "learned", "rotary" or "none";
     # "" = fixed by the family (families.LEARNED_POSITIONS)
     positions: str = ""
+    # what the shapes leave out or assume (a vision-language config's towers), for reports
+    notes: tuple[str, ...] = ()
 
     @property
     def tasks(self) -> tuple[str, ...]:

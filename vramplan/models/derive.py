@@ -703,6 +703,12 @@ def architecture_from_config(config: dict, name: str, source: str = "") -> Archi
         raise ModelConfigError(
             f"{name}: config has no 'model_type' key; supported model types: "
             f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    text = language_model_config(config, name)
+    if text is not None:
+        inner, note = text
+        arch = architecture_from_config(inner, name, source)
+        object.__setattr__(arch, "notes", (*arch.notes, note))
+        return arch
     builder = _BUILDERS.get(str(mt))
     if builder is None:
         return _from_built_model(config, name, source)
@@ -717,6 +723,51 @@ def architecture_from_config(config: dict, name: str, source: str = "") -> Archi
     object.__setattr__(arch, "source", source)
     object.__setattr__(arch, "extra", dict(config))
     return arch
+
+
+# Vision-language configs: the language model's model_type when text_config leaves it out
+# (transformers 5.24's defaults: Gemma3Config, LlavaConfig, ... text_config), and the
+# families whose language model is one derive.py reads under another name (Qwen2-VL's and
+# Qwen2.5-VL's text model is Qwen2's block: q/k/v biases, SwiGLU, RMSNorm; M-RoPE changes
+# no shape)
+_TEXT_MODEL_TYPE = {"gemma3": "gemma3_text", "llava": "llama", "llava_next": "llama",
+                    "idefics3": "llama", "mistral3": "mistral", "paligemma": "gemma",
+                    "qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2"}
+_TEXT_MODEL_ALIAS = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2"}
+# keys of the top-level Qwen2-VL config that are not its language model's
+_VISION_KEYS = ("vision_config", "vision_start_token_id", "vision_end_token_id",
+                "vision_token_id", "image_token_id", "video_token_id")
+
+
+def language_model_config(config: dict, name: str) -> tuple[dict, str] | None:
+    """(the language model's config, a note) of a vision-language config that keeps its
+    text model in text_config (Gemma-3, LLaVA) or beside a vision_config (Qwen2-VL); None
+    for any other config. Training text through the language model is what the engines
+    model; the vision tower and projector are left out, and the note says so."""
+    mt = str(config.get("model_type"))
+    text = config.get("text_config")
+    if mt in _BUILDERS or (not isinstance(text, dict) and not (
+            mt in ("qwen2_vl", "qwen2_5_vl") and "hidden_size" in config)):
+        return None
+    if isinstance(text, dict):
+        inner = dict(text)
+        if "tie_word_embeddings" in config and "tie_word_embeddings" not in inner:
+            inner["tie_word_embeddings"] = config["tie_word_embeddings"]
+    else:
+        inner = {k: v for k, v in config.items() if k not in _VISION_KEYS}
+        inner["model_type"] = _TEXT_MODEL_TYPE[mt]
+    inner_mt = inner.get("model_type") or _TEXT_MODEL_TYPE.get(mt)
+    if not inner_mt:
+        raise ModelConfigError(f"{name}: its text_config has no 'model_type' and {mt!r} is "
+                               "not a vision-language family vramplan knows: add the language "
+                               "model's model_type to text_config")
+    inner["model_type"] = _TEXT_MODEL_ALIAS.get(inner_mt, inner_mt)
+    vision = "vision tower and projector" if "vision_config" in config else "other towers"
+    note = (f"{mt}: the language model ({inner['model_type']}, from "
+            f"{'text_config' if isinstance(text, dict) else 'the config'}) is estimated for "
+            f"text-only training; the {vision} are not counted (their weights, and image "
+            "tokens, add to this)")
+    return inner, note
 
 
 def _from_built_model(config: dict, name: str, source: str) -> Architecture:
