@@ -50,6 +50,25 @@ CONFIGS = {  # broken config.json files (item 7)
     "malformed": "{",
     "string-layers": dict(model_type="gpt2", n_embd=64, n_layer="2", n_head=4,
                           vocab_size=256, n_positions=64),
+    # issue 19 section 2: a strict transformers config class refusing a type (a traceback)
+    "strict-type": dict(model_type="gpt_neox", hidden_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=128, vocab_size=256,
+                        use_parallel_residual="yes"),
+    # ... and a shape key left out, which took transformers' default (pythia-160m without
+    # hidden_size was estimated at 2.9B parameters)
+    "missing-shape-key": dict(model_type="gpt_neox", num_hidden_layers=12,
+                              num_attention_heads=12, intermediate_size=3072,
+                              vocab_size=50304),
+}
+# configs the trace reads (a transformers config class), given with --engine trace
+TRACE_CONFIGS = {
+    # transformers' MptAttentionConfig types attn_pdrop as int (0.0 is normalised)
+    "mpt-dropout": dict(model_type="mpt", d_model=64, n_heads=4, n_layers=2, vocab_size=256,
+                        no_bias=True, attn_config=dict(alibi=True, attn_pdrop=0.1)),
+    # llm-foundry's biases, which transformers' MptForCausalLM does not build
+    "mpt-biases": dict(model_type="mpt", d_model=64, n_heads=4, n_layers=2, vocab_size=256,
+                       no_bias=False, attn_config=dict(alibi=True)),
+    "missing-shape-key": CONFIGS["missing-shape-key"],
 }
 
 JOB_FILES = {  # malformed job files (item 11)
@@ -128,6 +147,11 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text if isinstance(text, str) else json.dumps(text))
         out.append((f"config {name}", ["estimate", str(path)]))
+    for name, config in TRACE_CONFIGS.items():
+        path = tmp / f"trace-{name}" / "config.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(config))
+        out.append((f"trace config {name}", ["estimate", str(path), "--engine", "trace"]))
     for name, text in JOB_FILES.items():
         path = tmp / name
         path.write_bytes(text.encode("latin-1") if name == "not-utf8.yaml" else text.encode())

@@ -345,3 +345,157 @@ def test_configs_transformers_refuses_are_refused(change):
             transformers.AutoModel.from_config(transformers.AutoConfig.for_model(**config))
     with pytest.raises(ModelConfigError):
         architecture_from_config(config, "x.json")
+
+
+# ------------------------------------------------------------------ MPT (llm-foundry)
+
+def _mpt_cfg(**change) -> dict:
+    cfg = json.loads(list_models(name_contains="mpt-7b")[0].path.read_text())
+    cfg.update(d_model=64, n_heads=4, n_layers=2, vocab_size=256, max_seq_len=128)
+    attn = {**cfg["attn_config"], **change.pop("attn_config", {})}
+    return {**cfg, **change, "attn_config": attn}
+
+
+def test_mpt_parameter_counts_from_shapes():
+    # mpt-7b: fused Wqkv (d x 3d), out_proj (d x d), up/down (d x 4d), no biases; two
+    # bias-free LayerNorms per block and a final one; ALiBi (no position table); tied head
+    d, layers, vocab = 4096, 32, 50432
+    block = d * 3 * d + d * d + 2 * d * 4 * d + 2 * d
+    assert load_architecture("mpt-7b").total_params() == layers * block + vocab * d + d \
+        == 6_649_286_656
+    d, layers = 7168, 48
+    block = d * 3 * d + d * d + 2 * d * 4 * d + 2 * d
+    assert load_architecture("mosaicml/mpt-30b").total_params() == layers * block + vocab * d + d
+    # the catalog-wide test checks both against transformers' meta-built MptForCausalLM
+
+
+def test_mpt_llm_foundry_variants_count_what_llm_foundry_builds():
+    # biases everywhere (no_bias false), a learned position table (no ALiBi), grouped-query
+    # attention with 2 kv heads, qk LayerNorms, expansion_ratio 2.5, an untied head
+    cfg = _mpt_cfg(no_bias=False, learned_pos_emb=True, expansion_ratio=2.5,
+                   tie_word_embeddings=False,
+                   attn_config=dict(alibi=False, attn_type="grouped_query_attention",
+                                    kv_n_heads=2, qk_ln=True))
+    arch = architecture_from_config(cfg, "x.json")
+    d, hd, kv, f, vocab, npos = 64, 16, 2, 160, 256, 128
+    block = (d * (4 + 2 * kv) * hd + (4 + 2 * kv) * hd      # Wqkv + bias
+             + d * d + d                                     # out_proj
+             + d * f + f + f * d + d                         # up_proj, down_proj
+             + 2 * 2 * d                                     # norm_1, norm_2 (with bias)
+             + 2 * d + 2 * kv * hd)                          # q_ln, k_ln
+    assert arch.total_params() == 2 * block + (vocab + npos) * d + 2 * d + vocab * d
+    assert arch.stacks[0].num_kv_heads == 2 and arch.positions == "learned"
+    assert arch.stacks[0].intermediate_size == 160
+
+
+def test_mpt_defaults_that_differ_between_transformers_and_llm_foundry_are_required():
+    cfg = _mpt_cfg()
+    del cfg["no_bias"], cfg["attn_config"]["alibi"]
+    with pytest.raises(ModelConfigError, match="'no_bias', 'attn_config.alibi'"):
+        architecture_from_config(cfg, "x.json")
+
+
+def test_mpt_refuses_a_sequence_past_max_seq_len():
+    from vramplan import Job, estimate
+    from vramplan.errors import JobError
+    with pytest.raises(JobError, match="2048 positions"):
+        estimate(Job(model="mpt-7b", seq_len=4096))
+
+
+def test_mpt_step_flops_count_every_linear():
+    from vramplan import Job
+    from vramplan.planning.flops import step_flops
+    job = Job(model="mpt-7b", batch_size=1, seq_len=2048)
+    arch = load_architecture("mpt-7b")
+    flops = step_flops(job, arch)
+    block_weights = sum(ln.in_features * ln.out_features for ln in arch.stacks[0].linears)
+    assert flops.by_class["linear"].forward == 2 * 2048 * 32 * block_weights
+    assert flops.by_class["head"].forward == 2 * 2048 * 4096 * 50432
+
+
+def test_mpt_trace_refuses_what_transformers_does_not_build():
+    pytest.importorskip("transformers")
+    from vramplan import Job
+    from vramplan.training.hf_model import _hf_config
+    with pytest.raises(ModelConfigError, match="biases .no_bias false.*--engine formula"):
+        _hf_config(_mpt_cfg(no_bias=False), "causal-lm", Job(model="gpt2"))
+
+
+def test_strict_config_int_field_given_a_whole_float_is_normalised():
+    # llm-foundry writes attn_pdrop: 0.0; transformers 5 annotates it int and its strict
+    # dataclass raised StrictDataclassFieldValidationError (a traceback in estimate)
+    pytest.importorskip("transformers")
+    from vramplan.training.hf_config import to_hf_config
+    hf = to_hf_config(_mpt_cfg(attn_config=dict(attn_pdrop=0.0)), "x.json")
+    assert hf.attn_config.attn_pdrop == 0
+    with pytest.raises(ModelConfigError,
+                       match="'attn_config.attn_pdrop' as int, got float 0.1: write it as int"):
+        to_hf_config(_mpt_cfg(attn_config=dict(attn_pdrop=0.1)), "x.json")
+    with pytest.raises(ModelConfigError, match="'n_embd' as int, got str"):
+        to_hf_config(dict(TINY_GPT2, n_embd="x"), "x.json")
+
+
+# ------------------------------------------------------------------ vision-language configs
+
+TINY_VLM = {
+    "llava": dict(model_type="llava", text_config=dict(TINY_LLAMA),
+                  vision_config=dict(model_type="clip_vision_model", hidden_size=32,
+                                     intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=2, image_size=28, patch_size=14)),
+    # Gemma-3 used to end in a TypeError traceback (its top level has no hidden_size)
+    "gemma3": dict(model_type="gemma3", text_config=dict(
+        model_type="gemma3_text", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=32,
+                           intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14)),
+    # Qwen2-VL keeps its language model's keys at the top level, beside vision_config
+    "qwen2_vl": dict(model_type="qwen2_vl", hidden_size=64, intermediate_size=128,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     vocab_size=256, tie_word_embeddings=True,
+                     rope_scaling=dict(type="mrope", mrope_section=[2, 3, 3]),
+                     vision_config=dict(depth=1, embed_dim=32, num_heads=2, hidden_size=64)),
+}
+
+
+@pytest.mark.parametrize("family", sorted(TINY_VLM))
+def test_vision_language_configs_estimate_their_language_model(family):
+    import torch
+    import transformers
+    from vramplan import Job, estimate
+
+    config = TINY_VLM[family]
+    arch = architecture_from_config(config, "x.json")
+    assert any("vision tower and projector are not counted" in n for n in arch.notes)
+    report = estimate(Job(model="x", batch_size=1, seq_len=32), model_config=config)
+    assert any("not counted" in n for n in report.notes)
+    # the same count as the language model and LM head transformers builds for the config
+    hf = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        model = transformers.AutoModelForImageTextToText.from_config(hf)
+    lm = model.model.language_model
+    head = model.lm_head.weight
+    tied = head is lm.get_input_embeddings().weight
+    expected = sum(p.numel() for p in lm.parameters()) + (0 if tied else head.numel())
+    assert arch.total_params() == expected
+
+
+def test_recurrent_blocks_are_refused_for_their_real_cause():
+    # RWKV was refused as "dense and sparse layers mixed" (its first block has an extra norm)
+    pytest.importorskip("transformers")
+    cfg = dict(model_type="rwkv", hidden_size=64, num_hidden_layers=2, vocab_size=256,
+               attention_hidden_size=64, context_length=128)
+    with pytest.raises(ModelConfigError, match="'rwkv' has no attention heads") as error:
+        architecture_from_config(cfg, "x.json")
+    assert "sparse" not in str(error.value) and "use --engine trace" in str(error.value)
+
+
+def test_meta_built_family_missing_a_shape_key_is_refused():
+    # pythia-160m without hidden_size read as 2.9B parameters (GPT-NeoX-20B's 6144 width)
+    pytest.importorskip("transformers")
+    cfg = dict(model_type="gpt_neox", num_hidden_layers=12, num_attention_heads=12,
+               intermediate_size=3072, vocab_size=50304, max_position_embeddings=2048)
+    with pytest.raises(ModelConfigError, match="missing 'hidden_size' .transformers' default"):
+        architecture_from_config(cfg, "x.json")
+    assert architecture_from_config({**cfg, "hidden_size": 768}, "x.json").stacks[0] \
+        .hidden_size == 768

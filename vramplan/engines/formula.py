@@ -41,13 +41,14 @@ from vramplan.hardware.gpu import GPU
 from vramplan.job import CHUNKED_LOSS_CHUNKS, Job
 from vramplan.models import Architecture, Stack, architecture_from_config, load_architecture
 from vramplan.models.families import (
+    EAGER_IN_TRANSFORMERS,
     EAGER_ONLY,
-    LEARNED_POSITIONS,
     PEFT_EXPERT_TARGETS,
     SDPA_QUERY_CONTIGUOUS,
     STACKED_EXPERTS,
     TRAINED_ATTENTION_BIAS,
     text_len,
+    uses_rotary,
 )
 from vramplan.units import format_bytes
 
@@ -573,7 +574,7 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
             score_softcap=bool(arch.extra.get("attn_logit_softcapping")),
             norm_scales_input=arch.model_type == "t5",
             trained_bias=arch.model_type in TRAINED_ATTENTION_BIAS,
-            rotary=arch.model_type not in LEARNED_POSITIONS,
+            rotary=uses_rotary(arch),
             sdpa_query_contiguous=arch.model_type in SDPA_QUERY_CONTIGUOUS)
         block = sum(b for _, b in saved)
         largest = max(largest, block)
@@ -741,7 +742,7 @@ def _check_compiled(job: Job, arch: Architecture, task: str) -> None:
             stack, attention=_attention_impl(job, arch), adapters=_adapters(job),
             dropout=max(arch.hidden_dropout, arch.attention_dropout),
             norms_per_block=_norms_per_block(arch, stack),
-            rotary=arch.model_type not in LEARNED_POSITIONS)
+            rotary=uses_rotary(arch))
         if reason:
             why.append(reason)
     if why:
@@ -776,10 +777,15 @@ def _check_context_parallel_split(job: Job, shapes: Shapes) -> None:
 
 
 def _technique_notes(job: Job, arch: Architecture) -> list[str]:
-    notes = []
+    notes = list(arch.notes)
     if arch.shapes_from != "config":
         notes.append(f"{arch.model_type}: the formula has no table entry for this family; its "
                      f"shapes were read from the {arch.shapes_from}")
+    if job.attention != "eager" and arch.model_type in EAGER_IN_TRANSFORMERS:
+        notes.append(f"{arch.model_type}: {job.attention} attention is modelled, as the "
+                     "family's own trainer runs it (llm-foundry: FlashAttention); transformers' "
+                     "class has eager attention only, which the trace runs (compare with "
+                     "--attention eager)")
     if job.attention == "sdpa" and arch.model_type in EAGER_ONLY:
         notes.append(f"transformers runs {arch.model_type} attention eagerly (it changes the "
                      "scores before the softmax), so memory is that of eager attention")

@@ -115,6 +115,12 @@ class Architecture:
     # "config": derived from the config's fields (derive.py); otherwise where the shapes were
     # read (a family derive.py does not know, read from the model transformers builds)
     shapes_from: str = "config"
+    # How positions enter, where the family's config decides it (MPT): "alibi" (a per-head
+    # linear bias on the attention scores, no parameters), "learned", "rotary" or "none";
+    # "" = fixed by the family (families.LEARNED_POSITIONS)
+    positions: str = ""
+    # what the shapes leave out or assume (a vision-language config's towers), for reports
+    notes: tuple[str, ...] = ()
 
     @property
     def tasks(self) -> tuple[str, ...]:

@@ -316,6 +316,141 @@ def _gpt2(c: _Cfg) -> Architecture:
         num_labels=num_labels)
 
 
+# ---------------------------------------------------------------- mpt
+
+
+# Keys whose default differs between transformers' MptConfig (5.24) and llm-foundry's
+# MPTConfig (the publisher's, mosaicml/llm-foundry@8c8dd48f
+# llmfoundry/models/mpt/configuration_mpt.py, models/utils/config_defaults.py): a config
+# without them means different models to the two, so they are required.
+_MPT_AMBIGUOUS = {"no_bias": "transformers defaults it to true, llm-foundry to false",
+                  "attn_config.alibi": "transformers defaults it to true, llm-foundry to false"}
+_MPT_LAYERNORMS = ("layernorm", "low_precision_layernorm")
+_MPT_RMSNORMS = ("rmsnorm", "low_precision_rmsnorm", "triton_rmsnorm")
+
+
+def _mpt(c: _Cfg) -> Architecture:
+    """MPT as llm-foundry builds it (llmfoundry/models/mpt/modeling_mpt.py, layers/
+    attention.py, layers/ffn.py): pre-norm blocks of norm_1 -> fused Wqkv (grouped-query
+    when kv_n_heads < n_heads) -> out_proj, norm_2 -> up_proj -> GELU -> down_proj of width
+    expansion_ratio x d_model; every linear and norm has a bias unless no_bias (attention_bias
+    overrides it for Wqkv); positions from ALiBi or rotary (no parameters) or a learned table
+    (learned_pos_emb, which alibi and rope turn off); the LM head tied to wte by default.
+    transformers' MptForCausalLM builds the no-bias, 4x, ALiBi, multi-head case only
+    (mpt_transformers_gaps)."""
+    attn = c.get("attn_config", {})
+    if not isinstance(attn, dict):
+        raise ModelConfigError(f"{c.name}: config key 'attn_config' must be an object, got "
+                               f"{_short(attn)}")
+    ffn = c.get("ffn_config", {})
+    ffn = ffn if isinstance(ffn, dict) else {}
+    missing = [k for k in _MPT_AMBIGUOUS
+               if (attn.get(k.split(".")[1]) if "." in k else c.raw.get(k)) is None]
+    if missing:
+        raise ModelConfigError(
+            f"{c.name}: mpt config is missing {', '.join(repr(k) for k in missing)} ("
+            + "; ".join(_MPT_AMBIGUOUS[k] for k in missing) + "): add it to the config.json")
+    a = _Cfg(attn, c.name)
+    a.model_type = "mpt"
+    d, nh, layers = c.int("d_model"), c.int("n_heads"), c.int("n_layers")
+    vocab, npos = c.int("vocab_size"), c.opt_int("max_seq_len", 2048)
+    hd = c.opt_int("head_dim", d // nh if nh else 0)
+    ratio = c.get("expansion_ratio", 4)
+    ffn_hidden = ffn.get("ffn_hidden_size")
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (
+            0 < ratio * d <= MAX_CONFIG_INT):
+        raise ModelConfigError(f"{c.name}: config key 'expansion_ratio' must be a positive "
+                               f"number, got {_short(ratio)}")
+    inter = (_Cfg(ffn, c.name).int("ffn_hidden_size") if ffn_hidden is not None
+             else int(d * ratio))
+    attn_type = str(attn.get("attn_type", "multihead_attention"))
+    kv = {"multihead_attention": nh, "multiquery_attention": 1}.get(attn_type)
+    if attn_type == "grouped_query_attention":
+        kv = a.int("kv_n_heads")
+    if kv is None:
+        raise ModelConfigError(f"{c.name}: unknown MPT attn_type {attn_type!r}: use "
+                               "multihead_attention, multiquery_attention or "
+                               "grouped_query_attention")
+    ffn_type = str(ffn.get("ffn_type", "mptmlp"))
+    if ffn_type not in ("mptmlp", "mptglu"):
+        raise ModelConfigError(f"{c.name}: MPT ffn_type {ffn_type!r} (mixture of experts or "
+                               "TransformerEngine) is not modelled: the formula reads mptmlp "
+                               "and mptglu")
+    norm_type = str(c.get("norm_type", "low_precision_layernorm")).lower()
+    if norm_type not in _MPT_LAYERNORMS + _MPT_RMSNORMS:
+        raise ModelConfigError(f"{c.name}: MPT norm_type {norm_type!r} is not modelled: the "
+                               f"formula reads {', '.join(_MPT_LAYERNORMS + _MPT_RMSNORMS)}")
+    if a.get("qk_gn") or a.get("reuse_kv_layer_idx") is not None or c.get("block_overrides"):
+        raise ModelConfigError(f"{c.name}: MPT qk_gn, reuse_kv_layer_idx and block_overrides "
+                               "(blocks that differ) are not modelled: use a config without "
+                               "them")
+    bias = not bool(c.get("no_bias"))
+    qkv_bias = bool(c.get("attention_bias", bias))
+    rmsnorm = norm_type in _MPT_RMSNORMS
+
+    def norm(width: int) -> int:  # llm-foundry's no_bias also drops the norms' biases
+        return width * (1 + (bias and not rmsnorm))
+
+    if attn.get("fused_qkv", True):
+        qkv = [Linear("Wqkv", d, (nh + 2 * kv) * hd, qkv_bias, role="attn_in")]
+    else:
+        qkv = [Linear("Wq", d, nh * hd, qkv_bias, role="attn_in"),
+               Linear("Wk", d, kv * hd, qkv_bias, role="attn_in"),
+               Linear("Wv", d, kv * hd, qkv_bias, role="attn_in")]
+    gated = ffn_type == "mptglu"
+    mlp = ([Linear("gate_proj", d, inter, bias, role="mlp_in")] if gated else []) + [
+        Linear("up_proj", d, inter, bias, role="mlp_in"),
+        Linear("down_proj", inter, d, bias, role="mlp_out")]
+    linears = tuple(qkv + [Linear("out_proj", nh * hd, d, bias, role="attn_out")] + mlp)
+    qk_ln = bool(a.get("qk_ln"))
+    norms = 2 * norm(d) + (norm(nh * hd) + norm(kv * hd) if qk_ln else 0)
+    stack = Stack(role="decoder", num_layers=layers, hidden_size=d, num_heads=nh,
+                  num_kv_heads=kv, head_dim=hd, intermediate_size=inter,
+                  mlp="gated" if gated else "gelu", norm="rmsnorm" if rmsnorm else "layernorm",
+                  linears=linears, params_per_layer=_lin_params(linears) + norms, qk_norm=qk_ln)
+    alibi, rope = bool(attn.get("alibi")), bool(attn.get("rope"))
+    learned = bool(c.get("learned_pos_emb", True)) and not (alibi or rope)
+    tie = bool(c.get("tie_word_embeddings", True))
+    num_labels = c.num_labels(2)
+    return Architecture(
+        name=c.name, model_type="mpt", kind="decoder", stacks=(stack,),
+        embedding_params=(vocab + (npos if learned else 0)) * d, other_params=norm(d),
+        head_params={"causal-lm": 0 if tie else vocab * d, "seq-classification": d * num_labels},
+        default_task="causal-lm", vocab_size=vocab, max_positions=npos, tied_embeddings=tie,
+        hidden_dropout=c.float("resid_pdrop"), attention_dropout=a.float("attn_pdrop"),
+        num_labels=num_labels,
+        positions="alibi" if alibi else "rotary" if rope else "learned" if learned else "none")
+
+
+def mpt_transformers_gaps(config: dict) -> list[str]:
+    """What transformers' MptForCausalLM (models/mpt/modeling_mpt.py, 5.24) would build
+    differently from this MPT config: it always builds bias-free linears and norms, a 4 x
+    d_model MLP, ALiBi, fused multi-head attention with d_model / n_heads heads and
+    LayerNorm, whatever the config says. The trace builds that model, so it refuses these."""
+    attn = config.get("attn_config") or {}
+    ffn = config.get("ffn_config") or {}
+    attn = attn if isinstance(attn, dict) else {}
+    ffn = ffn if isinstance(ffn, dict) else {}
+    checks = [
+        (not config.get("no_bias", True), "biases (no_bias false)"),
+        (config.get("attention_bias") is True, "attention_bias"),
+        (config.get("expansion_ratio", 4) != 4 or ffn.get("ffn_hidden_size") is not None,
+         f"expansion_ratio {config.get('expansion_ratio')} (transformers builds 4)"),
+        (not attn.get("alibi", True), "positions other than ALiBi"),
+        (attn.get("rope"), "rotary positions"),
+        (attn.get("attn_type", "multihead_attention") != "multihead_attention",
+         f"attn_type {attn.get('attn_type')}"),
+        (attn.get("qk_ln") or attn.get("qk_gn"), "qk_ln"),
+        (attn.get("fused_qkv", True) is False, "unfused Wq/Wk/Wv"),
+        (ffn.get("ffn_type", "mptmlp") != "mptmlp", f"ffn_type {ffn.get('ffn_type')}"),
+        (config.get("head_dim") not in (None, (config.get("d_model") or 0)
+                                        // max(1, config.get("n_heads") or 1)), "head_dim"),
+        (str(config.get("norm_type", "low_precision_layernorm")).lower()
+         not in _MPT_LAYERNORMS, f"norm_type {config.get('norm_type')}"),
+    ]
+    return [why for gap, why in checks if gap]
+
+
 # ---------------------------------------------------------------- bert / roberta
 
 
@@ -538,9 +673,20 @@ _BUILDERS: dict[str, Callable[[_Cfg], Architecture]] = {
     **{mt: _llama_like for mt in _LLAMA_LIKE},
     "gpt2": _gpt2, "bert": _bert_like, "roberta": _bert_like, "t5": _t5, "vit": _vit,
     "resnet": _resnet, "whisper": _whisper, "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
+    "mpt": _mpt,
 }
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_BUILDERS))
+
+# families whose transformers class builds fewer variants than their configs describe
+_TRANSFORMERS_GAPS: dict[str, Callable[[dict], list[str]]] = {"mpt": mpt_transformers_gaps}
+
+
+def transformers_gaps(config: dict) -> list[str]:
+    """What transformers' class for this config's model_type would build differently from
+    what the config describes (empty: the same model)."""
+    gaps = _TRANSFORMERS_GAPS.get(str(config.get("model_type")))
+    return gaps(config) if gaps else []
 
 
 def architecture_from_config(config: dict, name: str, source: str = "") -> Architecture:
@@ -557,6 +703,12 @@ def architecture_from_config(config: dict, name: str, source: str = "") -> Archi
         raise ModelConfigError(
             f"{name}: config has no 'model_type' key; supported model types: "
             f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    text = language_model_config(config, name)
+    if text is not None:
+        inner, note = text
+        arch = architecture_from_config(inner, name, source)
+        object.__setattr__(arch, "notes", (*arch.notes, note))
+        return arch
     builder = _BUILDERS.get(str(mt))
     if builder is None:
         return _from_built_model(config, name, source)
@@ -571,6 +723,51 @@ def architecture_from_config(config: dict, name: str, source: str = "") -> Archi
     object.__setattr__(arch, "source", source)
     object.__setattr__(arch, "extra", dict(config))
     return arch
+
+
+# Vision-language configs: the language model's model_type when text_config leaves it out
+# (transformers 5.24's defaults: Gemma3Config, LlavaConfig, ... text_config), and the
+# families whose language model is one derive.py reads under another name (Qwen2-VL's and
+# Qwen2.5-VL's text model is Qwen2's block: q/k/v biases, SwiGLU, RMSNorm; M-RoPE changes
+# no shape)
+_TEXT_MODEL_TYPE = {"gemma3": "gemma3_text", "llava": "llama", "llava_next": "llama",
+                    "idefics3": "llama", "mistral3": "mistral", "paligemma": "gemma",
+                    "qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2"}
+_TEXT_MODEL_ALIAS = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2"}
+# keys of the top-level Qwen2-VL config that are not its language model's
+_VISION_KEYS = ("vision_config", "vision_start_token_id", "vision_end_token_id",
+                "vision_token_id", "image_token_id", "video_token_id")
+
+
+def language_model_config(config: dict, name: str) -> tuple[dict, str] | None:
+    """(the language model's config, a note) of a vision-language config that keeps its
+    text model in text_config (Gemma-3, LLaVA) or beside a vision_config (Qwen2-VL); None
+    for any other config. Training text through the language model is what the engines
+    model; the vision tower and projector are left out, and the note says so."""
+    mt = str(config.get("model_type"))
+    text = config.get("text_config")
+    if mt in _BUILDERS or (not isinstance(text, dict) and not (
+            mt in ("qwen2_vl", "qwen2_5_vl") and "hidden_size" in config)):
+        return None
+    if isinstance(text, dict):
+        inner = dict(text)
+        if "tie_word_embeddings" in config and "tie_word_embeddings" not in inner:
+            inner["tie_word_embeddings"] = config["tie_word_embeddings"]
+    else:
+        inner = {k: v for k, v in config.items() if k not in _VISION_KEYS}
+        inner["model_type"] = _TEXT_MODEL_TYPE[mt]
+    inner_mt = inner.get("model_type") or _TEXT_MODEL_TYPE.get(mt)
+    if not inner_mt:
+        raise ModelConfigError(f"{name}: its text_config has no 'model_type' and {mt!r} is "
+                               "not a vision-language family vramplan knows: add the language "
+                               "model's model_type to text_config")
+    inner["model_type"] = _TEXT_MODEL_ALIAS.get(inner_mt, inner_mt)
+    vision = "vision tower and projector" if "vision_config" in config else "other towers"
+    note = (f"{mt}: the language model ({inner['model_type']}, from "
+            f"{'text_config' if isinstance(text, dict) else 'the config'}) is estimated for "
+            f"text-only training; the {vision} are not counted (their weights, and image "
+            "tokens, add to this)")
+    return inner, note
 
 
 def _from_built_model(config: dict, name: str, source: str) -> Architecture:
@@ -684,4 +881,4 @@ def _problems(arch: Architecture) -> list[str]:
 
 # transformers splits the width into heads (head size = hidden // heads) and refuses a width
 # that does not divide; Llama-like models may set head_dim instead, T5 sets d_kv.
-_WIDTH_SPLIT_BY_HEADS = frozenset({"gpt2", "bert", "roberta", "vit", "whisper"})
+_WIDTH_SPLIT_BY_HEADS = frozenset({"gpt2", "bert", "roberta", "vit", "whisper", "mpt"})

@@ -10,12 +10,19 @@ from vramplan.errors import JobError
 
 # a learned position table: a longer sequence indexes past its end
 LEARNED_POSITIONS = frozenset({"gpt2", "bert", "roberta", "whisper", "opt", "gpt_neo"})
+# a position limit longer sequences cannot pass: learned tables, and MPT, whose ALiBi bias
+# llm-foundry and transformers both size to max_seq_len (llm-foundry refuses longer inputs)
+POSITION_LIMIT = LEARNED_POSITIONS | {"mpt"}
 # self-attention adds a trained position bias, which sdpa receives as a mask needing a grad
 TRAINED_ATTENTION_BIAS = frozenset({"t5"})
 # the attention hands sdpa a contiguous [b, heads, s, d] query (seen in traces)
 SDPA_QUERY_CONTIGUOUS = frozenset({"whisper", "phi3"})
 # transformers runs attention eagerly whatever is asked (it changes the scores first)
 EAGER_ONLY = frozenset({"gemma2"})
+# transformers' class has eager attention only, while the family's own trainer runs fused
+# kernels (llm-foundry's MPT: FlashAttention / triton): the formula models the job's
+# attention, the trace (which builds transformers' class) runs eager
+EAGER_IN_TRANSFORMERS = frozenset({"mpt"})
 
 # LoRA targets peft puts on a MoE's stacked expert parameters and its router instead of on
 # nn.Linear modules of that name (peft 0.21.2 utils/transformers_weight_conversion.py,
@@ -33,6 +40,14 @@ STACKED_EXPERTS = frozenset({"deepseek_v2", "deepseek_v3"})
 DEFAULT_TEXT_LEN = 2048
 
 
+def uses_rotary(arch, no_rotary: frozenset[str] = LEARNED_POSITIONS) -> bool:
+    """Whether the blocks apply rotary embeddings: as the config says where the family lets
+    it choose (Architecture.positions), else by family."""
+    if arch.positions:
+        return arch.positions == "rotary"
+    return arch.model_type not in no_rotary
+
+
 def text_len(requested: int | None, limit: int | None, model_type: str, name: str,
              field: str, notes: list[str]) -> int:
     """The job's text length: unset means min(2048, the model's length). Longer than a
@@ -43,8 +58,9 @@ def text_len(requested: int | None, limit: int | None, model_type: str, name: st
         notes.append(f"{field} not given: using {chosen}")
         return chosen
     if limit and requested > limit:
-        if model_type in LEARNED_POSITIONS:
-            raise JobError(f"{field}={requested} is longer than {name}'s {limit} learned "
+        if model_type in POSITION_LIMIT:
+            kind = "learned " if model_type in LEARNED_POSITIONS else ""
+            raise JobError(f"{field}={requested} is longer than {name}'s {limit} {kind}"
                            f"positions: use {field} <= {limit}")
         notes.append(f"warning: {field}={requested} exceeds the {limit} positions {name} "
                      "was trained on; it may need position scaling to train well")

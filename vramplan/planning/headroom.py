@@ -125,9 +125,9 @@ def largest(job: Job, knob: str, gpu: GPU, margin: float = SAFETY_MARGIN) -> Kno
 
 
 def _position_limit(job: Job) -> int | None:
-    from vramplan.models.families import LEARNED_POSITIONS
+    from vramplan.models.families import POSITION_LIMIT
     arch = load_architecture(job.model)
-    return arch.max_positions if arch.model_type in LEARNED_POSITIONS else None
+    return arch.max_positions if arch.model_type in POSITION_LIMIT else None
 
 
 def headroom(job: Job, gpu: GPU, margin: float = SAFETY_MARGIN) -> Headroom:

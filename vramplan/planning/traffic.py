@@ -48,7 +48,10 @@ from vramplan.engines.formula import (
 from vramplan.engines.precision import dtypes_for
 from vramplan.job import Job
 from vramplan.models import Architecture, Stack, load_architecture
-from vramplan.models.families import STACKED_EXPERTS
+from vramplan.models.families import STACKED_EXPERTS, uses_rotary
+
+# families whose blocks apply no rotary embedding (learned, relative or no positions)
+NO_ROTARY = frozenset({"gpt2", "bert", "roberta", "whisper", "vit", "t5"})
 
 # Passes over the tensor per op, forward (see the module docstring).
 RMSNORM_PASSES_FP32 = 7      # upcast(r,w) pow(r,w) mean(r) mul(r,w) ... counted in fp32
@@ -178,7 +181,7 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
     if dt.autocast and r == 4:  # each linear casts its fp32 input to 16-bit on its own
         inputs = sum(1 for ln in stack.linears if ln.role in ("attn_in", "mlp_in", "cross_q"))
         add("input cast", inputs * n_h * (4 + c), inputs)
-    if arch.model_type not in ("gpt2", "bert", "roberta", "whisper", "vit", "t5"):
+    if uses_rotary(arch, NO_ROTARY):
         add("rotary", ROTARY_PASSES * c * (n_q + n_kv), 6)
     attentions = [(seq, "self")] + ([(seq, "cross")] if stack.cross_attention else [])
     for s_k, _ in attentions:
@@ -186,6 +189,8 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
             scores = b * a * seq * s_k
             # mask add (r c, w c), upcast (r c, w 4), softmax (r 4, w 4), downcast (r 4, w c)
             add("softmax", scores * (4 * c + 16), 4)
+            if arch.positions == "alibi":  # the bias is one more add over the scores
+                add("softmax", scores * 2 * c, 1)
             if arch.attention_dropout > 0:
                 add("dropout", scores * (2 * c + 1), 1)
             add("attention io", c * (3 * n_q + 2 * n_q), 4)  # repeat_kv, transposes

@@ -15,6 +15,7 @@ from vramplan.job import Job
 from vramplan.models.families import TRAINED_ATTENTION_BIAS
 from vramplan.training.checkpointing import apply_checkpointing
 from vramplan.training.emulate import lowbit
+from vramplan.training.hf_config import to_hf_config
 from vramplan.training.kernels import BNB, TORCHAO, Kernels
 from vramplan.training.peft import apply_peft
 from vramplan.training.tensors import replace_tensors
@@ -79,20 +80,18 @@ def task_of_config(config: dict) -> str:
 
 
 def _hf_config(config: dict, task: str, job: Job):
-    from transformers import AutoConfig
-    values = {k: v for k, v in config.items() if k not in (
-        "model_type", "architectures", "transformers_version", "_name_or_path", "torch_dtype",
-        "dtype", "quantization_config", "auto_map")}
-    if "model_type" not in config:
-        raise ModelConfigError("the model config has no 'model_type': it is needed to pick the "
-                               "transformers class")
+    from vramplan.models.derive import transformers_gaps
+    gaps = transformers_gaps(config)
+    if gaps:
+        # the trace would measure another model than the config describes
+        raise ModelConfigError(
+            f"transformers' {config['model_type']!r} class ignores what this config asks for "
+            f"({'; '.join(gaps)}) and would build another model: use --engine formula, which "
+            "reads the config as its publisher builds it")
+    overrides = {}
     if task == "image-classification" and job.image_size:
-        values["image_size"] = job.image_size  # position embeddings sized for the job's images
-    try:
-        hf = AutoConfig.for_model(config["model_type"], **values)
-    except (ValueError, KeyError, TypeError) as error:
-        raise ModelConfigError(f"transformers cannot build a {config['model_type']!r} config: "
-                               f"{error}") from None
+        overrides["image_size"] = job.image_size  # position embeddings sized for the job's images
+    hf = to_hf_config(config, "the model config", **overrides)
     hf.use_cache = False  # training: no KV cache
     if task == "seq-classification" and getattr(hf, "pad_token_id", None) is None:
         hf.pad_token_id = 0  # decoder classifiers need one to find the last token

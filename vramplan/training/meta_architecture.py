@@ -18,12 +18,11 @@ from torch import nn
 
 from vramplan.errors import ModelConfigError
 from vramplan.models.arch import Architecture, Linear, Stack
+from vramplan.training.hf_config import refuse_defaulted_shapes, to_hf_config
 
 # causal-lm first: the formula models the decoder's language-model loss
 _AUTO = {"causal-lm": "AutoModelForCausalLM", "seq-classification":
          "AutoModelForSequenceClassification", "masked-lm": "AutoModelForMaskedLM"}
-_DROP = ("model_type", "architectures", "transformers_version", "_name_or_path", "torch_dtype",
-         "dtype", "quantization_config", "auto_map")
 _ATTENTION_WORDS = ("attn", "attention")
 
 
@@ -38,16 +37,17 @@ def _first(config, *names, default=None):
 def build_on_meta(config: dict, name: str) -> tuple[nn.Module, object, str]:
     """(model, transformers config, task) of a config dict, built on the meta device."""
     import transformers
-    from transformers import AutoConfig
     from transformers.models.auto import modeling_auto as auto
 
     mt = config.get("model_type")
-    try:
-        hf = AutoConfig.for_model(mt, **{k: v for k, v in config.items() if k not in _DROP})
-    except (ValueError, KeyError, TypeError) as error:
-        raise ModelConfigError(f"{name}: transformers cannot build a {mt!r} config "
-                               f"({str(error).splitlines()[0]}); the formula cannot read it: "
-                               "use --engine trace with a config transformers accepts") from None
+    hf = to_hf_config(config, name, check_shapes=False)
+    if _first(hf, "num_attention_heads", "n_head", "num_heads") is None:
+        # RWKV, Mamba and other recurrent or state-space blocks
+        raise ModelConfigError(f"{name}: {mt!r} has no attention heads (its transformers "
+                               "config has no num_attention_heads): the formula models "
+                               "softmax-attention transformers and its blocks are not: use "
+                               "--engine trace")
+    refuse_defaulted_shapes(config, hf, name)
     hf.use_cache = False
     mappings = {"causal-lm": auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
                 "seq-classification": auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
@@ -79,10 +79,12 @@ def _blocks(model: nn.Module) -> nn.ModuleList:
             best = module
     if best is None:
         raise ModelConfigError("no repeated transformer blocks found: use --engine trace")
-    if len({_params(m) for m in best}) > 1:
+    sizes = sorted({_params(m) for m in best})
+    if len(sizes) > 1:
         # e.g. DeepSeek-V3's dense first layers before its MoE layers: not one uniform stack
-        raise ModelConfigError("its blocks differ in size (dense and sparse layers mixed); the "
-                               "formula models one uniform stack: use --engine trace")
+        raise ModelConfigError(f"its blocks differ in size ({', '.join(f'{n:,}' for n in sizes)} "
+                               "parameters); the formula models one uniform stack: use "
+                               "--engine trace")
     return best
 
 

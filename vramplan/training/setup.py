@@ -37,6 +37,7 @@ from torch import nn
 
 from vramplan.errors import EngineError
 from vramplan.job import Job
+from vramplan.models.derive import language_model_config
 from vramplan.training.batches import hf_batch_factory, text_len
 from vramplan.training.compiled import apply_compile, trace_backend
 from vramplan.training.emulate import lowbit
@@ -140,6 +141,10 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
         name = job.model
     else:
         config = model_config if model_config is not None else load_model_config(job.model)
+        text = language_model_config(config, job.model)
+        if text is not None:  # a vision-language config: its language model, as the formula
+            config = text[0]
+            notes.append(text[1])
         task = job.task or task_of_config(config)
         model = build_hf_model(config, task, job, device=device, empty=empty, notes=notes,
                                kernels=kernels)
