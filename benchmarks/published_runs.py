@@ -16,6 +16,7 @@ every row of that source:
   * Megatron / NeMo data parallelism: the distributed optimizer (ZeRO-1 layout, `zero1`),
     the NeMo performance recipes' default;
   * interleaved pipelines: `virtual_pp` model chunks per GPU;
+  * Megatron-LM 2021 (Narayanan et al.) predates FlashAttention: eager attention;
   * Megatron-LM and NeMo run fused kernels (Transformer Engine, Apex): their memory-bound
     work is timed as vramplan times compiled blocks (`compile`: one kernel per fused chain).
 
@@ -101,17 +102,14 @@ def _nemotron(mc: dict, seq: int) -> str:
 
 
 def _mpt(mc: dict, seq: int) -> str:
-    """llm-foundry's MPT (mpt-*.yaml): learned positions, no biases, tied embeddings."""
+    """llm-foundry's MPT as scripts/train/yamls/pretrain/mpt-*.yaml builds it (commit 8c8dd48f:
+    attn_impl flash, and MPTConfig's defaults: learned positions, biases, tied embeddings)."""
     cfg = {"model_type": "mpt", "d_model": mc["d_model"], "n_heads": mc["n_heads"],
            "n_layers": mc["n_layers"], "expansion_ratio": mc.get("expansion_ratio", 4),
-           "vocab_size": mc["vocab"], "max_seq_len": seq, "no_bias": True,
-           "learned_pos_emb": True, "attn_config": {"alibi": False, "attn_impl": "flash"}}
+           "vocab_size": mc["vocab"], "max_seq_len": seq, "no_bias": False,
+           "learned_pos_emb": True, "attn_config": {"alibi": False, "attn_impl": "flash"},
+           "tie_word_embeddings": True}
     return _config(f"mpt-{mc['n_layers']}-{mc['d_model']}-{seq}", cfg)
-
-
-def _mpt_as_gpt(mc: dict, seq: int) -> str:
-    return _gpt(mc["n_layers"], mc["d_model"], mc["n_heads"], mc["vocab"], seq,
-                mc.get("expansion_ratio", 4) * mc["d_model"])
 
 
 # Megatron-LM 2021 (Narayanan et al. 2021, Table 1): heads and layers by hidden size
@@ -147,7 +145,7 @@ def _measured(row: dict, seq: int) -> float:
     return tflops * 1e12 / per_token
 
 
-def case(row: dict, *, mpt: bool = True) -> Case:
+def case(row: dict) -> Case:
     """The Job of one published row (see the module docstring for the choices)."""
     group = row["source_group"]
     seq = int(row["seq_len"])
@@ -193,7 +191,7 @@ def case(row: dict, *, mpt: bool = True) -> Case:
         strategy = "none"
     peft = None
     if row["model"].startswith("MPT"):
-        model = (_mpt if mpt else _mpt_as_gpt)(row["model_config"], seq)
+        model = _mpt(row["model_config"], seq)
     elif _catalog_name(row["model"]):
         model = _catalog_name(row["model"])
     elif row["model"] == "Nemotron-340B":
@@ -219,9 +217,12 @@ def case(row: dict, *, mpt: bool = True) -> Case:
     if pp > 1 and vpp and int(vpp) > 1:
         pipeline = {"pipeline_schedule": "interleaved", "pipeline_chunks": min(int(vpp), 64)}
     fused = group in ("megatron-lm", "nemo")
+    # Megatron-LM 2021 predates FlashAttention: unfused QK^T and PV with a fused softmax
+    attention = "eager" if "WITH recomputation" in str(row.get("unit")) else "sdpa"
     if fused:
         assumed.append("Transformer Engine / Megatron fused kernels timed as compiled blocks")
     job = Job(model=model, batch_size=micro, grad_accum=grad_accum, seq_len=seq, compile=fused,
+              attention=attention,
               precision=precision, checkpointing=checkpointing, peft=peft,
               optimizer_impl="fused" if group != "llm-foundry" else "foreach",
               parallel={"strategy": strategy, "num_gpus": n, "tensor_parallel": tp,
@@ -232,11 +233,11 @@ def case(row: dict, *, mpt: bool = True) -> Case:
     return Case(row["id"], group, job, _gpu(row), measured, assumed)
 
 
-def cases(*, mpt: bool = True) -> list[Case]:
+def cases() -> list[Case]:
     out = []
     for row in load_rows():
         try:
-            out.append(case(row, mpt=mpt))
+            out.append(case(row))
         except Exception as error:  # a row the Job refuses: say why, never drop it silently
             out.append(Case(row["id"], row["source_group"], None, "", 0.0,
                             skipped=f"{type(error).__name__}: {str(error).splitlines()[0]}"))
