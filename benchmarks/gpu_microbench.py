@@ -1,0 +1,201 @@
+"""Timing microbenchmarks for the performance model's factors, on one GPU in a few minutes.
+
+What it measures (each a fact efficiency.toml can take, with this file as its source):
+  * GEMM TFLOP/s by shape and dtype (bf16, fp16, fp32/TF32 off, fp8 where torch has
+    torch._scaled_mm): square sizes and LLM-like shapes, small M and K, misaligned sizes;
+    the GEMM shape model (planning/gemm.py) is refitted from these;
+  * attention: torch SDPA forward + backward, causal, by head size and sequence length;
+  * HBM bandwidth: device-to-device copy and an elementwise add (STREAM-like);
+  * host cost per kernel launch: a chain of tiny kernels, eager, timed on the host;
+  * collectives, when several GPUs are visible and torch.distributed can start NCCL:
+    all-reduce bus bandwidth by message size (run under torchrun; skipped on one GPU).
+
+    python benchmarks/gpu_microbench.py OUT_DIR            # on a CUDA machine, < 10 min
+    python benchmarks/gpu_microbench.py OUT_DIR --quick --device cpu   # the script works
+
+It writes OUT_DIR/microbench.json (the machine, torch/CUDA versions and every figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+GEMM_SHAPES = [  # (m, n, k): squares, LLM layers, small M / K, misaligned
+    (4096, 4096, 4096), (8192, 8192, 8192), (2048, 2048, 2048), (1024, 1024, 1024),
+    (16384, 4096, 4096), (16384, 14336, 4096), (16384, 4096, 14336), (8192, 1024, 8192),
+    (16384, 768, 768), (16384, 3072, 768), (512, 4096, 4096), (128, 4096, 4096),
+    (16384, 16, 4096), (16384, 4096, 16), (4095, 4095, 4095), (4100, 4100, 4100),
+]
+ATTENTION = [(64, 2048), (128, 2048), (128, 8192), (128, 32768), (256, 4096)]  # (head, seq)
+
+
+def _timer(torch, device: str):
+    def run(fn, repeat: int) -> float:
+        fn()  # warm-up (and cuBLAS heuristics)
+        if device == "cuda":
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            times = []
+            for _ in range(repeat):
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            return statistics.median(times)
+        times = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times)
+    return run
+
+
+def gemms(torch, device: str, quick: bool, run) -> list[dict]:
+    dtypes = ["bf16", "fp16", "fp32"] + (["fp8"] if device == "cuda" and hasattr(
+        torch, "_scaled_mm") and torch.cuda.get_device_capability() >= (8, 9) else [])
+    shapes = [(256, 256, 256), (128, 512, 64)] if quick else GEMM_SHAPES
+    out = []
+    for dtype in dtypes:
+        for m, n, k in shapes:
+            try:
+                if dtype == "fp8":
+                    a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
+                    b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()
+                    one = torch.ones((), device=device)
+
+                    def fn(a=a, b=b, one=one):
+                        return torch._scaled_mm(a, b, scale_a=one, scale_b=one,
+                                                out_dtype=torch.bfloat16)
+                else:
+                    dt = {"bf16": torch.bfloat16, "fp16": torch.float16,
+                          "fp32": torch.float32}[dtype]
+                    a = torch.randn(m, k, device=device, dtype=dt)
+                    b = torch.randn(k, n, device=device, dtype=dt)
+
+                    def fn(a=a, b=b):
+                        return a @ b
+                seconds = run(fn, 3 if quick else 20)
+                out.append({"dtype": dtype, "m": m, "n": n, "k": k, "seconds": seconds,
+                            "tflops": 2 * m * n * k / seconds / 1e12})
+            except (RuntimeError, TypeError) as error:  # a dtype or shape the device refuses
+                out.append({"dtype": dtype, "m": m, "n": n, "k": k,
+                            "error": str(error).splitlines()[0]})
+    return out
+
+
+def attention(torch, device: str, quick: bool, run) -> list[dict]:
+    import torch.nn.functional as F
+
+    cases = [(64, 128)] if quick else ATTENTION
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    out = []
+    for head, seq in cases:
+        heads = max(1, 4096 // head) if not quick else 2
+        q, k, v = (torch.randn(1, heads, seq, head, device=device, dtype=dt,
+                               requires_grad=True) for _ in range(3))
+
+        def fn(q=q, k=k, v=v):
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y.sum().backward()
+        seconds = run(fn, 3 if quick else 10)
+        # causal: half of the s x s tiles; forward 2 matmuls, backward 2.5x the forward
+        flops = 3.5 * 2 * 2 * heads * seq * seq * head / 2
+        out.append({"head_dim": head, "seq": seq, "heads": heads, "seconds": seconds,
+                    "tflops": flops / seconds / 1e12})
+    return out
+
+
+def bandwidth(torch, device: str, quick: bool, run) -> dict:
+    n = (1 << 20) if quick else (1 << 28)  # 1 Mi or 256 Mi fp32 elements (1 GiB)
+    x = torch.empty(n, device=device)
+    y = torch.empty(n, device=device)
+    copy = run(lambda: y.copy_(x), 3 if quick else 20)
+    add = run(lambda: torch.add(x, y, out=y), 3 if quick else 20)
+    return {"bytes": 4 * n, "copy_gb_s": 2 * 4 * n / copy / 1e9,
+            "add_gb_s": 3 * 4 * n / add / 1e9}
+
+
+def launch(torch, device: str, quick: bool) -> dict:
+    x = torch.zeros(16, device=device)
+    count = 200 if quick else 5000
+    for _ in range(100):
+        x.add_(1)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(count):
+        x.add_(1)
+    host = (time.perf_counter() - start) / count
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return {"kernels": count, "host_us_per_launch": host * 1e6}
+
+
+def collectives(torch, quick: bool) -> dict | None:
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return None
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    out = []
+    for size in ([1 << 20] if quick else [1 << p for p in range(16, 31, 2)]):
+        x = torch.ones(size // 2, device="cuda", dtype=torch.bfloat16)
+        for _ in range(3):
+            dist.all_reduce(x)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(10):
+            dist.all_reduce(x)
+        torch.cuda.synchronize()
+        seconds = (time.perf_counter() - start) / 10
+        # nccl-tests' bus bandwidth for all-reduce: bytes x 2 (n - 1) / n / time
+        out.append({"bytes": size, "seconds": seconds,
+                    "bus_gb_s": size * 2 * (world - 1) / world / seconds / 1e9})
+    dist.destroy_process_group()
+    return {"world_size": world, "all_reduce": out} if rank == 0 else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="folder for microbench.json")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script")
+    parser.add_argument("--device", default=None, help="cuda (default when present) or cpu")
+    args = parser.parse_args()
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    run = _timer(torch, device)
+    machine = {"device": device, "torch": torch.__version__, "python": platform.python_version(),
+               "host": platform.machine()}
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        machine.update(gpu=props.name, sms=props.multi_processor_count,
+                       cuda=torch.version.cuda, capability=".".join(
+                           map(str, torch.cuda.get_device_capability())))
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32, as torch's default
+    started = time.perf_counter()
+    result = {"machine": machine, "gemm": gemms(torch, device, args.quick, run),
+              "attention": attention(torch, device, args.quick, run),
+              "bandwidth": bandwidth(torch, device, args.quick, run),
+              "launch": launch(torch, device, args.quick)}
+    if device == "cuda":
+        result["collectives"] = collectives(torch, args.quick)
+    result["seconds"] = time.perf_counter() - started
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "microbench.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out / 'microbench.json'} in {result['seconds']:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
