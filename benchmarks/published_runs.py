@@ -39,7 +39,8 @@ DATA = Path(__file__).parent / "data" / "published_runs"
 _CONFIGS = Path(tempfile.mkdtemp(prefix="vramplan-published-"))
 
 # the catalog GPU each row's GPU is
-GPUS = {"A100-40": "A100-40GB", "A100-80": "A100-80GB", "H100": "H100-SXM", "B200": "B200",
+GPUS = {"A100-40": "A100-40GB", "A100-80": "A100-80GB", "H100": "H100-SXM", "H200": "H200",
+        "B200": "B200",
         "GB200": "GB200", "GB300": "GB300"}
 # NeMo's model names -> catalog models (same shapes as the row's model_config)
 # (names compared in upper case without '-', '_' and '.')
@@ -65,7 +66,7 @@ class Case:
 def load_rows() -> list[dict]:
     """Every row once (the full llm-foundry file repeats 36 rows of the dev file)."""
     rows: dict[str, dict] = {}
-    for name in ("throughput_dev.jsonl", "llmfoundry_mpt_full.jsonl"):
+    for name in ("throughput_dev.jsonl", "llmfoundry_mpt_full.jsonl", "kempnerforge_mfu.jsonl"):
         for line in (DATA / name).read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
@@ -99,6 +100,16 @@ def _nemotron(mc: dict, seq: int) -> str:
            "vocab_size": mc["vocab"], "max_position_embeddings": max(seq, 4096),
            "hidden_act": "relu2", "tie_word_embeddings": False}
     return _config("nemotron-340b", cfg)
+
+
+def _llama(mc: dict, seq: int) -> str:
+    """A Llama-3-style model from its shapes (KempnerForge's configs/model/llama_*.toml)."""
+    cfg = {"model_type": "llama", "num_hidden_layers": mc["layers"], "hidden_size": mc["hidden"],
+           "num_attention_heads": mc["heads"], "num_key_value_heads": mc["kv_heads"],
+           "intermediate_size": mc["ffn"], "vocab_size": mc["vocab"],
+           "max_position_embeddings": max(seq, 4096), "rope_theta": 500000.0,
+           "tie_word_embeddings": False, "hidden_act": "silu"}
+    return _config(f"llama-{mc['layers']}-{mc['hidden']}-{mc['ffn']}", cfg)
 
 
 def _mpt(mc: dict, seq: int) -> str:
@@ -184,13 +195,17 @@ def case(row: dict) -> Case:
         assumed.append("no checkpointing")
     if group == "llm-foundry":
         strategy = "zero2" if par.get("fsdp_strategy") == "SHARD_GRAD_OP" else "fsdp"
+    elif group == "kempnerforge":
+        strategy = "fsdp" if par.get("fsdp") else "none"
     elif dp > 1:
         strategy = "zero1"
         assumed.append("distributed optimizer (zero1)")
     else:
         strategy = "none"
     peft = None
-    if row["model"].startswith("MPT"):
+    if group == "kempnerforge":
+        model = _llama(row["model_config"], seq)
+    elif row["model"].startswith("MPT"):
         model = _mpt(row["model_config"], seq)
     elif _catalog_name(row["model"]):
         model = _catalog_name(row["model"])
@@ -217,15 +232,17 @@ def case(row: dict) -> Case:
     if pp > 1 and vpp and int(vpp) > 1:
         pipeline = {"pipeline_schedule": "interleaved", "pipeline_chunks": min(int(vpp), 64)}
     fused = group in ("megatron-lm", "nemo")
+    compiled = fused or bool(tech.get("compile"))
     # Megatron-LM 2021 predates FlashAttention: unfused QK^T and PV with a fused softmax
     attention = "eager" if "WITH recomputation" in str(row.get("unit")) else "sdpa"
     if fused:
         assumed.append("Transformer Engine / Megatron fused kernels timed as compiled blocks")
-    job = Job(model=model, batch_size=micro, grad_accum=grad_accum, seq_len=seq, compile=fused,
+    job = Job(model=model, batch_size=micro, grad_accum=grad_accum, seq_len=seq, compile=compiled,
               attention=attention,
               precision=precision, checkpointing=checkpointing, peft=peft,
               optimizer_impl="fused" if group != "llm-foundry" else "foreach",
               parallel={"strategy": strategy, "num_gpus": n, "tensor_parallel": tp,
+                        "gpus_per_node": int(row.get("gpus_per_node") or 8),
                         "pipeline_parallel": pp, "context_parallel": cp, **pipeline})
     measured = _measured(row, seq)
     if not math.isfinite(measured) or measured <= 0:

@@ -122,12 +122,14 @@ def _extra_rows():
         loso, r35, r45 = b["loso"], b["rule_035"], b["rule_045"]
         iv = a["interval_80"]
         yield (f"step time on published training runs ({loso['rows']} rows: llm-foundry, "
-               "Megatron-LM, NeMo; A100, H100, B200, GB200/GB300; 8-6144 GPUs)",
+               "KempnerForge, Megatron-LM, NeMo; A100, H100, H200, B200, GB200/GB300; 1-6144 "
+               "GPUs)",
                (f"leave one source out (out of sample): median \\|error\\| "
                 f"{_pct(loso['median_abs'], 1)}, p90 {_pct(loso['p90_abs'], 1)} (targets 10% / "
                 f"30%); fixed MFU 0.35: {_pct(r35['median_abs'], 1)} / {_pct(r35['p90_abs'], 1)}"
-                f"; 0.45: {_pct(r45['median_abs'], 1)} / {_pct(r45['p90_abs'], 1)}; 80% "
-                f"interval covers {_pct(iv['coverage_leave_one_source_out'], 0)}",
+                f"; 0.45: {_pct(r45['median_abs'], 1)} / {_pct(r45['p90_abs'], 1)}; in sample "
+                f"{_pct(b['in_sample']['median_abs'], 1)}; 80% interval covers "
+                f"{_pct(iv['coverage_leave_one_source_out'], 0)} out of sample",
                 f"`published_accuracy.py` ({VM}; throughputs as published by their sources)"))
     if (RESULTS / "plan_speed.json").exists():
         p = _load("plan_speed.json")

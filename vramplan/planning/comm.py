@@ -14,7 +14,8 @@ that for an all-reduce. A group that fits in one node runs over the GPU intercon
               backward (prefetched: overlapped), reduce-scatter of gradients (overlapped);
               with fp8.fsdp_float8_all_gather the block linears' weights travel in float8
   hybrid      fsdp inside a node, plus an all-reduce of the gradient shards between nodes
-  tensor par. 2 all-reduces of the activations per block in forward, 2 in backward
+  tensor par. 2 all-reduces of the activations per block in forward, 2 in backward (and
+              the forward's 2 again when full checkpointing recomputes the block)
               (Megatron-LM), on the critical path
   context     ring attention: each rank passes its k and v chunk around the ring,
               forward and (with their gradients) backward, overlapped with attention
@@ -123,7 +124,10 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
     if tp > 1:
         dt = _activation_dtypes(job)
         shapes = _shapes(job, arch, task)
-        activations = share * sum(4 * s.num_layers * job.batch_size * seq * s.hidden_size
+        # 2 all-reduces (or all-gather + reduce-scatter with sequence parallelism) per block
+        # forward, 2 backward; full checkpointing runs the forward's 2 again in recomputation
+        per_block = 4 + (2 if job.checkpointing == "full" else 0)
+        activations = share * sum(per_block * s.num_layers * job.batch_size * seq * s.hidden_size
                                   * dt.compute for s, seq in zip(arch.stacks, shapes.stack_seq)
                                   ) / cp
         out.append(Collective("activation all-reduces (tensor parallel)",
