@@ -64,6 +64,27 @@ def test_many_runs_fit_three_factors(config_dir):
     assert result.gpu == "H200" and result.runs == 19
 
 
+def test_calibration_narrows_the_interval_to_your_runs_spread(config_dir):
+    from vramplan.planning.calibrate import save
+    from vramplan.planning.efficiency import interval
+    from vramplan.planning.performance import step_terms, step_time
+
+    result = calibrate([RUNS])
+    low, high = result.factors.interval
+    shipped_low, shipped_high = interval()
+    assert shipped_low <= low <= 1 <= high <= shipped_high
+    # the interval is the spread of measured / predicted over the runs, clipped to the shipped
+    gpu = get_gpu("H200")
+    ratios = [m / step_time(step_terms(job, gpu), result.factors)
+              for job, m, _ in load_runs([RUNS])]
+    assert low == pytest.approx(max(shipped_low, min(ratios)))
+    assert high == pytest.approx(min(shipped_high, max(ratios)))
+    save(result)
+    perf = predict(Job(model="llama-3.2-1b", batch_size=2, seq_len=1024), gpu)
+    assert perf.step_time_range_s == pytest.approx((perf.step_time_s * low,
+                                                    perf.step_time_s * high))
+
+
 def test_bad_files(config_dir):
     with pytest.raises(JobError, match="does not exist"):
         calibrate([config_dir / "missing.json"])

@@ -26,7 +26,6 @@ from vramplan.job import Job
 from vramplan.planning.efficiency import Factors, factors_for
 
 USER_FILE = "efficiency.toml"
-ATTENTION_OVER_MATMUL = 0.75  # as efficiency.toml: the runs cannot tell the two apart
 MIN_RUNS_FOR_THREE_FACTORS = 3
 
 
@@ -67,8 +66,9 @@ def load_runs(paths: list[str | Path]) -> list[tuple[Job, float, str | None]]:
 
 
 def _factors(base: Factors, matmul: float, memory: float, kernel_us: float) -> Factors:
+    # the runs cannot tell attention from matmul apart: attention moves with matmul
     return base.model_copy(update=dict(matmul=min(matmul, 1.0),
-                                       attention=min(ATTENTION_OVER_MATMUL * matmul, 1.0),
+                                       attention=min(base.attention * matmul / base.matmul, 1.0),
                                        memory=min(memory, 1.0), kernel_us=kernel_us))
 
 
@@ -128,8 +128,17 @@ def calibrate(paths: list[str | Path], gpu: str | None = None) -> Calibration:
     base = factors_for(chosen)
     terms = [step_terms(job, chosen) for job, _, _ in runs]
     measured = [m for _, m, _ in runs]
-    fitted = fit(base, terms, measured).model_copy(update={
-        "source": f"{chosen.name}: calibrated on {len(runs)} of your runs"})
+    fitted = fit(base, terms, measured)
+    update = {"source": f"{chosen.name}: calibrated on {len(runs)} of your runs"}
+    if len(runs) >= MIN_RUNS_FOR_THREE_FACTORS:
+        # your runs' own spread around the fit (measured / predicted), never wider than the
+        # shipped interval: a narrower 80% range for this GPU
+        from vramplan.planning.efficiency import interval
+
+        ratios = [m / step_time(t, fitted) for t, m in zip(terms, measured)]
+        low, high = interval()
+        update["interval"] = (max(low, min(ratios)), min(high, max(ratios)))
+    fitted = fitted.model_copy(update=update)
 
     def median_error(factors: Factors) -> float:
         errors = sorted(abs(step_time(t, factors) / m - 1) for t, m in zip(terms, measured))
@@ -152,7 +161,10 @@ def save(result: Calibration, path: Path | None = None) -> Path:
     """Write (or replace) the GPU's table in the user's efficiency.toml."""
     path = path or user_file()
     tables = read_user_factors(path)
-    tables[result.gpu] = {**result.factors.model_dump(exclude={"source"}),
+    tables[result.gpu] = {**result.factors.model_dump(exclude={"source", "interval"},
+                                                      exclude_none=True),
+                          **({"interval": list(result.factors.interval)}
+                             if result.factors.interval else {}),
                           "source": result.factors.source, "files": result.files}
     lines = ["# vramplan calibrate: efficiency factors fitted on your own runs, per GPU", ""]
     for name, values in sorted(tables.items()):

@@ -26,6 +26,9 @@ class Factors(BaseModel):
     overlap: float = Field(ge=0, le=1)
     host_link_gb_s: float = Field(gt=0)
     cpu_adam_params_per_s: float = Field(gt=0)
+    # the 80% interval's (low, high) multipliers of a predicted time: efficiency.toml's,
+    # unless `vramplan calibrate` measured a narrower one on the user's own GPU
+    interval: tuple[float, float] | None = None
     source: str = ""  # which table (architecture, measured or assumed) they came from
 
 
