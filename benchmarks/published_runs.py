@@ -61,6 +61,7 @@ class Case:
     measured_tokens_per_s_per_gpu: float
     assumed: list[str] = field(default_factory=list)
     skipped: str = ""    # why vramplan cannot express the row (empty when it can)
+    attention_kernel: str = "sdpa"  # "triton": llm-foundry's Triton FlashAttention
 
 
 def load_rows() -> list[dict]:
@@ -247,7 +248,8 @@ def case(row: dict) -> Case:
     measured = _measured(row, seq)
     if not math.isfinite(measured) or measured <= 0:
         return Case(row["id"], group, None, _gpu(row), 0.0, assumed, skipped="no throughput")
-    return Case(row["id"], group, job, _gpu(row), measured, assumed)
+    kernel = "triton" if "triton" in str(row["model_config"].get("attn_impl", "")) else "sdpa"
+    return Case(row["id"], group, job, _gpu(row), measured, assumed, attention_kernel=kernel)
 
 
 def cases() -> list[Case]:
