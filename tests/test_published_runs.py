@@ -17,7 +17,7 @@ def rows():
 
 
 def test_every_row_once_and_every_row_a_job(rows):
-    assert len(rows) == 257  # 77 + 216, less the 36 llm-foundry rows in both files
+    assert len(rows) == 77 + 216 - 36 + 14  # the 36 llm-foundry rows in both files once
     skipped = [c for c in published_runs.cases() if c.job is None]
     assert skipped == []
 
@@ -51,3 +51,19 @@ def test_megatron_2021_counts_the_recomputed_forward(rows):
     case = published_runs.case(row)
     assert case.measured_tokens_per_s_per_gpu == pytest.approx(137e12 / per_token)
     assert case.job.checkpointing == "full" and case.job.precision == "fp16-mixed"
+
+
+def test_kempnerforge_rows_match_the_report_s_own_counts(rows):
+    # the report: 7B 8.03B, 13B 14.84B, 70B 70.55B parameters; tokens per step per
+    # data-parallel rank = batch x accumulation x 4096
+    for row_id, params in (("kempnerforge_01_7b_1xh200_single", 8.03e9),
+                           ("kempnerforge_08_13b_8xh200_fsdp8", 14.84e9),
+                           ("kempnerforge_14_70b_32xh200_tp4_fsdp8", 70.55e9)):
+        case = published_runs.case(rows[row_id])
+        arch = load_architecture(case.job.model)
+        assert arch.total_params() == pytest.approx(params, rel=5e-3)
+        dp = case.job.parallel.num_gpus // case.job.parallel.tensor_parallel
+        tokens = case.job.batch_size * case.job.grad_accum * case.job.seq_len * dp
+        step = rows[row_id]["also_reported"]["step_time_s"]
+        total = rows[row_id]["also_reported"]["tokens_per_s_total"]
+        assert tokens / step == pytest.approx(total, rel=0.01)
