@@ -59,6 +59,15 @@ CONFIGS = {  # broken config.json files (item 7)
     "missing-shape-key": dict(model_type="gpt_neox", num_hidden_layers=12,
                               num_attention_heads=12, intermediate_size=3072,
                               vocab_size=50304),
+    # pre-quantised weights were estimated as 16-bit (quantization_config ignored)
+    "gptq": dict(model_type="llama", hidden_size=64, intermediate_size=128,
+                 num_hidden_layers=2, num_attention_heads=4, vocab_size=256,
+                 quantization_config=dict(quant_method="gptq", bits=4, group_size=128)),
+    "bnb-4bit-full-finetune": dict(model_type="llama", hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   vocab_size=256, quantization_config=dict(
+                                       quant_method="bitsandbytes", load_in_4bit=True,
+                                       bnb_4bit_quant_type="nf4")),
 }
 # configs the trace reads (a transformers config class), given with --engine trace
 TRACE_CONFIGS = {
@@ -69,6 +78,7 @@ TRACE_CONFIGS = {
     "mpt-biases": dict(model_type="mpt", d_model=64, n_heads=4, n_layers=2, vocab_size=256,
                        no_bias=False, attn_config=dict(alibi=True)),
     "missing-shape-key": CONFIGS["missing-shape-key"],
+    "gptq": CONFIGS["gptq"],
 }
 
 JOB_FILES = {  # malformed job files (item 11)

@@ -499,3 +499,14 @@ def test_meta_built_family_missing_a_shape_key_is_refused():
         architecture_from_config(cfg, "x.json")
     assert architecture_from_config({**cfg, "hidden_size": 768}, "x.json").stacks[0] \
         .hidden_size == 768
+
+
+def test_prequantized_bitsandbytes_weights_are_the_qlora_job_they_load_as():
+    from vramplan import Job, estimate
+    config = {**TINY_LLAMA, "quantization_config": dict(
+        quant_method="bitsandbytes", load_in_4bit=True, bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True)}
+    job = Job(model="x", batch_size=1, seq_len=32, peft={"method": "qlora"})
+    report = estimate(job, model_config=config)
+    assert any(n.startswith("pre-quantised bitsandbytes NF4") for n in report.notes)
+    assert report.peak_allocated == estimate(job, model_config=TINY_LLAMA).peak_allocated
