@@ -121,6 +121,12 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
         ("estimate seq beyond positions", ["estimate", "gpt2", "-s", "4096"]),
         ("estimate --set unknown", ["estimate", "gpt2", "--set", "bogus=1"]),
         ("estimate --set malformed", ["estimate", "gpt2", "--set", "noequals"]),
+        # a whole section (issue 19): only peft=null has a meaning (no adapters)
+        ("estimate --set peft=lora", ["estimate", "gpt2", "--set", "peft=lora"]),
+        ("estimate --set parallel=3", ["estimate", "gpt2", "--set", "parallel=3"]),
+        ("estimate --set parallel=null", ["estimate", "gpt2", "--set", "parallel=null"]),
+        ("estimate --set peft=null and --lora-rank", ["estimate", "gpt2", "--set", "peft=null",
+                                                      "--lora-rank", "8"]),
         ("estimate tp not dividing heads", ["estimate", "gpt2", "-n", "5", "--tp", "5"]),
         ("estimate cp on an encoder", ["estimate", "bert-base-uncased", "-n", "2", "--cp",
                                        "2"]),
@@ -213,3 +219,12 @@ def test_bad_input_battery(tmp_path, capsys, monkeypatch):
     bad = [f"{r['case']}: {r['outcome']} ({r['stderr'][:120]})" for r in results
            if r["outcome"] != "clean"]
     assert not bad, "\n".join(bad)
+
+
+def test_set_peft_null_means_no_adapters(tmp_path):
+    # it ended in a TypeError traceback; over a job file's adapters it trains every weight
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text("model: gpt2\npeft:\n  rank: 8\n")
+    assert cli_options.build_job(None, job_file, {}, ["peft=null"]).peft is None
+    assert cli_options.build_job("gpt2", None, {}, ["peft=null"]).peft is None
+    assert cli_options.build_job(None, job_file, {}, []).peft.rank == 8
