@@ -389,6 +389,23 @@ def test_mpt_llm_foundry_variants_count_what_llm_foundry_builds():
     assert arch.stacks[0].intermediate_size == 160
 
 
+@pytest.mark.parametrize("shape,seq,published", [
+    ((8192, 64, 80), 2048, 64_862_437_376),    # MPT-70b
+    ((4096, 32, 32), 65536, 6_918_905_856),    # MPT-7b at 64k tokens
+    ((768, 12, 12), 512, 124_131_840),         # MPT-125m
+])
+def test_mpt_counts_equal_llm_foundry_benchmark_num_params(shape, seq, published):
+    # llm-foundry's benchmark configs (scripts/train/benchmarking/README.md NumParams,
+    # mosaicml/llm-foundry@5e85bd62): its defaults, biases and a learned position table
+    # of max_seq_len rows, vocab 50368, tied head
+    d, heads, layers = shape
+    cfg = dict(model_type="mpt", d_model=d, n_heads=heads, n_layers=layers, vocab_size=50368,
+               max_seq_len=seq, expansion_ratio=4, no_bias=False, attn_config={"alibi": False})
+    block = (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d) + 2 * 2 * d
+    assert architecture_from_config(cfg, "x.json").total_params() \
+        == layers * block + (50368 + seq) * d + 2 * d == published
+
+
 def test_mpt_defaults_that_differ_between_transformers_and_llm_foundry_are_required():
     cfg = _mpt_cfg()
     del cfg["no_bias"], cfg["attn_config"]["alibi"]
