@@ -756,6 +756,11 @@ def language_model_config(config: dict, name: str) -> tuple[dict, str] | None:
     else:
         inner = {k: v for k, v in config.items() if k not in _VISION_KEYS}
         inner["model_type"] = _TEXT_MODEL_TYPE[mt]
+    rope = inner.get("rope_scaling")
+    if isinstance(rope, dict) and "mrope" in (rope.get("type"), rope.get("rope_type")):
+        # M-RoPE on text alone is 1-D rotary (its three position ids are equal), which the
+        # text family's own class builds
+        inner.pop("rope_scaling")
     inner_mt = inner.get("model_type") or _TEXT_MODEL_TYPE.get(mt)
     if not inner_mt:
         raise ModelConfigError(f"{name}: its text_config has no 'model_type' and {mt!r} is "
