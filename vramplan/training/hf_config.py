@@ -88,8 +88,8 @@ def to_hf_config(config: dict, name: str, *, check_shapes: bool = True, **overri
 
     mt = config.get("model_type")
     if not mt:
-        raise ModelConfigError(f"{name}: the model config has no 'model_type': it is needed to "
-                               "pick the transformers class")
+        raise ModelConfigError(f"{name}: no 'model_type' key: it is needed to pick the "
+                               "transformers class")
     values = _copy({k: v for k, v in config.items() if k not in DROP})
     values.update(overrides)
     for _ in range(_MAX_RETRIES):
