@@ -467,6 +467,13 @@ TINY_VLM = {
         vision_config=dict(model_type="siglip_vision_model", hidden_size=32,
                            intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                            image_size=28, patch_size=14)),
+    # as transformers saves it (google/gemma-3-4b-pt): text_config without the values that
+    # equal Gemma3TextConfig's defaults (heads, head size, vocabulary)
+    "gemma3-sparse": dict(model_type="gemma3", text_config=dict(
+        model_type="gemma3_text", hidden_size=64, intermediate_size=128, num_hidden_layers=2),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=32,
+                           intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14)),
     # Qwen2-VL keeps its language model's keys at the top level, beside vision_config
     "qwen2_vl": dict(model_type="qwen2_vl", hidden_size=64, intermediate_size=128,
                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -734,6 +734,14 @@ _TEXT_MODEL_TYPE = {"gemma3": "gemma3_text", "llava": "llama", "llava_next": "ll
                     "idefics3": "llama", "mistral3": "mistral", "paligemma": "gemma",
                     "qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2"}
 _TEXT_MODEL_ALIAS = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2"}
+# transformers saves a sub-config without the values equal to its class defaults
+# (PreTrainedConfig.to_diff_dict), so Gemma-3's published text_config leaves these out; the
+# values are Gemma3TextConfig's defaults (transformers 5.24
+# models/gemma3/configuration_gemma3.py). Filled in with a note, never silently.
+_TEXT_CONFIG_DEFAULTS = {"gemma3_text": dict(vocab_size=262208, num_attention_heads=8,
+                                             num_key_value_heads=4, head_dim=256,
+                                             query_pre_attn_scalar=256,
+                                             max_position_embeddings=131072)}
 # keys of the top-level Qwen2-VL config that are not its language model's
 _VISION_KEYS = ("vision_config", "vision_start_token_id", "vision_end_token_id",
                 "vision_token_id", "image_token_id", "video_token_id")
@@ -772,6 +780,12 @@ def language_model_config(config: dict, name: str) -> tuple[dict, str] | None:
             f"{'text_config' if isinstance(text, dict) else 'the config'}) is estimated for "
             f"text-only training; the {vision} are not counted (their weights, and image "
             "tokens, add to this)")
+    filled = {k: v for k, v in _TEXT_CONFIG_DEFAULTS.get(inner["model_type"], {}).items()
+              if inner.get(k) is None}
+    if filled and isinstance(text, dict):
+        inner.update(filled)
+        note += ("; text_config leaves out what equals transformers' defaults, read as "
+                 + ", ".join(f"{k}={v}" for k, v in filled.items()))
     return inner, note
 
 
