@@ -474,6 +474,13 @@ TINY_VLM = {
         vision_config=dict(model_type="siglip_vision_model", hidden_size=32,
                            intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                            image_size=28, patch_size=14)),
+    # llava-hf/llava-1.5-7b-hf's text_config is Llama-2-7B, written as its diff from
+    # LlamaConfig's defaults: the vocabulary and length only
+    "llava-sparse": dict(model_type="llava", text_config=dict(
+        model_type="llama", vocab_size=32064, max_position_embeddings=4096),
+        vision_config=dict(model_type="clip_vision_model", hidden_size=32,
+                           intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=28, patch_size=14)),
     # Qwen2-VL keeps its language model's keys at the top level, beside vision_config
     "qwen2_vl": dict(model_type="qwen2_vl", hidden_size=64, intermediate_size=128,
                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -735,13 +735,21 @@ _TEXT_MODEL_TYPE = {"gemma3": "gemma3_text", "llava": "llama", "llava_next": "ll
                     "qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2"}
 _TEXT_MODEL_ALIAS = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2"}
 # transformers saves a sub-config without the values equal to its class defaults
-# (PreTrainedConfig.to_diff_dict), so Gemma-3's published text_config leaves these out; the
-# values are Gemma3TextConfig's defaults (transformers 5.24
-# models/gemma3/configuration_gemma3.py). Filled in with a note, never silently.
-_TEXT_CONFIG_DEFAULTS = {"gemma3_text": dict(vocab_size=262208, num_attention_heads=8,
-                                             num_key_value_heads=4, head_dim=256,
-                                             query_pre_attn_scalar=256,
-                                             max_position_embeddings=131072)}
+# (PreTrainedConfig.to_diff_dict), so published text_configs leave them out (Gemma-3's its
+# heads and vocabulary, LLaVA-1.5's a whole Llama-2-7B). The values are the classes'
+# defaults in transformers 5.24 (models/gemma3|llama|mistral/configuration_*.py). Filled
+# in with a note, never silently; keys a class derives (head_dim, kv heads) are not here.
+_LLAMA_DEFAULTS = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                       num_hidden_layers=32, num_attention_heads=32,
+                       max_position_embeddings=2048)
+_TEXT_CONFIG_DEFAULTS = {
+    "gemma3_text": dict(vocab_size=262208, num_attention_heads=8, num_key_value_heads=4,
+                        head_dim=256, query_pre_attn_scalar=256,
+                        max_position_embeddings=131072),
+    "llama": _LLAMA_DEFAULTS,
+    "mistral": dict(_LLAMA_DEFAULTS, intermediate_size=14336, num_key_value_heads=8,
+                    max_position_embeddings=131072),
+}
 # keys of the top-level Qwen2-VL config that are not its language model's
 _VISION_KEYS = ("vision_config", "vision_start_token_id", "vision_end_token_id",
                 "vision_token_id", "image_token_id", "video_token_id")
