@@ -350,7 +350,7 @@ def _mpt(c: _Cfg) -> Architecture:
         raise ModelConfigError(
             f"{c.name}: mpt config is missing {', '.join(repr(k) for k in missing)} ("
             + "; ".join(_MPT_AMBIGUOUS[k] for k in missing) + "): add it to the config.json")
-    a = _Cfg(attn, c.name)
+    a = _Cfg({f"attn_config.{k}": v for k, v in attn.items()}, c.name)  # messages name the path
     a.model_type = "mpt"
     d, nh, layers = c.int("d_model"), c.int("n_heads"), c.int("n_layers")
     vocab, npos = c.int("vocab_size"), c.opt_int("max_seq_len", 2048)
@@ -366,7 +366,7 @@ def _mpt(c: _Cfg) -> Architecture:
     attn_type = str(attn.get("attn_type", "multihead_attention"))
     kv = {"multihead_attention": nh, "multiquery_attention": 1}.get(attn_type)
     if attn_type == "grouped_query_attention":
-        kv = a.int("kv_n_heads")
+        kv = a.int("attn_config.kv_n_heads")
     if kv is None:
         raise ModelConfigError(f"{c.name}: unknown MPT attn_type {attn_type!r}: use "
                                "multihead_attention, multiquery_attention or "
@@ -380,7 +380,7 @@ def _mpt(c: _Cfg) -> Architecture:
     if norm_type not in _MPT_LAYERNORMS + _MPT_RMSNORMS:
         raise ModelConfigError(f"{c.name}: MPT norm_type {norm_type!r} is not modelled: the "
                                f"formula reads {', '.join(_MPT_LAYERNORMS + _MPT_RMSNORMS)}")
-    if a.get("qk_gn") or a.get("reuse_kv_layer_idx") is not None or c.get("block_overrides"):
+    if attn.get("qk_gn") or attn.get("reuse_kv_layer_idx") is not None or c.get("block_overrides"):
         raise ModelConfigError(f"{c.name}: MPT qk_gn, reuse_kv_layer_idx and block_overrides "
                                "(blocks that differ) are not modelled: use a config without "
                                "them")
@@ -402,7 +402,7 @@ def _mpt(c: _Cfg) -> Architecture:
         Linear("up_proj", d, inter, bias, role="mlp_in"),
         Linear("down_proj", inter, d, bias, role="mlp_out")]
     linears = tuple(qkv + [Linear("out_proj", nh * hd, d, bias, role="attn_out")] + mlp)
-    qk_ln = bool(a.get("qk_ln"))
+    qk_ln = bool(attn.get("qk_ln"))
     norms = 2 * norm(d) + (norm(nh * hd) + norm(kv * hd) if qk_ln else 0)
     stack = Stack(role="decoder", num_layers=layers, hidden_size=d, num_heads=nh,
                   num_kv_heads=kv, head_dim=hd, intermediate_size=inter,
@@ -417,7 +417,8 @@ def _mpt(c: _Cfg) -> Architecture:
         embedding_params=(vocab + (npos if learned else 0)) * d, other_params=norm(d),
         head_params={"causal-lm": 0 if tie else vocab * d, "seq-classification": d * num_labels},
         default_task="causal-lm", vocab_size=vocab, max_positions=npos, tied_embeddings=tie,
-        hidden_dropout=c.float("resid_pdrop"), attention_dropout=a.float("attn_pdrop"),
+        hidden_dropout=c.float("resid_pdrop"),
+        attention_dropout=a.float("attn_config.attn_pdrop"),
         num_labels=num_labels,
         positions="alibi" if alibi else "rotary" if rope else "learned" if learned else "none")
 
