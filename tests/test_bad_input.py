@@ -68,6 +68,12 @@ CONFIGS = {  # broken config.json files (item 7)
                                    vocab_size=256, quantization_config=dict(
                                        quant_method="bitsandbytes", load_in_4bit=True,
                                        bnb_4bit_quant_type="nf4")),
+    # MPT without no_bias: transformers reads no biases, llm-foundry biases everywhere
+    "mpt-ambiguous-bias": dict(model_type="mpt", d_model=64, n_heads=4, n_layers=2,
+                               vocab_size=256, attn_config=dict(alibi=True)),
+    "mpt-gqa-without-kv-heads": dict(model_type="mpt", d_model=64, n_heads=4, n_layers=2,
+                                     vocab_size=256, no_bias=True, attn_config=dict(
+                                         alibi=True, attn_type="grouped_query_attention")),
 }
 # configs the trace reads (a transformers config class), given with --engine trace
 TRACE_CONFIGS = {
