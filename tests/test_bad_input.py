@@ -59,6 +59,21 @@ CONFIGS = {  # broken config.json files (item 7)
     "missing-shape-key": dict(model_type="gpt_neox", num_hidden_layers=12,
                               num_attention_heads=12, intermediate_size=3072,
                               vocab_size=50304),
+    # pre-quantised weights were estimated as 16-bit (quantization_config ignored)
+    "gptq": dict(model_type="llama", hidden_size=64, intermediate_size=128,
+                 num_hidden_layers=2, num_attention_heads=4, vocab_size=256,
+                 quantization_config=dict(quant_method="gptq", bits=4, group_size=128)),
+    "bnb-4bit-full-finetune": dict(model_type="llama", hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   vocab_size=256, quantization_config=dict(
+                                       quant_method="bitsandbytes", load_in_4bit=True,
+                                       bnb_4bit_quant_type="nf4")),
+    # MPT without no_bias: transformers reads no biases, llm-foundry biases everywhere
+    "mpt-ambiguous-bias": dict(model_type="mpt", d_model=64, n_heads=4, n_layers=2,
+                               vocab_size=256, attn_config=dict(alibi=True)),
+    "mpt-gqa-without-kv-heads": dict(model_type="mpt", d_model=64, n_heads=4, n_layers=2,
+                                     vocab_size=256, no_bias=True, attn_config=dict(
+                                         alibi=True, attn_type="grouped_query_attention")),
 }
 # configs the trace reads (a transformers config class), given with --engine trace
 TRACE_CONFIGS = {
@@ -69,6 +84,7 @@ TRACE_CONFIGS = {
     "mpt-biases": dict(model_type="mpt", d_model=64, n_heads=4, n_layers=2, vocab_size=256,
                        no_bias=False, attn_config=dict(alibi=True)),
     "missing-shape-key": CONFIGS["missing-shape-key"],
+    "gptq": CONFIGS["gptq"],
 }
 
 JOB_FILES = {  # malformed job files (item 11)
@@ -111,6 +127,12 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
         ("estimate seq beyond positions", ["estimate", "gpt2", "-s", "4096"]),
         ("estimate --set unknown", ["estimate", "gpt2", "--set", "bogus=1"]),
         ("estimate --set malformed", ["estimate", "gpt2", "--set", "noequals"]),
+        # a whole section (issue 19): only peft=null has a meaning (no adapters)
+        ("estimate --set peft=lora", ["estimate", "gpt2", "--set", "peft=lora"]),
+        ("estimate --set parallel=3", ["estimate", "gpt2", "--set", "parallel=3"]),
+        ("estimate --set parallel=null", ["estimate", "gpt2", "--set", "parallel=null"]),
+        ("estimate --set peft=null and --lora-rank", ["estimate", "gpt2", "--set", "peft=null",
+                                                      "--lora-rank", "8"]),
         ("estimate tp not dividing heads", ["estimate", "gpt2", "-n", "5", "--tp", "5"]),
         ("estimate cp on an encoder", ["estimate", "bert-base-uncased", "-n", "2", "--cp",
                                        "2"]),
@@ -203,3 +225,12 @@ def test_bad_input_battery(tmp_path, capsys, monkeypatch):
     bad = [f"{r['case']}: {r['outcome']} ({r['stderr'][:120]})" for r in results
            if r["outcome"] != "clean"]
     assert not bad, "\n".join(bad)
+
+
+def test_set_peft_null_means_no_adapters(tmp_path):
+    # it ended in a TypeError traceback; over a job file's adapters it trains every weight
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text("model: gpt2\npeft:\n  rank: 8\n")
+    assert cli_options.build_job(None, job_file, {}, ["peft=null"]).peft is None
+    assert cli_options.build_job("gpt2", None, {}, ["peft=null"]).peft is None
+    assert cli_options.build_job(None, job_file, {}, []).peft.rank == 8

@@ -115,3 +115,20 @@ def test_trace_runs_adafactor(tmp_path, impl):
     traced, predicted = trace(job), estimate(job)
     assert traced.categories["optimizer_states"] > 0
     assert predicted.peak_allocated == pytest.approx(traced.peak_allocated, rel=0.03)
+
+
+@pytest.mark.slow
+def test_formula_matches_trace_on_mpt(tmp_path):
+    # transformers' MptForCausalLM (the no-bias ALiBi layout of mpt-7b) runs eager attention
+    # only: the fp32 softmax over ALiBi-biased scores; llm-foundry's attn_pdrop 0.0 is read
+    import json
+
+    from vramplan.models import load_architecture
+    config = {**load_architecture("mpt-7b").extra, "d_model": 128, "n_heads": 4,
+              "n_layers": 2, "vocab_size": 512, "max_seq_len": 256}
+    config["attn_config"] = {**config["attn_config"], "attn_pdrop": 0.0}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    job = Job(model=str(path), batch_size=2, seq_len=256, attention="eager")
+    traced, predicted = trace(job).peak_allocated, estimate(job).peak_allocated
+    assert predicted == pytest.approx(traced, rel=0.02)

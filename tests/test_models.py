@@ -196,7 +196,8 @@ def test_missing_key_names_key_and_file():
 def test_attention_shapes():
     a = load_architecture("llama-3.1-8b")
     (s,) = a.stacks
-    assert (s.num_layers, s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim) == (32, 4096, 32, 8, 128)
+    assert (s.num_layers, s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim) == \
+        (32, 4096, 32, 8, 128)
     assert s.mlp == "gated" and s.norm == "rmsnorm" and a.kind == "decoder"
     assert a.vocab_size == 128256 and a.max_positions == 131072 and not a.tied_embeddings
     names = [lin.name for lin in s.linears]
@@ -388,6 +389,23 @@ def test_mpt_llm_foundry_variants_count_what_llm_foundry_builds():
     assert arch.stacks[0].intermediate_size == 160
 
 
+@pytest.mark.parametrize("shape,seq,published", [
+    ((8192, 64, 80), 2048, 64_862_437_376),    # MPT-70b
+    ((4096, 32, 32), 65536, 6_918_905_856),    # MPT-7b at 64k tokens
+    ((768, 12, 12), 512, 124_131_840),         # MPT-125m
+])
+def test_mpt_counts_equal_llm_foundry_benchmark_num_params(shape, seq, published):
+    # llm-foundry's benchmark configs (scripts/train/benchmarking/README.md NumParams,
+    # mosaicml/llm-foundry@5e85bd62): its defaults, biases and a learned position table
+    # of max_seq_len rows, vocab 50368, tied head
+    d, heads, layers = shape
+    cfg = dict(model_type="mpt", d_model=d, n_heads=heads, n_layers=layers, vocab_size=50368,
+               max_seq_len=seq, expansion_ratio=4, no_bias=False, attn_config={"alibi": False})
+    block = (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d) + 2 * 2 * d
+    assert architecture_from_config(cfg, "x.json").total_params() \
+        == layers * block + (50368 + seq) * d + 2 * d == published
+
+
 def test_mpt_defaults_that_differ_between_transformers_and_llm_foundry_are_required():
     cfg = _mpt_cfg()
     del cfg["no_bias"], cfg["attn_config"]["alibi"]
@@ -429,7 +447,7 @@ def test_strict_config_int_field_given_a_whole_float_is_normalised():
     hf = to_hf_config(_mpt_cfg(attn_config=dict(attn_pdrop=0.0)), "x.json")
     assert hf.attn_config.attn_pdrop == 0
     with pytest.raises(ModelConfigError,
-                       match="'attn_config.attn_pdrop' as int, got float 0.1: write it as int"):
+                       match="'attn_config.attn_pdrop' as int, got float 0.1: .*--engine formula"):
         to_hf_config(_mpt_cfg(attn_config=dict(attn_pdrop=0.1)), "x.json")
     with pytest.raises(ModelConfigError, match="'n_embd' as int, got str"):
         to_hf_config(dict(TINY_GPT2, n_embd="x"), "x.json")
@@ -449,6 +467,20 @@ TINY_VLM = {
         vision_config=dict(model_type="siglip_vision_model", hidden_size=32,
                            intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                            image_size=28, patch_size=14)),
+    # as transformers saves it (google/gemma-3-4b-pt): text_config without the values that
+    # equal Gemma3TextConfig's defaults (heads, head size, vocabulary)
+    "gemma3-sparse": dict(model_type="gemma3", text_config=dict(
+        model_type="gemma3_text", hidden_size=64, intermediate_size=128, num_hidden_layers=2),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=32,
+                           intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14)),
+    # llava-hf/llava-1.5-7b-hf's text_config is Llama-2-7B, written as its diff from
+    # LlamaConfig's defaults: the vocabulary and length only
+    "llava-sparse": dict(model_type="llava", text_config=dict(
+        model_type="llama", vocab_size=32064, max_position_embeddings=4096),
+        vision_config=dict(model_type="clip_vision_model", hidden_size=32,
+                           intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=28, patch_size=14)),
     # Qwen2-VL keeps its language model's keys at the top level, beside vision_config
     "qwen2_vl": dict(model_type="qwen2_vl", hidden_size=64, intermediate_size=128,
                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -462,6 +494,7 @@ TINY_VLM = {
 def test_vision_language_configs_estimate_their_language_model(family):
     import torch
     import transformers
+
     from vramplan import Job, estimate
 
     config = TINY_VLM[family]
@@ -499,3 +532,14 @@ def test_meta_built_family_missing_a_shape_key_is_refused():
         architecture_from_config(cfg, "x.json")
     assert architecture_from_config({**cfg, "hidden_size": 768}, "x.json").stacks[0] \
         .hidden_size == 768
+
+
+def test_prequantized_bitsandbytes_weights_are_the_qlora_job_they_load_as():
+    from vramplan import Job, estimate
+    config = {**TINY_LLAMA, "quantization_config": dict(
+        quant_method="bitsandbytes", load_in_4bit=True, bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True)}
+    job = Job(model="x", batch_size=1, seq_len=32, peft={"method": "qlora"})
+    report = estimate(job, model_config=config)
+    assert any(n.startswith("pre-quantised bitsandbytes NF4") for n in report.notes)
+    assert report.peak_allocated == estimate(job, model_config=TINY_LLAMA).peak_allocated

@@ -233,3 +233,15 @@ def test_gpu_count_search_says_what_more_gpus_cannot_shrink():
     assert not result.fits and result.best is None and result.job is None
     assert max(t.num_gpus for t in result.trials) == 16
     assert "--checkpointing full" in result.hint
+
+
+def test_make_it_fit_skips_changes_the_model_refuses():
+    # the default LoRA targets (q/k/v/o_proj) match no MPT or T5 linear: the stacked search
+    # raised that JobError, so `estimate mpt-7b --gpu L4` and `t5-3b --gpu L4` exited 2
+    from vramplan import Job
+    from vramplan.engines.formula import estimate
+    from vramplan.planning.make_fit import with_fixes
+    for model in ("mpt-7b", "t5-3b"):
+        job = Job(model=model, gpu="L4")
+        fixed = with_fixes(estimate(job), job)
+        assert all("lora" not in f.flags for f in fixed.to_fit)

@@ -141,13 +141,35 @@ def _set_value(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), parsed
 
 
+# Job sections (sub-models) by name, and whether null is one of their values (peft: none)
+_SECTIONS = {path[0]: Job.model_fields[path[0]].default is None for path in _MODELS if path}
+
+
+def _whole_section(text: str, key: str, value: Any) -> bool:
+    """`--set SECTION=VALUE`: True for null on a section that may be null (peft=null: no
+    adapters); a mapping merges like a job file's; anything else is refused by name."""
+    if key not in _SECTIONS or isinstance(value, dict):
+        return False
+    if value is None and _SECTIONS[key]:
+        return True
+    fields = ", ".join(sorted(_MODELS[(key,)].model_fields))
+    null = f", or --set {key}=null for none" if _SECTIONS[key] else ""
+    raise JobError(f"--set {text!r}: {key} is a section of the job, not a value: set its "
+                   f"fields, e.g. --set {key}.FIELD=VALUE ({fields}){null}")
+
+
 def build_job(model: str | None, job_file: Path | None, flags: dict[str, Any],
               sets: list[str] | None = None) -> Job:
     """CLI flags and --set > job file > defaults, validated into a Job."""
     base = load_job_file(job_file) if job_file else {}
     overrides: dict[str, Any] = {"model": model}
+    cleared: set[str] = set()  # sections --set to null
     for text in sets or ():
-        *parents, leaf = _set_value(text)[0]
+        path = _set_value(text)[0]
+        if len(path) == 1 and _whole_section(text, path[0], _set_value(text)[1]):
+            cleared.add(path[0])
+            continue
+        *parents, leaf = path
         target = overrides
         for part in parents:
             target = target.setdefault(part, {})
@@ -163,10 +185,15 @@ def build_job(model: str | None, job_file: Path | None, flags: dict[str, Any],
             target = target.setdefault(part, {})
         target[leaf] = tuple(v.strip() for v in value.split(",")) if name == "lora_targets" \
             else value
+    for key in cleared & set(overrides):
+        raise JobError(f"--set {key}=null (none) conflicts with the {key} options also given: "
+                       "drop one of them")
     if "peft" in overrides and "method" not in overrides["peft"] and not base.get("peft"):
         overrides["peft"]["method"] = "lora"  # --lora-rank alone means LoRA
     origin = str(job_file) if job_file else "options"
-    return job_from_dict(merge_overrides(base, overrides), origin=origin)
+    merged = merge_overrides(base, overrides)
+    merged.update(dict.fromkeys(cleared))  # over the job file's section too
+    return job_from_dict(merged, origin=origin)
 
 
 def job_command(func):

@@ -47,6 +47,7 @@ from vramplan.models.families import (
     SDPA_QUERY_CONTIGUOUS,
     STACKED_EXPERTS,
     TRAINED_ATTENTION_BIAS,
+    prequantized,
     text_len,
     uses_rotary,
 )
@@ -115,6 +116,7 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None,
     # uploaded config.json in the web app; the trace and measure engines take it too)
     arch = (architecture_from_config(model_config, job.model) if model_config is not None
             else load_architecture(job.model))
+    _prequantized(job, arch)
     task = _task(job, arch)
     if job.compile:
         _check_compiled(job, arch, task)
@@ -776,8 +778,13 @@ def _check_context_parallel_split(job: Job, shapes: Shapes) -> None:
                        f"use a multiple, e.g. {shapes.stack_seq[0] // (2 * cp) * 2 * cp or 2 * cp}")
 
 
+def _prequantized(job: Job, arch: Architecture) -> str | None:
+    return prequantized(arch.extra, arch.name, job.peft.method if job.peft else None,
+                        job.peft.double_quant if job.peft else False)
+
+
 def _technique_notes(job: Job, arch: Architecture) -> list[str]:
-    notes = list(arch.notes)
+    notes = [*arch.notes, *filter(None, [_prequantized(job, arch)])]
     if arch.shapes_from != "config":
         notes.append(f"{arch.model_type}: the formula has no table entry for this family; its "
                      f"shapes were read from the {arch.shapes_from}")

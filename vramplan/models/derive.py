@@ -350,7 +350,7 @@ def _mpt(c: _Cfg) -> Architecture:
         raise ModelConfigError(
             f"{c.name}: mpt config is missing {', '.join(repr(k) for k in missing)} ("
             + "; ".join(_MPT_AMBIGUOUS[k] for k in missing) + "): add it to the config.json")
-    a = _Cfg(attn, c.name)
+    a = _Cfg({f"attn_config.{k}": v for k, v in attn.items()}, c.name)  # messages name the path
     a.model_type = "mpt"
     d, nh, layers = c.int("d_model"), c.int("n_heads"), c.int("n_layers")
     vocab, npos = c.int("vocab_size"), c.opt_int("max_seq_len", 2048)
@@ -366,7 +366,7 @@ def _mpt(c: _Cfg) -> Architecture:
     attn_type = str(attn.get("attn_type", "multihead_attention"))
     kv = {"multihead_attention": nh, "multiquery_attention": 1}.get(attn_type)
     if attn_type == "grouped_query_attention":
-        kv = a.int("kv_n_heads")
+        kv = a.int("attn_config.kv_n_heads")
     if kv is None:
         raise ModelConfigError(f"{c.name}: unknown MPT attn_type {attn_type!r}: use "
                                "multihead_attention, multiquery_attention or "
@@ -380,7 +380,7 @@ def _mpt(c: _Cfg) -> Architecture:
     if norm_type not in _MPT_LAYERNORMS + _MPT_RMSNORMS:
         raise ModelConfigError(f"{c.name}: MPT norm_type {norm_type!r} is not modelled: the "
                                f"formula reads {', '.join(_MPT_LAYERNORMS + _MPT_RMSNORMS)}")
-    if a.get("qk_gn") or a.get("reuse_kv_layer_idx") is not None or c.get("block_overrides"):
+    if attn.get("qk_gn") or attn.get("reuse_kv_layer_idx") is not None or c.get("block_overrides"):
         raise ModelConfigError(f"{c.name}: MPT qk_gn, reuse_kv_layer_idx and block_overrides "
                                "(blocks that differ) are not modelled: use a config without "
                                "them")
@@ -402,7 +402,7 @@ def _mpt(c: _Cfg) -> Architecture:
         Linear("up_proj", d, inter, bias, role="mlp_in"),
         Linear("down_proj", inter, d, bias, role="mlp_out")]
     linears = tuple(qkv + [Linear("out_proj", nh * hd, d, bias, role="attn_out")] + mlp)
-    qk_ln = bool(a.get("qk_ln"))
+    qk_ln = bool(attn.get("qk_ln"))
     norms = 2 * norm(d) + (norm(nh * hd) + norm(kv * hd) if qk_ln else 0)
     stack = Stack(role="decoder", num_layers=layers, hidden_size=d, num_heads=nh,
                   num_kv_heads=kv, head_dim=hd, intermediate_size=inter,
@@ -417,7 +417,8 @@ def _mpt(c: _Cfg) -> Architecture:
         embedding_params=(vocab + (npos if learned else 0)) * d, other_params=norm(d),
         head_params={"causal-lm": 0 if tie else vocab * d, "seq-classification": d * num_labels},
         default_task="causal-lm", vocab_size=vocab, max_positions=npos, tied_embeddings=tie,
-        hidden_dropout=c.float("resid_pdrop"), attention_dropout=a.float("attn_pdrop"),
+        hidden_dropout=c.float("resid_pdrop"),
+        attention_dropout=a.float("attn_config.attn_pdrop"),
         num_labels=num_labels,
         positions="alibi" if alibi else "rotary" if rope else "learned" if learned else "none")
 
@@ -734,6 +735,22 @@ _TEXT_MODEL_TYPE = {"gemma3": "gemma3_text", "llava": "llama", "llava_next": "ll
                     "idefics3": "llama", "mistral3": "mistral", "paligemma": "gemma",
                     "qwen2_vl": "qwen2", "qwen2_5_vl": "qwen2"}
 _TEXT_MODEL_ALIAS = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2"}
+# transformers saves a sub-config without the values equal to its class defaults
+# (PreTrainedConfig.to_diff_dict), so published text_configs leave them out (Gemma-3's its
+# heads and vocabulary, LLaVA-1.5's a whole Llama-2-7B). The values are the classes'
+# defaults in transformers 5.24 (models/gemma3|llama|mistral/configuration_*.py). Filled
+# in with a note, never silently; keys a class derives (head_dim, kv heads) are not here.
+_LLAMA_DEFAULTS = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                       num_hidden_layers=32, num_attention_heads=32,
+                       max_position_embeddings=2048)
+_TEXT_CONFIG_DEFAULTS = {
+    "gemma3_text": dict(vocab_size=262208, num_attention_heads=8, num_key_value_heads=4,
+                        head_dim=256, query_pre_attn_scalar=256,
+                        max_position_embeddings=131072),
+    "llama": _LLAMA_DEFAULTS,
+    "mistral": dict(_LLAMA_DEFAULTS, intermediate_size=14336, num_key_value_heads=8,
+                    max_position_embeddings=131072),
+}
 # keys of the top-level Qwen2-VL config that are not its language model's
 _VISION_KEYS = ("vision_config", "vision_start_token_id", "vision_end_token_id",
                 "vision_token_id", "image_token_id", "video_token_id")
@@ -756,6 +773,11 @@ def language_model_config(config: dict, name: str) -> tuple[dict, str] | None:
     else:
         inner = {k: v for k, v in config.items() if k not in _VISION_KEYS}
         inner["model_type"] = _TEXT_MODEL_TYPE[mt]
+    rope = inner.get("rope_scaling")
+    if isinstance(rope, dict) and "mrope" in (rope.get("type"), rope.get("rope_type")):
+        # M-RoPE on text alone is 1-D rotary (its three position ids are equal), which the
+        # text family's own class builds
+        inner.pop("rope_scaling")
     inner_mt = inner.get("model_type") or _TEXT_MODEL_TYPE.get(mt)
     if not inner_mt:
         raise ModelConfigError(f"{name}: its text_config has no 'model_type' and {mt!r} is "
@@ -767,6 +789,12 @@ def language_model_config(config: dict, name: str) -> tuple[dict, str] | None:
             f"{'text_config' if isinstance(text, dict) else 'the config'}) is estimated for "
             f"text-only training; the {vision} are not counted (their weights, and image "
             "tokens, add to this)")
+    filled = {k: v for k, v in _TEXT_CONFIG_DEFAULTS.get(inner["model_type"], {}).items()
+              if inner.get(k) is None}
+    if filled and isinstance(text, dict):
+        inner.update(filled)
+        note += ("; text_config leaves out what equals transformers' defaults, read as "
+                 + ", ".join(f"{k}={v}" for k, v in filled.items()))
     return inner, note
 
 

@@ -65,3 +65,36 @@ def text_len(requested: int | None, limit: int | None, model_type: str, name: st
         notes.append(f"warning: {field}={requested} exceeds the {limit} positions {name} "
                      "was trained on; it may need position scaling to train well")
     return requested
+
+
+def prequantized(config: dict, name: str, peft_method: str | None,
+                 double_quant: bool) -> str | None:
+    """A config with a quantization_config ships pre-quantised weights. bitsandbytes 4-bit
+    weights trained with LoRA adapters are a QLoRA job, which both engines model (the
+    note says so); anything else is refused in one line, never estimated as 16-bit."""
+    qc = config.get("quantization_config")
+    if qc is None:
+        return None
+    if not isinstance(qc, dict):
+        raise JobError(f"{name}: quantization_config must be an object")
+    method = str(qc.get("quant_method", "")).lower()
+    if method == "bitsandbytes" and qc.get("load_in_4bit"):
+        kind = str(qc.get("bnb_4bit_quant_type", "fp4"))
+        if peft_method != "qlora" or kind != "nf4":
+            raise JobError(
+                f"{name}: its quantization_config holds bitsandbytes 4-bit ({kind}) weights, "
+                "which train only under adapters: use --peft qlora"
+                + ("" if kind == "nf4" else " (the engines model the NF4 layout)"))
+        stored = bool(qc.get("bnb_4bit_use_double_quant", False))
+        return ("pre-quantised bitsandbytes NF4 weights (quantization_config): estimated as "
+                "the QLoRA job they load as"
+                + ("" if stored == double_quant else
+                   f"; the checkpoint's double quantisation is {str(stored).lower()}, the "
+                   f"job's {str(double_quant).lower()} (--set peft.double_quant={stored})"))
+    bits = qc.get("bits") or (8 if qc.get("load_in_8bit") else None)
+    what = f"{method or 'unknown'}" + (f" {bits}-bit" if bits else "")
+    raise JobError(
+        f"{name}: its quantization_config holds pre-quantised {what} weights, whose kernels "
+        "and layout vramplan does not model: estimate the unquantised model's config with "
+        "--peft qlora for the nearest figure (bitsandbytes NF4, about 0.56 bytes per weight; "
+        "GPTQ/AWQ 4-bit with groups of 128 store about 0.52)")

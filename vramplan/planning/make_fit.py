@@ -124,10 +124,11 @@ def make_it_fit(job: Job, gpu: GPU, *, margin: float = SAFETY_MARGIN, allow=(),
         for step in steps:
             try:
                 _apply(job, chosen + [step])
+                fits = _fix(check, job, chosen + [step])
             except (JobError, ValueError):
-                continue
+                continue  # a change the model refuses (LoRA targets it does not have)
             chosen.append(step)
-            if _fix(check, job, chosen):
+            if fits:
                 for extra in list(chosen[:-1]):
                     fewer = [s for s in chosen if s is not extra]
                     try:

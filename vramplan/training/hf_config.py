@@ -88,8 +88,8 @@ def to_hf_config(config: dict, name: str, *, check_shapes: bool = True, **overri
 
     mt = config.get("model_type")
     if not mt:
-        raise ModelConfigError(f"{name}: the model config has no 'model_type': it is needed to "
-                               "pick the transformers class")
+        raise ModelConfigError(f"{name}: no 'model_type' key: it is needed to pick the "
+                               "transformers class")
     values = _copy({k: v for k, v in config.items() if k not in DROP})
     values.update(overrides)
     for _ in range(_MAX_RETRIES):
@@ -107,9 +107,13 @@ def to_hf_config(config: dict, name: str, *, check_shapes: bool = True, **overri
             if match:
                 key = ", ".join(_paths(config, match[1])) or match[1]
                 value = f" {match[4]}" if match[4] else ""
+                fix = (f"write it as {match[2]}" if (match[2], match[3]) != ("int", "float")
+                       else "transformers' class cannot hold a fraction there (MPT's attn_pdrop, "
+                       "a dropout rate it annotates as int): use --engine formula, which "
+                       "reads it, or write a whole number")
                 raise ModelConfigError(
                     f"{name}: transformers' {mt!r} config wants config key {key!r} as "
-                    f"{match[2]}, got {match[3]}{value}: write it as {match[2]}") from None
+                    f"{match[2]}, got {match[3]}{value}: {fix}") from None
             raise ModelConfigError(f"{name}: transformers cannot build a {mt!r} config: "
                                    f"{text[:300]}") from None
         except (ValueError, KeyError, TypeError, AttributeError) as error:

@@ -38,6 +38,7 @@ from torch import nn
 from vramplan.errors import EngineError
 from vramplan.job import Job
 from vramplan.models.derive import language_model_config
+from vramplan.models.families import prequantized
 from vramplan.training.batches import hf_batch_factory, text_len
 from vramplan.training.compiled import apply_compile, trace_backend
 from vramplan.training.emulate import lowbit
@@ -145,6 +146,10 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
         if text is not None:  # a vision-language config: its language model, as the formula
             config = text[0]
             notes.append(text[1])
+        quantized = prequantized(config, job.model, job.peft.method if job.peft else None,
+                                 job.peft.double_quant if job.peft else False)
+        if quantized:  # built unquantised and quantised as the QLoRA job, as it loads
+            notes.append(quantized)
         task = job.task or task_of_config(config)
         model = build_hf_model(config, task, job, device=device, empty=empty, notes=notes,
                                kernels=kernels)
