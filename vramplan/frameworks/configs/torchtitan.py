@@ -1,0 +1,144 @@
+"""torchtitan job configs (TOML): model name + flavor, the parallelism degrees, op-level
+or per-layer selective checkpointing; `--section.key=value` overrides (torchtitan.toml)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import yaml
+
+from vramplan.frameworks.configs.core import (
+    ConfigError,
+    Mapping,
+    check_type,
+    flatten,
+    load_table,
+    map_keys,
+    set_dotted,
+)
+from vramplan.frameworks.configs.torchtune import _copy
+
+NAME = "torchtitan"
+_SECTIONS = {"training", "parallelism", "activation_checkpoint", "model", "optimizer"}
+
+
+def detect(content: dict[str, Any], syntax: str) -> bool:
+    model = content.get("model")
+    return syntax == "toml" and (len(_SECTIONS & set(content)) >= 2 or (
+        isinstance(model, dict) and "flavor" in model))
+
+
+def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`--training.local_batch_size=2` or `--training.local_batch_size 2`."""
+    content = _copy(content)
+    items = list(overrides)
+    while items:
+        text = items.pop(0)
+        if not text.startswith("--"):
+            raise ConfigError(f"torchtitan override {text!r}: expected --section.key=value, "
+                              "e.g. --training.local_batch_size=2")
+        key, sep, value = text[2:].partition("=")
+        if not sep:
+            if not items:
+                raise ConfigError(f"torchtitan override {text!r} has no value")
+            value = items.pop(0)
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            parsed = value
+        if key == "model.converters" and isinstance(parsed, str):
+            parsed = [p for p in parsed.split(",") if p]
+        set_dotted(content, key, parsed)
+    return content
+
+
+def read(content: dict[str, Any], ctx) -> Mapping:
+    table = load_table(NAME)
+    flat = flatten(content)
+    mapping = Mapping(table)
+    handled = {"model.name", "model.flavor", "activation_checkpoint.mode",
+               "activation_checkpoint.selective_ac_option", "model.converters",
+               "parallelism.data_parallel_replicate_degree",
+               "parallelism.data_parallel_shard_degree"}
+    for key in handled & set(flat):
+        check_type(table, table.entries[key], flat[key])
+        mapping.mapped.append(key)
+    _model(flat, table, mapping, ctx)
+    _checkpointing(flat, mapping)
+    _parallel(flat, mapping)
+    converters = flat.get("model.converters", [])
+    if "float8" in converters:
+        mapping.assign("precision", "fp8", "model.converters=['float8']")
+        if flat.get("quantize.linear.float8.recipe_name") is None:
+            mapping.assign("fp8.recipe", "tensorwise", "quantize.linear.float8.recipe_name "
+                           "(None: tensorwise)")
+    for other in set(converters) - {"float8"}:
+        mapping.not_understood.append(f"model.converters={other}")
+    if "float8" not in converters:  # float8 options of a job that does not convert
+        handled |= {k for k in flat if k.startswith("quantize.linear.float8.")}
+        mapping.ignored += [k for k in flat if k.startswith("quantize.linear.float8.")]
+    return map_keys(table, flat, mapping, handled=handled)
+
+
+def _model(flat: dict[str, Any], table, mapping: Mapping, ctx) -> None:
+    if ctx.model is not None:
+        return
+    name, flavor = flat.get("model.name", "llama3"), flat.get("model.flavor", "debugmodel")
+    model = table.extra["models"].get(name, {}).get(flavor)
+    if model is None:
+        raise ConfigError(
+            f"{ctx.path.name}: torchtitan model {name} flavor {flavor} is not a catalog "
+            "model; save its Hugging Face config.json in a folder and pass the folder "
+            f"(`vramplan estimate ./my-model/ --config {ctx.path.name}`)")
+    mapping.assign("model", model, f"model.name={name} model.flavor={flavor}")
+
+
+def _checkpointing(flat: dict[str, Any], mapping: Mapping) -> None:
+    mode = flat.get("activation_checkpoint.mode")
+    option = str(flat.get("activation_checkpoint.selective_ac_option", "2"))
+    key = f"activation_checkpoint.mode={mode!r}"
+    if mode is None:
+        return  # the table's default (selective, option '2')
+    if mode in ("none", "full"):
+        mapping.assign("checkpointing", mode, key)
+    elif mode == "selective" and option == "op":
+        mapping.assign("checkpointing", "selective:torchtitan-op", key)
+    elif mode == "selective" and option == "2":
+        mapping.assign("checkpointing", "selective:every-2nd-layer", key)
+    else:
+        raise ConfigError(f"torchtitan activation_checkpoint.mode={mode!r} with "
+                          f"selective_ac_option={option!r} is not modelled: vramplan "
+                          "models none, full, selective with 'op' or '2'")
+
+
+def _parallel(flat: dict[str, Any], mapping: Mapping) -> None:
+    replicate = flat.get("parallelism.data_parallel_replicate_degree", 1)
+    shard = flat.get("parallelism.data_parallel_shard_degree", -1)
+    model_parallel = math.prod(flat.get(f"parallelism.{k}_parallel_degree", 1)
+                               for k in ("tensor", "context", "pipeline"))
+    if shard == -1:
+        mapping.notes.append("data_parallel_shard_degree = -1 shards over the GPUs the "
+                             "launcher gives: vramplan assumes "
+                             f"{replicate * model_parallel} GPU(s); pass -n N for N")
+        shard = 1
+    gpus = replicate * shard * model_parallel
+    strategy = ("hybrid-shard" if replicate > 1 and shard > 1 else "ddp" if replicate > 1
+                else "fsdp")  # torchtitan applies FSDP2 whenever it does not replicate
+    mapping.assign("parallel.strategy", strategy, "parallelism.data_parallel_*_degree")
+    mapping.assign("parallel.num_gpus", gpus, "parallelism.*_degree")
+    if strategy == "hybrid-shard":
+        mapping.assign("parallel.gpus_per_node", shard, "data_parallel_shard_degree")
+
+
+def override_line(config_file: str, changes: dict[str, Any]) -> str:
+    parts = [f"--{key}={_toml_value(value)}" for key, value in changes.items()]
+    return f"torchrun ... -m torchtitan.train --job.config_file {config_file} " + " ".join(parts)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
