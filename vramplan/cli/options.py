@@ -142,9 +142,25 @@ def _set_value(text: str) -> tuple[list[str], Any]:
 
 
 def build_job(model: str | None, job_file: Path | None, flags: dict[str, Any],
-              sets: list[str] | None = None) -> Job:
-    """CLI flags and --set > job file > defaults, validated into a Job."""
-    base = load_job_file(job_file) if job_file else {}
+              sets: list[str] | None = None, config: Path | None = None,
+              config_format: str | None = None, overrides: list[str] | None = None) -> Job:
+    """CLI flags and --set > job file (or a framework's config, --config) > defaults,
+    validated into a Job."""
+    if config is not None:
+        if job_file is not None:
+            raise JobError("--config and --job both describe the job: give one of them")
+        from vramplan.frameworks.configs import read_config
+
+        read = read_config(config, format=config_format, overrides=overrides or (),
+                           model=model, framework=flags.get("framework"))
+        _CONFIG_NOTES[:] = read.notes
+        _LAST_CONFIG[:] = [read]
+        base, job_file = read.data, config
+    elif overrides:
+        raise JobError(f"unexpected arguments {' '.join(overrides)[:80]!r}: key=value "
+                       "overrides go with --config (use --set for a Job field)")
+    else:
+        base = load_job_file(job_file) if job_file else {}
     overrides: dict[str, Any] = {"model": model}
     for text in sets or ():
         *parents, leaf = _set_value(text)[0]
@@ -169,6 +185,22 @@ def build_job(model: str | None, job_file: Path | None, flags: dict[str, Any],
     return job_from_dict(merge_overrides(base, overrides), origin=origin)
 
 
+# the notes of the last framework config read (the command adds them to its report)
+_CONFIG_NOTES: list[str] = []
+
+
+_LAST_CONFIG: list[Any] = []
+
+
+def config_notes() -> list[str]:
+    return list(_CONFIG_NOTES)
+
+
+def last_config() -> Any:
+    """The framework config (ConfigRead) the job of this command was read from, if any."""
+    return _LAST_CONFIG[0] if _LAST_CONFIG else None
+
+
 def job_command(func):
     """Give a command the MODEL argument, --job, --set and every job flag; it gets `job`."""
     hints = typing.get_type_hints(func, include_extras=True)
@@ -184,6 +216,18 @@ def job_command(func):
         inspect.Parameter("job_file", keyword, default=None, annotation=Annotated[
             Optional[Path], typer.Option("--job", help="YAML/TOML/JSON job file; flags "
                                          "override it")]),
+        inspect.Parameter("overrides", keyword, default=None, annotation=Annotated[
+            Optional[list[str]], typer.Argument(
+                help="with --config: the framework's own overrides (torchtune key=value; "
+                "after --, torchtitan --section.key=value)", show_default=False)]),
+        inspect.Parameter("config", keyword, default=None, annotation=Annotated[
+            Optional[Path], typer.Option("--config", help="the framework's own config: "
+                                         "torchtune / torchtitan / HF TrainingArguments / "
+                                         "accelerate / DeepSpeed / Axolotl / LLaMA-Factory "
+                                         "(docs/frameworks.md)")]),
+        inspect.Parameter("config_format", keyword, default=None, annotation=Annotated[
+            Optional[str], typer.Option("--format", help="the --config file's format "
+                                        "(default: detected from its content)")]),
         inspect.Parameter("sets", keyword, default=None, annotation=Annotated[
             Optional[list[str]], typer.Option(
                 "--set", help="any Job field, e.g. --set peft.dropout=0.1 --set "
@@ -194,7 +238,15 @@ def job_command(func):
     @functools.wraps(func)
     def wrapper(**kwargs):
         flags = {name: kwargs.pop(name) for name in _JOB_FLAGS}
-        job = build_job(kwargs.pop("model"), kwargs.pop("job_file"), flags, kwargs.pop("sets"))
+        model, overrides = kwargs.pop("model"), list(kwargs.pop("overrides") or ())
+        config = kwargs.pop("config")
+        if config is not None and model is not None and ("=" in model or
+                                                         model.startswith("-")):
+            model, overrides = None, [model, *overrides]  # `--config F batch_size=2`
+        _CONFIG_NOTES.clear()
+        _LAST_CONFIG.clear()
+        job = build_job(model, kwargs.pop("job_file"), flags, kwargs.pop("sets"), config,
+                        kwargs.pop("config_format"), overrides)
         return func(job=job, **kwargs)
 
     wrapper.__signature__ = inspect.Signature(added + own)

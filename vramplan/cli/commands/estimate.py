@@ -16,6 +16,7 @@ from vramplan.cli.options import (
     EXIT_DOES_NOT_FIT,
     AsJson,
     EngineName,
+    config_notes,
     HtmlOut,
     Out,
     check_writable,
@@ -73,6 +74,8 @@ def estimate(
     check_writable(out, html, plot)
     with progress(f"{engine} engine", quiet=as_json or engine == "formula"):
         report = run_engine(job, engine, time_limit_s=time_limit)
+    if config_notes():  # what the framework config left out or did not understand
+        report = report.model_copy(update={"notes": [*config_notes(), *report.notes]})
     if margin != SAFETY_MARGIN:
         report = report.model_copy(update={"fits": with_margin(report.fits, margin)})
     if job.gpu:  # time and cost on the GPU asked about (vramplan/planning/performance.py)
