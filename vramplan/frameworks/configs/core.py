@@ -236,6 +236,9 @@ def map_keys(table: Table, flat: dict[str, Any], mapping: Mapping | None = None,
         if key in handled:
             continue
         entry = table.entries.get(key)
+        if entry is None and value in (None, {}, []):
+            mapping.ignored.append(key)  # null: left unset, whatever the key means
+            continue
         if entry is None:
             (mapping.ignored if is_ignored(table, key) else mapping.not_understood).append(key)
             continue

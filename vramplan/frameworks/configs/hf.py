@@ -104,8 +104,9 @@ def _targets(flat: dict[str, Any], table, mapping: Mapping) -> None:
             continue
         check_type(table, table.entries[key], value)
         mapping.mapped.append(key)
+        # peft keeps target_modules as a set (adapter_config.json lists it in any order)
         targets = ("all-linear",) if value == "all-linear" else tuple(
-            [value] if isinstance(value, str) else value)
+            [value] if isinstance(value, str) else sorted(value))
         mapping.assign("peft.target_modules", targets, f"{key}={value!r}")
 
 
