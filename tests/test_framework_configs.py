@@ -435,7 +435,7 @@ def test_changes_map_back_to_the_files_keys():
 def test_patched_hf_files_are_accepted_by_transformers_and_peft(tmp_path):
     transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
-    read = read_config(HF / "training_args_bf16.json", model="llama-3.2-1b")
+    read = read_config(HF / "training_args_bf16.json", model="qwen2.5-0.5b")
     job, fix, changes = _fix_for(read)
     patched = json.loads(patched_text(read, changes))
     args = transformers.TrainingArguments(**patched)

@@ -27,7 +27,7 @@ def config_changes(read: ConfigRead, before: Job, after: Job) -> tuple[dict[str,
         old, new = getattr(before, name), getattr(after, name)
         if old == new:
             continue
-        found = next((f for t in tables if (f := _key_for(t, read, name, new))), None)
+        found = next((f for t in tables if (f := _key_for(t, read, name, after))), None)
         if found is None:
             missing.append(f"{name}={new}")
         else:
@@ -38,20 +38,31 @@ def config_changes(read: ConfigRead, before: Job, after: Job) -> tuple[dict[str,
     return changes, missing
 
 
-def _key_for(table: Table, read: ConfigRead, name: str, value: Any) -> tuple[str, Any] | None:
+def _key_for(table: Table, read: ConfigRead, name: str, after: Job) -> tuple[str, Any] | None:
+    """The file key (and its value) that sets Job field `name` as `after` has it: a key
+    that takes the value as it is, or one whose spelt value sets it (and any other field
+    it sets agrees with `after` too); keys the file already has first."""
     present = set(_flat_keys(read.content))
+    value = getattr(after, name)
     candidates = []
     for key, entry in table.entries.items():
         if entry.field == name:
             candidates.append((key in present, key, value))
         for spelt, fields in entry.values.items():
-            if fields == {name: value} or (name in fields and fields[name] == value
-                                           and len(fields) == 1):
+            if fields.get(name, object()) == value and all(
+                    _get(after, dotted) == v for dotted, v in fields.items()):
                 candidates.append((key in present, key, _unspell(spelt, entry.type)))
     if not candidates:
         return None
     candidates.sort(key=lambda c: not c[0])  # a key the file already has first
     return candidates[0][1], candidates[0][2]
+
+
+def _get(job: Job, dotted: str) -> Any:
+    value: Any = job
+    for part in dotted.split("."):
+        value = getattr(value, part, None)
+    return value
 
 
 def _unspell(spelt: str, kind: str) -> Any:
