@@ -238,15 +238,16 @@ def job_command(func):
     @functools.wraps(func)
     def wrapper(**kwargs):
         flags = {name: kwargs.pop(name) for name in _JOB_FLAGS}
-        model, overrides = kwargs.pop("model"), list(kwargs.pop("overrides") or ())
-        config = kwargs.pop("config")
+        # (a caller may leave out the --config options: the CLI root's default command)
+        model, overrides = kwargs.pop("model"), list(kwargs.pop("overrides", None) or ())
+        config = kwargs.pop("config", None)
         if config is not None and model is not None and ("=" in model or
                                                          model.startswith("-")):
             model, overrides = None, [model, *overrides]  # `--config F batch_size=2`
         _CONFIG_NOTES.clear()
         _LAST_CONFIG.clear()
         job = build_job(model, kwargs.pop("job_file"), flags, kwargs.pop("sets"), config,
-                        kwargs.pop("config_format"), overrides)
+                        kwargs.pop("config_format", None), overrides)
         return func(job=job, **kwargs)
 
     wrapper.__signature__ = inspect.Signature(added + own)

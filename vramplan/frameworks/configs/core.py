@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from vramplan.errors import JobFileError
+
 # the job files' caps and alias-counting loader: one set of limits for every file we read
 from vramplan.job import MAX_JOB_FILE_BYTES, _BoundedYamlLoader, _check_size
 
@@ -179,7 +180,8 @@ class Mapping:
     keys sorted into mapped / ignored / not understood."""
 
     table: Table
-    assigned: dict[str, tuple[Any, str, bool]] = _field(default_factory=dict)  # field -> (v, key, weak)
+    # Job field -> (value, the key that set it, weak)
+    assigned: dict[str, tuple[Any, str, bool]] = _field(default_factory=dict)
     mapped: list[str] = _field(default_factory=list)
     ignored: list[str] = _field(default_factory=list)
     not_understood: list[str] = _field(default_factory=list)

@@ -43,6 +43,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
     if isinstance(peft_config, dict):  # a LoraConfig's keys, as if at the top
         content = {**peft_config, **content}
         content.setdefault("peft_type", "LORA")
+    ds_config = content.pop("deepspeed", None)  # a path, or the DeepSpeed config itself
     flat = flatten(content)
     mapping = Mapping(table)
     handled = {"model_name_or_path", "fsdp", "deepspeed", "lora_target_modules",
@@ -60,8 +61,8 @@ def read(content: dict[str, Any], ctx) -> Mapping:
         if model:
             mapping.assign("model", model, "model_name_or_path")
     _fsdp(flat, table, mapping)
-    if flat.get("deepspeed"):
-        deepspeed.include(mapping, flat["deepspeed"], "deepspeed", ctx)
+    if ds_config:
+        deepspeed.include(mapping, ds_config, "deepspeed", ctx)
     _targets(flat, table, mapping)
     if flat.get("load_in_8bit"):
         raise ConfigError("load_in_8bit: an 8-bit base model is not modelled by vramplan; "

@@ -32,6 +32,8 @@ def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, 
 
 def read(content: dict[str, Any], ctx) -> Mapping:
     table, hf_table = load_table(NAME), load_table(hf.NAME)
+    content = dict(content)
+    ds_config = content.pop("deepspeed", None)  # a path, or the DeepSpeed config itself
     flat = flatten(content)
     mapping = Mapping(table)
     stage = flat.get("stage", "sft")
@@ -61,8 +63,8 @@ def read(content: dict[str, Any], ctx) -> Mapping:
             mapping.mapped.append("lora_target")
             mapping.assign("peft.target_modules", ("all-linear",) if target == "all" else
                            tuple(t.strip() for t in target.split(",")), "lora_target")
-    if flat.get("deepspeed"):
-        deepspeed.include(mapping, flat["deepspeed"], "deepspeed", ctx)
+    if ds_config:
+        deepspeed.include(mapping, ds_config, "deepspeed", ctx)
     own = {k: v for k, v in flat.items() if k in table.entries or k in table.ignored}
     rest = {k: v for k, v in flat.items() if k not in own}
     handled = {"model_name_or_path", "lora_target", "deepspeed"}

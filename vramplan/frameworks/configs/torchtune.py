@@ -50,8 +50,9 @@ def read(content: dict[str, Any], ctx) -> Mapping:
     builder = flat.get("model._component_")
     if builder is not None:
         _read_model(builder, flat, table, mapping, ctx)
-    map_keys(table, flat, mapping, handled={"model._component_", "model.lora_attn_modules",
-                                            "model.apply_lora_to_mlp", "model.apply_lora_to_output"})
+    map_keys(table, flat, mapping, handled={
+        "model._component_", "model.lora_attn_modules", "model.apply_lora_to_mlp",
+        "model.apply_lora_to_output"})
     if "tokenizer.max_seq_len" not in mapping.mapped:
         mapping.notes.append("tokenizer.max_seq_len is not set: samples are as long as the "
                              "data makes them; vramplan assumes its default sequence length "
