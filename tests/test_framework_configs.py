@@ -476,3 +476,38 @@ def test_yaml_content_is_plain_data():
     for path in DATA.rglob("*"):
         if path.suffix in (".yaml", ".yml"):
             assert isinstance(yaml.safe_load(path.read_text()), dict)
+
+
+def test_check_patch_and_diff(tmp_path, capsys):
+    """--patch writes the fixed file, --diff prints the same change; the patched
+    TrainingArguments JSON differs from the original in the fix's keys only."""
+    from vramplan.cli.app import main
+
+    src, out = HF / "training_args_bf16.json", tmp_path / "fixed.json"
+    with pytest.raises(SystemExit) as stop:
+        main(["check", "qwen2.5-0.5b", "--config", str(src), "--gpu", "L4", "--patch", str(out),
+              "--diff"])
+    assert stop.value.code == 1
+    printed = capsys.readouterr().out
+    before, after = json.loads(src.read_text()), json.loads(out.read_text())
+    changed = {k for k in before if before[k] != after[k]}
+    assert changed and changed <= {"per_device_train_batch_size", "gradient_accumulation_steps",
+                                   "gradient_checkpointing", "activation_checkpointing", "optim"}
+    assert all(f"+  \"{k}\": {json.dumps(after[k])}," in printed for k in changed)
+    assert after["per_device_train_batch_size"] * after["gradient_accumulation_steps"] == \
+        before["per_device_train_batch_size"] * before["gradient_accumulation_steps"]
+    with pytest.raises(SystemExit) as stop:
+        main(["check", "qwen2.5-0.5b", "--config", str(out), "--gpu", "L4"])
+    assert stop.value.code == 0
+
+
+def test_model_argument_with_a_config_that_names_none(capsys):
+    from vramplan.cli.app import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["estimate", "llama-3.2-1b", "--config", str(DS / "zero_stage2_config.json"),
+              "--json"])
+    assert stop.value.code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["job"]["model"] == "llama-3.2-1b"
+    assert report["job"]["parallel"]["strategy"] == "zero2"

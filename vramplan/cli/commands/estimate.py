@@ -22,6 +22,7 @@ from vramplan.cli.options import (
     config_notes,
     console,
     job_command,
+    last_config,
     print_json,
     progress,
     write_html,
@@ -137,9 +138,16 @@ def show(report: MemoryReport, job: Job, *, as_json: bool, unit: str = "GiB") ->
         print_performance(report.performance, console)
     if report.to_fit:
         console.print(f"\nTo make it fit on {job.gpu}:")
+        read = last_config()
         for fix in report.to_fit:
             maths = " (changes the maths of training)" if fix.changes_maths else ""
             console.print(f"  {fix.flags}: {fix.summary}{maths}", soft_wrap=True)
+            if read is not None:  # the same fix in the user's own file
+                from vramplan.frameworks.configs.write import fix_in_config
+
+                line = fix_in_config(read, job, fix.job)
+                console.print(f"    {read.format}: {line or 'no key in the file for this'}",
+                              soft_wrap=True)
 
 
 def exit_for_fit(report: MemoryReport, job: Job) -> None:

@@ -89,8 +89,9 @@ def patched_text(read: ConfigRead, changes: dict[str, Any]) -> str:
         data = json.loads(read.text)
         for key, value in changes.items():
             set_dotted(data, key, value)
-        indent = 4 if re.search(r"^ {4}\"", read.text, re.M) else 2
-        return json.dumps(data, indent=indent) + "\n"
+        first = re.search(r"^( +)\"", read.text, re.M)  # the file's own indent
+        indent = len(first.group(1)) if first else 2
+        return json.dumps(data, indent=indent) + ("\n" if read.text.endswith("\n") else "")
     lines = read.text.splitlines(keepends=True)
     for key, value in changes.items():
         lines = (_patch_toml if read.syntax == "toml" else _patch_yaml)(lines, key, value)
@@ -165,3 +166,10 @@ def unified_diff(read: ConfigRead, changes: dict[str, Any]) -> str:
 def override_line(read: ConfigRead, changes: dict[str, Any]) -> str:
     """The same change as the framework's launcher takes it on its command line."""
     return _MODULES[read.format].override_line(read.path.name, changes)
+
+
+def fix_in_config(read: ConfigRead, before: Job, after: Job) -> str | None:
+    """A fix as the framework's launcher line, or None when the file has no key for part of
+    it (the fix then stays in vramplan's flags)."""
+    changes, missing = config_changes(read, before, after)
+    return override_line(read, changes) if changes and not missing else None
