@@ -25,13 +25,21 @@ from vramplan.frameworks.configs import (
     torchtitan,
     torchtune,
 )
-from vramplan.frameworks.configs.core import ConfigError, Mapping, parse_text, read_text
+from vramplan.frameworks.configs.core import (
+    ConfigError,
+    Mapping,
+    parse_text,
+    read_text,
+    summary_notes,
+)
 from vramplan.job import Job, job_from_dict, merge_overrides
 
 # detection order: the most specific content first (a torchtune recipe also has batch_size)
 _MODULES = {m.NAME: m for m in (torchtune, torchtitan, deepspeed, accelerate, llamafactory,
                                 axolotl, hf)}
 FORMATS = tuple(_MODULES)
+_ALIASES = {"hf": "hf-trainer", "trl": "hf-trainer", "peft": "hf-trainer",
+            "training-arguments": "hf-trainer", "llamafactory": "llama-factory"}
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,8 @@ def read_config(path: str | os.PathLike, *, format: str | None = None,
             raise ConfigError(
                 f"{path}: not a config of any format vramplan reads ({', '.join(FORMATS)}); "
                 "name it with --format, or pass a vramplan job file with --job")
-    elif format not in _MODULES:
+    format = _ALIASES.get(format, format)
+    if format not in _MODULES:
         raise ConfigError(f"unknown config format {format!r}; allowed: {', '.join(FORMATS)}")
     module = _MODULES[format]
     content = module.apply_overrides(content, list(overrides))
@@ -87,11 +96,7 @@ def read_config(path: str | os.PathLike, *, format: str | None = None,
     data = mapping.job_data()
     if model is not None:
         data["model"] = model
-    data.setdefault("framework", framework or mapping.table.framework)
-    if framework:
-        data["framework"] = framework
-    from vramplan.frameworks.configs.core import summary_notes
-
+    data["framework"] = framework or mapping.table.framework
     notes = [f"read from {path.name} ({mapping.table.title} config; keys mapped as "
              f"{mapping.table.source} reads them)"] + summary_notes(mapping)
     return ConfigRead(format=format, path=path, syntax=syntax, text=text, content=content,
