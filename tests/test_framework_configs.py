@@ -511,3 +511,30 @@ def test_model_argument_with_a_config_that_names_none(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["job"]["model"] == "llama-3.2-1b"
     assert report["job"]["parallel"]["strategy"] == "zero2"
+
+
+def test_web_reads_an_uploaded_framework_config():
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from vramplan.web import create_app
+
+    client = TestClient(create_app())
+    text = (TT / "llama3_2_1B_lora_single_device.yaml").read_text()
+    r = client.post("/api/v1/framework-config", json={"text": text, "overrides": ["batch_size=2"]})
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert data["format"] == "torchtune" and data["job"]["batch_size"] == 2
+    assert data["job"] == read_config(TT / "llama3_2_1B_lora_single_device.yaml",
+                                      overrides=["batch_size=2"]).job().model_dump(mode="json")
+    est = client.post("/api/v1/estimate", json={"job": data["job"]})
+    assert est.status_code == 200
+    # nothing is read from disk over HTTP: not the DeepSpeed JSON the config names, no folder
+    lf = (LF / "qwen3_full_sft.yaml").read_text()
+    r = client.post("/api/v1/framework-config", json={"text": lf, "model": "qwen3-8b"})
+    assert r.status_code == 200 and r.json()["job"]["parallel"]["strategy"] == "none"
+    assert any("deepspeed" in k for k in r.json()["not_understood"])
+    r = client.post("/api/v1/framework-config", json={"text": lf})
+    assert r.status_code == 422 and "catalog model" in r.text
+    r = client.post("/api/v1/framework-config", json={"text": "a: 1", "model": "/etc/x"})
+    assert r.status_code == 422

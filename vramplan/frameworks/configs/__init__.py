@@ -9,6 +9,13 @@ with the framework repository and commit it was read from. Torch-free.
 """
 
 from vramplan.frameworks.configs.core import ConfigError
-from vramplan.frameworks.configs.read import FORMATS, ConfigRead, detect_format, read_config
+from vramplan.frameworks.configs.read import (
+    FORMATS,
+    ConfigRead,
+    detect_format,
+    read_config,
+    read_config_text,
+)
 
-__all__ = ["FORMATS", "ConfigError", "ConfigRead", "detect_format", "read_config"]
+__all__ = ["FORMATS", "ConfigError", "ConfigRead", "detect_format", "read_config",
+           "read_config_text"]

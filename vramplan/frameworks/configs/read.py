@@ -26,6 +26,7 @@ from vramplan.frameworks.configs import (
     torchtune,
 )
 from vramplan.frameworks.configs.core import (
+    MAX_CONFIG_BYTES,
     ConfigError,
     Mapping,
     parse_text,
@@ -78,7 +79,19 @@ def read_config(path: str | os.PathLike, *, format: str | None = None,
     model (a local config folder for a Hub id the catalog does not know), `framework` the
     profile of its format."""
     path = Path(os.path.expanduser(os.fspath(path)))
-    text = read_text(path)
+    return read_config_text(read_text(path), path=path, format=format, overrides=overrides,
+                            model=model, framework=framework)
+
+
+def read_config_text(text: str, *, path: Path = Path("config.yaml"), format: str | None = None,
+                     overrides: list[str] | tuple[str, ...] = (), model: str | None = None,
+                     framework: str | None = None, local_files: bool = True) -> ConfigRead:
+    """read_config on a file's text (the web app's upload); `path` names it (its suffix
+    says TOML). With local_files=False nothing is read from disk: no DeepSpeed JSON the
+    config names, no local model folder (only catalog models)."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path.name}: {len(text):,} characters is too large for a "
+                          f"training config (at most {MAX_CONFIG_BYTES:,})")
     content, syntax = parse_text(text, path)
     if format is None:
         format = detect_format(content, syntax)
@@ -91,7 +104,7 @@ def read_config(path: str | os.PathLike, *, format: str | None = None,
         raise ConfigError(f"unknown config format {format!r}; allowed: {', '.join(FORMATS)}")
     module = _MODULES[format]
     content = module.apply_overrides(content, list(overrides))
-    ctx = Context(path=path, model=model)
+    ctx = Context(path=path, model=model, local_files=local_files)
     mapping = module.read(content, ctx)
     data = mapping.job_data()
     if model is not None:
@@ -99,6 +112,9 @@ def read_config(path: str | os.PathLike, *, format: str | None = None,
     data["framework"] = framework or mapping.table.framework
     notes = [f"read from {path.name} ({mapping.table.title} config; keys mapped as "
              f"{mapping.table.source} reads them)"] + summary_notes(mapping)
+    if "model" not in data:
+        notes.insert(1, f"{path.name} names no model: the default model is used unless one "
+                        "is given (the MODEL argument)")
     return ConfigRead(format=format, path=path, syntax=syntax, text=text, content=content,
                       data=data, mapped=tuple(mapping.mapped), ignored=tuple(mapping.ignored),
                       not_understood=tuple(mapping.not_understood), notes=tuple(notes))
@@ -111,6 +127,7 @@ class Context:
 
     path: Path
     model: str | None = None
+    local_files: bool = True  # False over HTTP: catalog models only, no files it names
 
     def resolve_model(self, ref: Any, key: str, mapping: Mapping) -> str | None:
         """A catalog name or a local config folder for the model the file names; a Hub id
@@ -127,19 +144,20 @@ class Context:
         name = resolve_catalog_name(ref) or resolve_catalog_name(ref.rstrip("/").rpartition("/")[2])
         if name is not None:
             return name
-        for base in (Path.cwd(), self.path.parent):
+        for base in (Path.cwd(), self.path.parent) if self.local_files else ():
             folder = base / os.path.expanduser(ref)
             if (folder / "config.json").is_file():
                 return str(folder)
-        raise ConfigError(
-            f"{self.path.name}: model {ref!r} ({key}) is not in the catalog, and vramplan "
-            "downloads nothing: save its config.json in a folder and pass the folder as the "
-            f"model (`vramplan estimate ./my-model/ --config {self.path.name}`)")
+        how = ("save its config.json in a folder and pass the folder as the model "
+               f"(`vramplan estimate ./my-model/ --config {self.path.name}`)"
+               if self.local_files else "name a catalog model (the request's `model`)")
+        raise ConfigError(f"{self.path.name}: model {ref!r} ({key}) is not in the catalog, "
+                          f"and vramplan downloads nothing: {how}")
 
     def sibling(self, ref: str) -> Path | None:
         """A file the config names (a DeepSpeed JSON), relative to the working directory or
-        to the config's folder."""
-        for base in (Path.cwd(), self.path.parent):
+        to the config's folder (never over HTTP)."""
+        for base in (Path.cwd(), self.path.parent) if self.local_files else ():
             candidate = base / os.path.expanduser(ref)
             if candidate.is_file():
                 return candidate
