@@ -64,6 +64,10 @@ def read(content: dict[str, Any], ctx) -> Mapping:
     for key in handled & set(flat):
         check_type(table, table.entries[key], flat[key])
         mapping.mapped.append(key)
+    for kind in ("tensor", "context", "pipeline"):  # read by _parallel too: typed first
+        key = f"parallelism.{kind}_parallel_degree"
+        if flat.get(key) is not None:
+            check_type(table, table.entries[key], flat[key])
     _model(flat, table, mapping, ctx)
     _checkpointing(flat, mapping)
     _parallel(flat, mapping)
@@ -113,9 +117,13 @@ def _checkpointing(flat: dict[str, Any], mapping: Mapping) -> None:
 
 
 def _parallel(flat: dict[str, Any], mapping: Mapping) -> None:
-    replicate = flat.get("parallelism.data_parallel_replicate_degree", 1)
-    shard = flat.get("parallelism.data_parallel_shard_degree", -1)
-    model_parallel = math.prod(flat.get(f"parallelism.{k}_parallel_degree", 1)
+    def degree(name: str, default: int) -> int:  # null: the default
+        value = flat.get(f"parallelism.{name}")
+        return default if value is None else value
+
+    replicate = degree("data_parallel_replicate_degree", 1)
+    shard = degree("data_parallel_shard_degree", -1)
+    model_parallel = math.prod(degree(f"{k}_parallel_degree", 1)
                                for k in ("tensor", "context", "pipeline"))
     if shard == -1:
         mapping.notes.append("data_parallel_shard_degree = -1 shards over the GPUs the "
