@@ -538,3 +538,82 @@ def test_web_reads_an_uploaded_framework_config():
     assert r.status_code == 422 and "catalog model" in r.text
     r = client.post("/api/v1/framework-config", json={"text": "a: 1", "model": "/etc/x"})
     assert r.status_code == 422
+
+
+# --- preflight: the live model and arguments, before the first step --------------------------
+
+
+class _Config:
+    def __init__(self, data: dict):
+        self.data = data
+
+    def to_dict(self) -> dict:
+        return dict(self.data)
+
+
+class _Model:
+    """What preflight reads of a transformers model (and of a peft one)."""
+
+    def __init__(self, name: str, lora: dict | None = None):
+        path = Path(vramplan.__file__).parent / "models" / "configs" / f"{name}.json"
+        self.config = _Config(json.loads(path.read_text()))
+        if lora is not None:
+            self.peft_config, self.active_adapter = {"default": _Config(lora)}, "default"
+
+
+def test_preflight_matches_the_hand_written_job():
+    from vramplan.integrations.preflight import preflight
+
+    args = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "bf16": True,
+            "gradient_checkpointing": True}
+    lora = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "lora_dropout": 0.0,
+            "target_modules": ["v_proj", "q_proj"]}
+    result = preflight(_Model("llama-3.2-1b", lora), args, seq_len=1024, gpu="L4")
+    hand = Job(model="llama-3.2-1b", framework="hf-trainer", batch_size=2, grad_accum=4,
+               seq_len=1024, precision="bf16-mixed", checkpointing="full", optimizer_impl="fused",
+               gpu="L4", peft=Peft(method="lora", rank=8, alpha=16, dropout=0.0,
+                                   target_modules=("q_proj", "v_proj")))
+    expected = vramplan.run_engine(hand, "formula")
+    assert result.report.categories == expected.categories
+    assert result.fits is True and result.fix is None and "fits on L4" in result.message
+
+
+def test_preflight_warns_or_stops_with_the_fix():
+    from vramplan.integrations.preflight import OomRisk, OomRiskWarning, preflight
+
+    args = {"per_device_train_batch_size": 16, "bf16": True}
+    with pytest.warns(OomRiskWarning, match="predicted not to fit on L4"):
+        result = preflight(_Model("qwen2.5-0.5b"), args, seq_len=2048, gpu="L4")
+    assert result.fits is False and "per_device_train_batch_size" in result.fix
+    with pytest.raises(OomRisk, match="per_device_train_batch_size"):
+        preflight(_Model("qwen2.5-0.5b"), args, seq_len=2048, gpu="L4", on_oom_risk="stop")
+    quiet = preflight(_Model("qwen2.5-0.5b"), args, seq_len=2048, on_oom_risk="stop")
+    assert quiet.fits is None  # no GPU here and none named: no verdict, no stop
+    with pytest.raises(vramplan.JobError, match="on_oom_risk"):
+        preflight(_Model("qwen2.5-0.5b"), args, on_oom_risk="panic")
+
+
+@pytest.mark.slow  # builds a real (tiny) transformers model with peft
+def test_preflight_on_real_transformers_and_peft_objects(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    from tests.tiny_configs import LLAMA
+    from vramplan.integrations.hf_trainer import VramplanCallback
+    from vramplan.integrations.preflight import OomRisk
+
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{
+        k: v for k, v in LLAMA.items() if k != "model_type"}))
+    model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8,
+                                                       target_modules=["q_proj", "v_proj"]))
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
+                                          per_device_train_batch_size=2)
+    result = vramplan.preflight(model, args, seq_len=64, gpu="L4")
+    assert result.fits and result.job.peft.method == "lora" and result.job.peft.rank == 4
+    assert result.job.peft.target_modules == ("q_proj", "v_proj")
+    assert result.job.batch_size == 2 and result.job.precision == "fp32"
+    # the callback stops before the first step when asked (a budget the tiny job exceeds)
+    big = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
+                                         per_device_train_batch_size=100_000)
+    callback = VramplanCallback(tmp_path / "t.json", on_oom_risk="stop", seq_len=64, gpu="T4")
+    with pytest.raises(OomRisk, match="per_device_train_batch_size"):
+        callback.on_train_begin(big, None, None, model=model)
