@@ -617,3 +617,14 @@ def test_preflight_on_real_transformers_and_peft_objects(tmp_path):
     callback = VramplanCallback(tmp_path / "t.json", on_oom_risk="stop", seq_len=64, gpu="T4")
     with pytest.raises(OomRisk, match="per_device_train_batch_size"):
         callback.on_train_begin(big, None, None, model=model)
+
+
+def test_trl_use_peft_takes_trl_and_peft_defaults(tmp_path):
+    """use_peft without lora_* keys: TRL ModelConfig's rank 16 / alpha 32 / dropout 0.05;
+    no target_modules: peft's default for the family (q_proj, v_proj)."""
+    path = tmp_path / "sft.yaml"
+    path.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\nuse_peft: true\nload_in_4bit: true\n"
+                    "lora_r: 32\n")
+    peft = read_config(path).job().peft
+    assert peft == Peft(method="qlora", rank=32, alpha=32.0, dropout=0.05,
+                        target_modules=("q_proj", "v_proj"), adapter_dtype="fp32")

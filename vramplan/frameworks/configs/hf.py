@@ -54,6 +54,10 @@ def read(content: dict[str, Any], ctx) -> Mapping:
         mapping.assign("checkpointing", "full", "trl SFTConfig gradient_checkpointing "
                        "default", weak=True)
         mapping.assign("seq_len", 1024, "trl SFTConfig max_length default", weak=True)
+        if flat.get("use_peft"):  # trl model_config.py: ModelConfig's LoRA defaults
+            for dotted, value in (("peft.rank", 16), ("peft.alpha", 32.0),
+                                  ("peft.dropout", 0.05)):
+                mapping.assign(dotted, value, "trl ModelConfig default", weak=True)
     if flat.get("model_name_or_path") is not None:
         check_type(table, table.entries["model_name_or_path"], flat["model_name_or_path"])
         mapping.mapped.append("model_name_or_path")
