@@ -628,3 +628,13 @@ def test_trl_use_peft_takes_trl_and_peft_defaults(tmp_path):
     peft = read_config(path).job().peft
     assert peft == Peft(method="qlora", rank=32, alpha=32.0, dropout=0.05,
                         target_modules=("q_proj", "v_proj"), adapter_dtype="fp32")
+
+
+@pytest.mark.parametrize("name, strategy", [("trl_fsdp2.yaml", "fsdp"), ("trl_zero3.yaml", "zero3")])
+def test_trl_accelerate_configs(name, strategy):
+    cfg = raw(AC / name)
+    hand = Job(model=MODEL, framework="accelerate", precision="bf16-mixed",
+               parallel=Parallel(strategy=strategy, num_gpus=cfg["num_processes"]))
+    read = read_config(AC / name, model=MODEL)
+    same_estimate(read.job(), hand)
+    assert not read.not_understood
