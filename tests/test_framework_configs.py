@@ -630,7 +630,8 @@ def test_trl_use_peft_takes_trl_and_peft_defaults(tmp_path):
                         target_modules=("q_proj", "v_proj"), adapter_dtype="fp32")
 
 
-@pytest.mark.parametrize("name, strategy", [("trl_fsdp2.yaml", "fsdp"), ("trl_zero3.yaml", "zero3")])
+@pytest.mark.parametrize("name, strategy", [("trl_fsdp2.yaml", "fsdp"),
+                                            ("trl_zero3.yaml", "zero3")])
 def test_trl_accelerate_configs(name, strategy):
     cfg = raw(AC / name)
     hand = Job(model=MODEL, framework="accelerate", precision="bf16-mixed",
