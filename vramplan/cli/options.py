@@ -153,7 +153,6 @@ def build_job(model: str | None, job_file: Path | None, flags: dict[str, Any],
 
         read = read_config(config, format=config_format, overrides=overrides or (),
                            model=model, framework=flags.get("framework"))
-        _CONFIG_NOTES[:] = read.notes
         _LAST_CONFIG[:] = [read]
         base, job_file = read.data, config
     elif overrides:
@@ -185,20 +184,20 @@ def build_job(model: str | None, job_file: Path | None, flags: dict[str, Any],
     return job_from_dict(merge_overrides(base, overrides), origin=origin)
 
 
-# the notes of the last framework config read (the command adds them to its report)
-_CONFIG_NOTES: list[str] = []
-
-
+# The framework config (--config) the running command's job was read from: the command
+# shows its notes and writes fixes back in its format. Set by job_command for each call.
 _LAST_CONFIG: list[Any] = []
 
 
-def config_notes() -> list[str]:
-    return list(_CONFIG_NOTES)
-
-
 def last_config() -> Any:
-    """The framework config (ConfigRead) the job of this command was read from, if any."""
+    """The ConfigRead of this command's --config, or None."""
     return _LAST_CONFIG[0] if _LAST_CONFIG else None
+
+
+def config_notes() -> list[str]:
+    """What the --config file left out or did not understand (the report's notes)."""
+    read = last_config()
+    return list(read.notes) if read is not None else []
 
 
 def job_command(func):
@@ -244,7 +243,6 @@ def job_command(func):
         if config is not None and model is not None and ("=" in model or
                                                          model.startswith("-")):
             model, overrides = None, [model, *overrides]  # `--config F batch_size=2`
-        _CONFIG_NOTES.clear()
         _LAST_CONFIG.clear()
         job = build_job(model, kwargs.pop("job_file"), flags, kwargs.pop("sets"), config,
                         kwargs.pop("config_format", None), overrides)
