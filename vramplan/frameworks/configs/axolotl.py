@@ -35,6 +35,7 @@ def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, 
 def read(content: dict[str, Any], ctx) -> Mapping:
     table = load_table(NAME)
     content = {k: v for k, v in content.items() if k != "datasets"}  # a list of sources
+    had_deepspeed = "deepspeed" in content
     ds_config = content.pop("deepspeed", None)  # a path, or the DeepSpeed config itself
     flat = flatten(content)
     mapping = Mapping(table)
@@ -61,6 +62,8 @@ def read(content: dict[str, Any], ctx) -> Mapping:
                                                     else targets), "lora_target_modules")
     if ds_config:
         deepspeed.include(mapping, ds_config, "deepspeed", ctx)
+    elif had_deepspeed:
+        mapping.ignored.append("deepspeed")  # null or empty: no DeepSpeed
     map_keys(table, flat, mapping, handled={"base_model", "lora_target_modules", "deepspeed",
                                             "load_in_4bit", "load_in_8bit"})
     for key in ("load_in_4bit", "load_in_8bit"):

@@ -43,6 +43,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
     if isinstance(peft_config, dict):  # a LoraConfig's keys, as if at the top
         content = {**peft_config, **content}
         content.setdefault("peft_type", "LORA")
+    had_deepspeed = "deepspeed" in content
     ds_config = content.pop("deepspeed", None)  # a path, or the DeepSpeed config itself
     flat = flatten(content)
     mapping = Mapping(table)
@@ -67,6 +68,8 @@ def read(content: dict[str, Any], ctx) -> Mapping:
     _fsdp(flat, table, mapping)
     if ds_config:
         deepspeed.include(mapping, ds_config, "deepspeed", ctx)
+    elif had_deepspeed:
+        mapping.ignored.append("deepspeed")  # null or empty: no DeepSpeed
     _targets(flat, table, mapping)
     if flat.get("load_in_8bit"):
         raise ConfigError("load_in_8bit: an 8-bit base model is not modelled by vramplan; "
@@ -88,6 +91,8 @@ def check_adapter(four_bit: Any, has_adapter: bool, mapping: Mapping, key: str,
 def _fsdp(flat: dict[str, Any], table, mapping: Mapping) -> None:
     value = flat.get("fsdp")
     if not value:
+        if "fsdp" in flat:
+            mapping.ignored.append("fsdp")  # '' or []: no FSDP
         return
     check_type(table, table.entries["fsdp"], value)
     words = value.split() if isinstance(value, str) else [str(v) for v in value]

@@ -33,6 +33,7 @@ def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, 
 def read(content: dict[str, Any], ctx) -> Mapping:
     table, hf_table = load_table(NAME), load_table(hf.NAME)
     content = dict(content)
+    had_deepspeed = "deepspeed" in content
     ds_config = content.pop("deepspeed", None)  # a path, or the DeepSpeed config itself
     flat = flatten(content)
     mapping = Mapping(table)
@@ -65,6 +66,8 @@ def read(content: dict[str, Any], ctx) -> Mapping:
                            tuple(t.strip() for t in target.split(",")), "lora_target")
     if ds_config:
         deepspeed.include(mapping, ds_config, "deepspeed", ctx)
+    elif had_deepspeed:
+        mapping.ignored.append("deepspeed")  # null or empty: no DeepSpeed
     own = {k: v for k, v in flat.items() if k in table.entries or k in table.ignored}
     rest = {k: v for k, v in flat.items() if k not in own}
     handled = {"model_name_or_path", "lora_target", "deepspeed"}
