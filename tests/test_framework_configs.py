@@ -655,3 +655,27 @@ def test_every_key_of_every_example_is_classified(path):
     seen = set(read.mapped) | set(read.ignored) | {k.split("=")[0] for k in read.not_understood}
     for key in flatten(read.content):
         assert key in seen or any(s.startswith((f"{key}.", f"{key}:")) for s in seen), key
+
+
+def test_headroom_what_if_in_the_files_words(capsys):
+    from vramplan.cli.app import main
+
+    path = TT / "llama3_2_1B_lora_single_device.yaml"
+    with pytest.raises(SystemExit) as stop:
+        main(["headroom", "--config", str(path), "--gpu", "L4", "--what-if",
+              "seq_len=4096,batch_size=2"])
+    assert stop.value.code == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"  in {path.name}: tune run")
+    assert "batch_size=2" in last and "tokenizer.max_seq_len=4096" in last
+
+
+def test_a_change_without_a_key_is_said_not_dropped():
+    """LoRA on an accelerate config: accelerate has no key for it (it is the script's)."""
+    read = read_config(AC / "fsdp.yaml", model=MODEL)
+    before = read.job()
+    changes, missing = config_changes(read, before, before.with_changes(
+        checkpointing="full", peft=Peft(method="lora")))
+    assert changes == {"fsdp_config.fsdp_activation_checkpointing": True}
+    assert any(m.startswith("peft.method=lora") for m in missing)
+    assert any(m.startswith("peft.target_modules") for m in missing)

@@ -13,29 +13,52 @@ from vramplan.frameworks.configs.core import Table, load_table, set_dotted
 from vramplan.frameworks.configs.read import _MODULES, ConfigRead
 from vramplan.job import Job
 
-_FIELDS = ("batch_size", "grad_accum", "checkpointing", "optimizer", "optimizer_impl", "loss",
-           "activation_offload", "compile", "precision", "optimizer_in_backward")
+# the Job fields a fix, a plan's pick or a what-if changes that files can hold
+_FIELDS = ("batch_size", "grad_accum", "seq_len", "checkpointing", "optimizer",
+           "optimizer_impl", "loss", "activation_offload", "compile", "precision",
+           "optimizer_in_backward", "peft.method", "peft.rank", "peft.alpha",
+           "parallel.strategy", "parallel.num_gpus", "parallel.tensor_parallel",
+           "offload.optimizer", "offload.params")
 
 
 def config_changes(read: ConfigRead, before: Job, after: Job) -> tuple[dict[str, Any], list[str]]:
-    """(file key -> new value, Job changes the format has no key for)."""
+    """(file key -> new value, the Job changes the format has no key for)."""
     tables = [load_table(read.format)] + (  # LLaMA-Factory files hold TrainingArguments too
         [load_table("hf-trainer")] if read.format == "llama-factory" else [])
     changes: dict[str, Any] = {}
     missing: list[str] = []
     for name in _FIELDS:
-        old, new = getattr(before, name), getattr(after, name)
-        if old == new:
+        new = _get(after, name)
+        if _get(before, name) == new:
             continue
         found = next((f for t in tables if (f := _key_for(t, read, name, after))), None)
         if found is None:
             missing.append(f"{name}={new}")
+        elif changes.get(found[0], found[1]) != found[1]:
+            missing.append(f"{name}={new} (its key {found[0]} is already changed)")
         else:
             changes[found[0]] = found[1]
-    if before.parallel != after.parallel or before.peft != after.peft or (
-            before.offload != after.offload):
-        missing.append("parallel / peft / offload changes (see vramplan's flags)")
+    missing += [f"{d}={_get(after, d)}" for d in _other_fields(after)
+                if d not in _FIELDS and _get(before, d) != _get(after, d)]
+    if before.peft is not None and after.peft is None:
+        missing.append("peft=None")
     return changes, missing
+
+
+# set by the framework itself (its profile), never by a fix: not compared
+_FRAMEWORK_SET = {"peft.adapter_dtype", "parallel.gpus_per_node",
+                  "parallel.shard_over_context_parallel"}
+
+
+def _other_fields(job: Job) -> list[str]:
+    """Every dotted field of the job's parts (peft, parallel, offload, fp8)."""
+    out = []
+    for part in ("peft", "parallel", "offload", "fp8"):
+        value = getattr(job, part)
+        if value is not None:
+            out += [f"{part}.{f}" for f in type(value).model_fields
+                    if f"{part}.{f}" not in _FRAMEWORK_SET]
+    return out
 
 
 def _key_for(table: Table, read: ConfigRead, name: str, after: Job) -> tuple[str, Any] | None:
@@ -43,7 +66,7 @@ def _key_for(table: Table, read: ConfigRead, name: str, after: Job) -> tuple[str
     that takes the value as it is, or one whose spelt value sets it (and any other field
     it sets agrees with `after` too); keys the file already has first."""
     present = set(_flat_keys(read.content))
-    value = getattr(after, name)
+    value = _get(after, name)
     candidates = []
     for key, entry in table.entries.items():
         if entry.field == name:
