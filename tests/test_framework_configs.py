@@ -679,3 +679,14 @@ def test_a_change_without_a_key_is_said_not_dropped():
     assert changes == {"fsdp_config.fsdp_activation_checkpointing": True}
     assert any(m.startswith("peft.method=lora") for m in missing)
     assert any(m.startswith("peft.target_modules") for m in missing)
+
+
+def test_torchtitan_global_batch_gives_the_accumulation():
+    """train.py: accumulation = global_batch_size // (local_batch_size x DP degree)."""
+    path = TI / "llama3_8b.toml"
+    job = read_config(path, overrides=["--training.global_batch_size=12",
+                                       "--training.local_batch_size=3"]).job()
+    assert (job.batch_size, job.grad_accum) == (3, 12 // 3)
+    with pytest.raises(ConfigError, match="not a multiple"):
+        read_config(path, overrides=["--training.global_batch_size=10",
+                                     "--training.local_batch_size=3"])

@@ -60,7 +60,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
     handled = {"model.name", "model.flavor", "activation_checkpoint.mode",
                "activation_checkpoint.selective_ac_option", "model.converters",
                "parallelism.data_parallel_replicate_degree",
-               "parallelism.data_parallel_shard_degree"}
+               "parallelism.data_parallel_shard_degree", "training.global_batch_size"}
     for key in handled & set(flat):
         check_type(table, table.entries[key], flat[key])
         mapping.mapped.append(key)
@@ -137,6 +137,16 @@ def _parallel(flat: dict[str, Any], mapping: Mapping) -> None:
     mapping.assign("parallel.num_gpus", gpus, "parallelism.*_degree")
     if strategy == "hybrid-shard":
         mapping.assign("parallel.gpus_per_node", shard, "data_parallel_shard_degree")
+    global_batch = flat.get("training.global_batch_size", -1)
+    local = flat.get("training.local_batch_size", 8)
+    if global_batch > 0 and isinstance(local, int) and local > 0:
+        # train.py: the accumulation that makes up the global batch over the DP ranks
+        steps, rest = divmod(global_batch, local * replicate * shard)
+        if rest or steps < 1:
+            raise ConfigError(f"torchtitan training.global_batch_size {global_batch} is not a "
+                              f"multiple of local_batch_size x data-parallel degree "
+                              f"({local} x {replicate * shard}), as train.py requires")
+        mapping.assign("grad_accum", steps, "training.global_batch_size")
 
 
 def override_line(config_file: str, changes: dict[str, Any]) -> str:
