@@ -690,3 +690,17 @@ def test_torchtitan_global_batch_gives_the_accumulation():
     with pytest.raises(ConfigError, match="not a multiple"):
         read_config(path, overrides=["--training.global_batch_size=10",
                                      "--training.local_batch_size=3"])
+
+
+def test_plan_picks_in_the_files_words(capsys):
+    from vramplan.cli.app import main
+
+    path = TT / "qwen2_5_0.5B_full_single_device.yaml"
+    with pytest.raises(SystemExit) as stop:
+        main(["plan", "--config", str(path), "--tokens", "1B", "--gpus", "L4,A100-80GB"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    tail = out[out.index(f"In {path.name}:"):].strip().splitlines()[1:]
+    assert {line.split(" (")[0].strip() for line in tail} == {"cheapest", "fastest",
+                                                             "recommended"}
+    assert all("tune run <recipe>" in line or line.endswith("as it is") for line in tail)
