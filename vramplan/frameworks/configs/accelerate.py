@@ -6,8 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from vramplan.frameworks.configs import deepspeed
-from vramplan.frameworks.configs.core import ConfigError, Mapping, flatten, load_table, map_keys
-from vramplan.frameworks.configs.torchtune import _copy
+from vramplan.frameworks.configs.core import (
+    ConfigError,
+    Mapping,
+    copy_data,
+    flatten,
+    load_table,
+    map_keys,
+)
 
 NAME = "accelerate"
 
@@ -20,7 +26,7 @@ def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, 
     if overrides:
         raise ConfigError("an accelerate config takes no overrides here; use vramplan's "
                           "flags (--strategy, -n, -p)")
-    return _copy(content)
+    return copy_data(content)
 
 
 def read(content: dict[str, Any], ctx) -> Mapping:

@@ -10,12 +10,12 @@ from vramplan.frameworks.configs.core import (
     ConfigError,
     Mapping,
     check_type,
+    dashed_overrides,
     flatten,
     load_table,
     map_keys,
 )
 from vramplan.frameworks.configs.hf import check_adapter
-from vramplan.frameworks.configs.torchtune import _copy
 
 NAME = "axolotl"
 
@@ -27,9 +27,7 @@ def detect(content: dict[str, Any], syntax: str) -> bool:
 
 def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """`--key=value`, as `axolotl train FILE --micro_batch_size=2` takes them."""
-    from vramplan.frameworks.configs.torchtitan import apply_overrides as dashed
-
-    return dashed(content, overrides) if overrides else _copy(content)
+    return dashed_overrides(content, overrides, "Axolotl")
 
 
 def read(content: dict[str, Any], ctx) -> Mapping:

@@ -102,6 +102,64 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def copy_data(data: Any) -> Any:
+    """A deep copy of parsed file content (dicts, lists, scalars)."""
+    if isinstance(data, dict):
+        return {k: copy_data(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [copy_data(v) for v in data]
+    return data
+
+
+def _scalar(text: str) -> Any:
+    """An override's value as YAML reads a scalar (2, True, null, [a, b]), else the text."""
+    try:
+        return yaml.safe_load(text) if text else None
+    except yaml.YAMLError:
+        return text
+
+
+def key_value_overrides(content: dict[str, Any], overrides: list[str],
+                        title: str) -> dict[str, Any]:
+    """`key=value` overrides (torchtune's `tune run`, LLaMA-Factory); `~key` drops one."""
+    content = copy_data(content)
+    for text in overrides:
+        if text.startswith("~"):
+            *parents, leaf = text[1:].split(".")
+            part = content
+            for name in parents:
+                part = part.get(name, {}) if isinstance(part, dict) else {}
+            if isinstance(part, dict):
+                part.pop(leaf, None)
+            continue
+        key, sep, value = text.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{title} override {text!r}: expected key=value, e.g. "
+                              "batch_size=2")
+        set_dotted(content, key, _scalar(value))
+    return content
+
+
+def dashed_overrides(content: dict[str, Any], overrides: list[str],
+                     title: str) -> dict[str, Any]:
+    """`--section.key=value` or `--section.key value` overrides (torchtitan, HfArgumentParser,
+    Axolotl's CLI)."""
+    content = copy_data(content)
+    items = list(overrides)
+    while items:
+        text = items.pop(0)
+        if not text.startswith("--"):
+            raise ConfigError(f"{title} override {text!r}: expected --key=value, e.g. "
+                              "--training.local_batch_size=2")
+        key, sep, value = text[2:].partition("=")
+        if not sep:
+            if not items:
+                raise ConfigError(f"{title} override {text!r} has no value")
+            value = items.pop(0)
+        set_dotted(content, key, _scalar(value))
+    return content
+
+
 def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     """Set data['a']['b'] for 'a.b', creating sections as needed."""
     *parents, leaf = dotted.split(".")

@@ -9,13 +9,13 @@ from typing import Any
 from vramplan.frameworks.configs.core import (
     ConfigError,
     Mapping,
+    copy_data,
     flatten,
     load_table,
     map_keys,
     parse_text,
     read_text,
 )
-from vramplan.frameworks.configs.torchtune import _copy
 
 NAME = "deepspeed"
 _MARKERS = {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size",
@@ -30,7 +30,7 @@ def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, 
     if overrides:
         raise ConfigError("a DeepSpeed JSON takes no overrides on the command line; use "
                           "vramplan's flags (--strategy, -b, --grad-accum)")
-    return _copy(content)
+    return copy_data(content)
 
 
 def read(content: dict[str, Any], ctx) -> Mapping:

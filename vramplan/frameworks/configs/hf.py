@@ -11,11 +11,11 @@ from vramplan.frameworks.configs.core import (
     ConfigError,
     Mapping,
     check_type,
+    dashed_overrides,
     flatten,
     load_table,
     map_keys,
 )
-from vramplan.frameworks.configs.torchtune import _copy
 
 NAME = "hf-trainer"
 _MARKERS = {"per_device_train_batch_size", "gradient_accumulation_steps", "peft_type",
@@ -31,9 +31,7 @@ def detect(content: dict[str, Any], syntax: str) -> bool:
 
 def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """`--key value` / `--key=value`, as HfArgumentParser takes them."""
-    from vramplan.frameworks.configs.torchtitan import apply_overrides as dashed
-
-    return dashed(content, overrides) if overrides else _copy(content)
+    return dashed_overrides(content, overrides, "HF TrainingArguments")
 
 
 def read(content: dict[str, Any], ctx) -> Mapping:

@@ -11,10 +11,10 @@ from vramplan.frameworks.configs.core import (
     Mapping,
     check_type,
     flatten,
+    key_value_overrides,
     load_table,
     map_keys,
 )
-from vramplan.frameworks.configs.torchtune import _copy
 
 NAME = "llama-factory"
 
@@ -25,9 +25,7 @@ def detect(content: dict[str, Any], syntax: str) -> bool:
 
 def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """`key=value`, as `llamafactory-cli train FILE key=value` takes them."""
-    from vramplan.frameworks.configs.torchtune import apply_overrides as dotted
-
-    return dotted(content, overrides) if overrides else _copy(content)
+    return key_value_overrides(content, overrides, "LLaMA-Factory")
 
 
 def read(content: dict[str, Any], ctx) -> Mapping:

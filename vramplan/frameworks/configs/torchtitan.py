@@ -6,18 +6,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import yaml
-
 from vramplan.frameworks.configs.core import (
     ConfigError,
     Mapping,
     check_type,
+    dashed_overrides,
     flatten,
     load_table,
     map_keys,
-    set_dotted,
 )
-from vramplan.frameworks.configs.torchtune import _copy
 
 NAME = "torchtitan"
 _SECTIONS = {"training", "parallelism", "activation_checkpoint", "model", "optimizer"}
@@ -31,25 +28,11 @@ def detect(content: dict[str, Any], syntax: str) -> bool:
 
 def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """`--training.local_batch_size=2` or `--training.local_batch_size 2`."""
-    content = _copy(content)
-    items = list(overrides)
-    while items:
-        text = items.pop(0)
-        if not text.startswith("--"):
-            raise ConfigError(f"torchtitan override {text!r}: expected --section.key=value, "
-                              "e.g. --training.local_batch_size=2")
-        key, sep, value = text[2:].partition("=")
-        if not sep:
-            if not items:
-                raise ConfigError(f"torchtitan override {text!r} has no value")
-            value = items.pop(0)
-        try:
-            parsed = yaml.safe_load(value)
-        except yaml.YAMLError:
-            parsed = value
-        if key == "model.converters" and isinstance(parsed, str):
-            parsed = [p for p in parsed.split(",") if p]
-        set_dotted(content, key, parsed)
+    content = dashed_overrides(content, overrides, "torchtitan")
+    converters = content.get("model", {}).get("converters") if isinstance(
+        content.get("model"), dict) else None
+    if isinstance(converters, str):  # --model.converters=float8,mx
+        content["model"]["converters"] = [c for c in converters.split(",") if c]
     return content
 
 

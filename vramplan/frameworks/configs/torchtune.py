@@ -5,16 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
 from vramplan.frameworks.configs.core import (
     ConfigError,
     Mapping,
     check_type,
     flatten,
+    key_value_overrides,
     load_table,
     map_keys,
-    set_dotted,
 )
 
 NAME = "torchtune"
@@ -26,21 +24,7 @@ def detect(content: dict[str, Any], syntax: str) -> bool:
 
 def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """`key=value` as `tune run` takes them (values read as YAML scalars); `~key` drops one."""
-    content = _copy(content)
-    for text in overrides:
-        if text.startswith("~"):
-            _drop(content, text[1:])
-            continue
-        key, sep, value = text.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"torchtune override {text!r}: expected key=value, e.g. "
-                              "batch_size=2")
-        try:
-            parsed = yaml.safe_load(value) if value else None
-        except yaml.YAMLError:
-            parsed = value
-        set_dotted(content, key, parsed)
-    return content
+    return key_value_overrides(content, overrides, "torchtune")
 
 
 def read(content: dict[str, Any], ctx) -> Mapping:
@@ -116,20 +100,3 @@ def _yaml_scalar(value: Any) -> str:
     if isinstance(value, bool):
         return "True" if value else "False"
     return str(value)
-
-
-def _copy(data: Any) -> Any:
-    if isinstance(data, dict):
-        return {k: _copy(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_copy(v) for v in data]
-    return data
-
-
-def _drop(content: dict[str, Any], dotted: str) -> None:
-    *parents, leaf = dotted.split(".")
-    for part in parents:
-        content = content.get(part, {})
-        if not isinstance(content, dict):
-            return
-    content.pop(leaf, None)
