@@ -19,6 +19,7 @@ from vramplan.errors import (
     UnknownNameError,
     VramplanError,
 )
+from vramplan.integrations.preflight import preflight
 from vramplan.job import Float8, Job, Offload, Parallel, Peft, Runtime
 from vramplan.search import max_batch_size, max_seq_len, sweep
 from vramplan.tracking import track
@@ -27,5 +28,5 @@ __all__ = [
     "CATEGORIES", "EngineError", "Float8", "GpuFit", "Job", "JobError", "JobFileError",
     "MemoryReport", "ModelConfigError", "Offload", "Parallel", "Peft", "Performance", "Runtime",
     "UnknownNameError", "VramplanError", "__version__", "estimate", "max_batch_size", "max_seq_len",
-    "measure", "plan", "run_engine", "sweep", "trace", "track",
+    "measure", "plan", "preflight", "run_engine", "sweep", "trace", "track",
 ]

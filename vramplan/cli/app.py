@@ -18,6 +18,7 @@ from vramplan import __version__
 from vramplan.cli.commands import (
     calibrate,
     catalog,
+    check,
     estimate,
     headroom,
     measure,
@@ -37,7 +38,8 @@ app = typer.Typer(
     rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"],
                                              "max_content_width": 80},
 )
-for module in (estimate, catalog, search, measure, schema, plan, headroom, serve, calibrate):
+for module in (estimate, catalog, search, measure, schema, plan, headroom, serve, calibrate,
+               check):
     module.register(app)
 
 

@@ -159,9 +159,24 @@ def _whole_section(text: str, key: str, value: Any) -> bool:
 
 
 def build_job(model: str | None, job_file: Path | None, flags: dict[str, Any],
-              sets: list[str] | None = None) -> Job:
-    """CLI flags and --set > job file > defaults, validated into a Job."""
-    base = load_job_file(job_file) if job_file else {}
+              sets: list[str] | None = None, config: Path | None = None,
+              config_format: str | None = None, overrides: list[str] | None = None) -> Job:
+    """CLI flags and --set > job file (or a framework's config, --config) > defaults,
+    validated into a Job."""
+    if config is not None:
+        if job_file is not None:
+            raise JobError("--config and --job both describe the job: give one of them")
+        from vramplan.frameworks.configs import read_config
+
+        read = read_config(config, format=config_format, overrides=overrides or (),
+                           model=model, framework=flags.get("framework"))
+        _LAST_CONFIG[:] = [read]
+        base, job_file = read.data, config
+    elif overrides:
+        raise JobError(f"unexpected arguments {' '.join(overrides)[:80]!r}: key=value "
+                       "overrides go with --config (use --set for a Job field)")
+    else:
+        base = load_job_file(job_file) if job_file else {}
     overrides: dict[str, Any] = {"model": model}
     cleared: set[str] = set()  # sections --set to null
     for text in sets or ():
@@ -196,6 +211,22 @@ def build_job(model: str | None, job_file: Path | None, flags: dict[str, Any],
     return job_from_dict(merged, origin=origin)
 
 
+# The framework config (--config) the running command's job was read from: the command
+# shows its notes and writes fixes back in its format. Set by job_command for each call.
+_LAST_CONFIG: list[Any] = []
+
+
+def last_config() -> Any:
+    """The ConfigRead of this command's --config, or None."""
+    return _LAST_CONFIG[0] if _LAST_CONFIG else None
+
+
+def config_notes() -> list[str]:
+    """What the --config file left out or did not understand (the report's notes)."""
+    read = last_config()
+    return list(read.notes) if read is not None else []
+
+
 def job_command(func):
     """Give a command the MODEL argument, --job, --set and every job flag; it gets `job`."""
     hints = typing.get_type_hints(func, include_extras=True)
@@ -211,6 +242,18 @@ def job_command(func):
         inspect.Parameter("job_file", keyword, default=None, annotation=Annotated[
             Optional[Path], typer.Option("--job", help="YAML/TOML/JSON job file; flags "
                                          "override it")]),
+        inspect.Parameter("overrides", keyword, default=None, annotation=Annotated[
+            Optional[list[str]], typer.Argument(
+                help="with --config: the framework's own overrides (torchtune key=value; "
+                "after --, torchtitan --section.key=value)", show_default=False)]),
+        inspect.Parameter("config", keyword, default=None, annotation=Annotated[
+            Optional[Path], typer.Option("--config", help="the framework's own config: "
+                                         "torchtune / torchtitan / HF TrainingArguments / "
+                                         "accelerate / DeepSpeed / Axolotl / LLaMA-Factory "
+                                         "(docs/frameworks.md)")]),
+        inspect.Parameter("config_format", keyword, default=None, annotation=Annotated[
+            Optional[str], typer.Option("--format", help="the --config file's format "
+                                        "(default: detected from its content)")]),
         inspect.Parameter("sets", keyword, default=None, annotation=Annotated[
             Optional[list[str]], typer.Option(
                 "--set", help="any Job field, e.g. --set peft.dropout=0.1 --set "
@@ -221,7 +264,15 @@ def job_command(func):
     @functools.wraps(func)
     def wrapper(**kwargs):
         flags = {name: kwargs.pop(name) for name in _JOB_FLAGS}
-        job = build_job(kwargs.pop("model"), kwargs.pop("job_file"), flags, kwargs.pop("sets"))
+        # (a caller may leave out the --config options: the CLI root's default command)
+        model, overrides = kwargs.pop("model"), list(kwargs.pop("overrides", None) or ())
+        config = kwargs.pop("config", None)
+        if config is not None and model is not None and ("=" in model or
+                                                         model.startswith("-")):
+            model, overrides = None, [model, *overrides]  # `--config F batch_size=2`
+        _LAST_CONFIG.clear()
+        job = build_job(model, kwargs.pop("job_file"), flags, kwargs.pop("sets"), config,
+                        kwargs.pop("config_format", None), overrides)
         return func(job=job, **kwargs)
 
     wrapper.__signature__ = inspect.Signature(added + own)

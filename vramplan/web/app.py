@@ -187,6 +187,20 @@ def create_app(*, max_queued_traces: int = 3, trace_grace_s: float = 30.0) -> Fa
             chart = charts.figure_svg(*charts.plan_figure(result))
         return JSONResponse({"plan": result.model_dump(mode="json"), "chart": chart})
 
+    @app.post(f"{API}/framework-config", responses=errors)
+    def framework_config(body: schemas.FrameworkConfigRequest) -> dict[str, Any]:
+        """A training framework's own config read into a Job (post the job to /estimate),
+        with what was mapped, ignored and not understood. Reads no file it names."""
+        from pathlib import PurePath
+
+        from vramplan.frameworks.configs import read_config_text
+
+        read = read_config_text(body.text, path=PurePath(body.name), format=body.format,
+                                overrides=body.overrides, model=body.model, local_files=False)
+        return {"job": read.job().model_dump(mode="json"), "format": read.format,
+                "notes": list(read.notes), "mapped": list(read.mapped),
+                "ignored": list(read.ignored), "not_understood": list(read.not_understood)}
+
     @app.post(f"{API}/export", responses=errors)
     def export(body: schemas.ExportRequest) -> schemas.ExportResponse:
         """The job as a command line and as a YAML job file."""

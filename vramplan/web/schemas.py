@@ -200,3 +200,34 @@ class TraceStatus(BaseModel):
     error: str | None = None
     report: dict[str, Any] | None = None
     charts: dict[str, str] | None = None
+
+
+class FrameworkConfigRequest(_Request):
+    """A training framework's own config file, as text (torchtune, torchtitan, HF
+    TrainingArguments / TRL / peft, accelerate, DeepSpeed, Axolotl, LLaMA-Factory)."""
+
+    text: str = Field(max_length=MAX_CONFIG_BYTES, description="the file's content")
+    name: str = Field("config.yaml", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+                      description="its file name (a .toml suffix reads it as TOML)")
+    format: str | None = Field(None, max_length=40, description="default: detected")
+    model: str | None = Field(None, max_length=200, description="a catalog model, for a "
+                              "file that names none (accelerate, DeepSpeed, LoraConfig)")
+    overrides: list[str] = Field(default_factory=list, max_length=50,
+                                 description="the framework's own command-line overrides")
+
+    @field_validator("overrides")
+    @classmethod
+    def _short(cls, overrides: list[str]) -> list[str]:
+        if any(len(o) > 200 for o in overrides):
+            raise ValueError("an override is at most 200 characters")
+        return overrides
+
+    @field_validator("model")
+    @classmethod
+    def _catalog_model(cls, model: str | None) -> str | None:
+        from vramplan.models.catalog import resolve_catalog_name
+
+        if model is not None and resolve_catalog_name(model) is None:
+            raise ValueError(f"{model[:80]!r} is not a catalog model (see /api/v1/models); "
+                             "paths and Hub downloads are refused")
+        return model

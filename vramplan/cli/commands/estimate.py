@@ -19,8 +19,10 @@ from vramplan.cli.options import (
     HtmlOut,
     Out,
     check_writable,
+    config_notes,
     console,
     job_command,
+    last_config,
     print_json,
     progress,
     write_html,
@@ -73,6 +75,8 @@ def estimate(
     check_writable(out, html, plot)
     with progress(f"{engine} engine", quiet=as_json or engine == "formula"):
         report = run_engine(job, engine, time_limit_s=time_limit)
+    if config_notes():  # what the framework config left out or did not understand
+        report = report.model_copy(update={"notes": [*config_notes(), *report.notes]})
     if margin != SAFETY_MARGIN:
         report = report.model_copy(update={"fits": with_margin(report.fits, margin)})
     if job.gpu:  # time and cost on the GPU asked about (vramplan/planning/performance.py)
@@ -134,9 +138,16 @@ def show(report: MemoryReport, job: Job, *, as_json: bool, unit: str = "GiB") ->
         print_performance(report.performance, console)
     if report.to_fit:
         console.print(f"\nTo make it fit on {job.gpu}:")
+        read = last_config()
         for fix in report.to_fit:
             maths = " (changes the maths of training)" if fix.changes_maths else ""
             console.print(f"  {fix.flags}: {fix.summary}{maths}", soft_wrap=True)
+            if read is not None:  # the same fix in the user's own file
+                from vramplan.frameworks.configs.write import fix_in_config
+
+                line = fix_in_config(read, job, fix.job)
+                console.print(f"    {read.format}: {line or 'no key in the file for this'}",
+                              soft_wrap=True)
 
 
 def exit_for_fit(report: MemoryReport, job: Job) -> None:

@@ -17,6 +17,7 @@ from vramplan.cli.options import (
     check_writable,
     console,
     job_command,
+    last_config,
     print_json,
     write_or_print,
 )
@@ -94,6 +95,15 @@ def _print_what_if(result) -> None:
                       f"({'fits' if side.fits else 'does not fit'}), "
                       f"{side.tokens_per_s or 0:,.0f} tokens/s, "
                       f"{duration(side.training_time_s)}, {money(side.cost_usd)}")
+    read = last_config()
+    if read is not None and result.after.required_bytes is not None:  # in the user's file
+        from vramplan.frameworks.configs.write import config_changes, override_line
+
+        changes, missing = config_changes(read, result.before.job, result.after.job)
+        line = override_line(read, changes) if changes else ""
+        rest = f" (no key in the file for {', '.join(missing)})" if missing else ""
+        console.print(f"  in {read.path.name}: {line or 'nothing to change'}{rest}",
+                      soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

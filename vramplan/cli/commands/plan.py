@@ -105,12 +105,32 @@ def plan(
         from vramplan.report.plan_view import print_plan
 
         print_plan(result, console)
+        _print_in_config(result, job)
     if out:
         write_or_print(out, json.dumps(data, indent=2) + "\n")
     if result.status == "nothing-fits":
         raise typer.Exit(EXIT_DOES_NOT_FIT)
     if result.status == "constraints-unmet":
         raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _print_in_config(result, job: Job) -> None:
+    """The picks as changes to the --config file, in its launcher's words."""
+    from vramplan.cli.options import last_config
+
+    read = last_config()
+    picks = [c for c in (result.cheapest, result.fastest, result.recommended) if c]
+    if read is None or not picks:
+        return
+    from vramplan.frameworks.configs.write import config_changes, override_line
+
+    console.print(f"\nIn {read.path.name}:")
+    for choice in picks:
+        changes, missing = config_changes(read, job, choice.candidate.job)
+        line = override_line(read, changes) if changes else "as it is"
+        rest = f" (no key in the file for {', '.join(missing)})" if missing else ""
+        console.print(f"  {choice.label} ({choice.candidate.num_gpus} x {choice.candidate.gpu}):"
+                      f" {line}{rest}", soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,75 @@
+"""Axolotl YAML: base model, micro-batch, sequence length, LoRA/QLoRA, precision and
+checkpointing (axolotl.toml); a `deepspeed` JSON it names is read as DeepSpeed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vramplan.frameworks.configs import deepspeed
+from vramplan.frameworks.configs.core import (
+    ConfigError,
+    Mapping,
+    check_type,
+    dashed_overrides,
+    flatten,
+    load_table,
+    map_keys,
+)
+from vramplan.frameworks.configs.hf import check_adapter
+
+NAME = "axolotl"
+
+
+def detect(content: dict[str, Any], syntax: str) -> bool:
+    return "base_model" in content and bool(
+        {"micro_batch_size", "sequence_len", "adapter", "datasets"} & set(content))
+
+
+def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`--key=value`, as `axolotl train FILE --micro_batch_size=2` takes them."""
+    return dashed_overrides(content, overrides, "Axolotl")
+
+
+def read(content: dict[str, Any], ctx) -> Mapping:
+    table = load_table(NAME)
+    content = {k: v for k, v in content.items() if k != "datasets"}  # a list of sources
+    had_deepspeed = "deepspeed" in content
+    ds_config = content.pop("deepspeed", None)  # a path, or the DeepSpeed config itself
+    flat = flatten(content)
+    mapping = Mapping(table)
+    mapping.ignored.append("datasets")
+    if flat.get("base_model") is not None:
+        mapping.mapped.append("base_model")
+        model = ctx.resolve_model(flat["base_model"], "base_model", mapping)
+        if model:
+            mapping.assign("model", model, "base_model")
+    if flat.get("load_in_8bit"):
+        raise ConfigError("load_in_8bit: an 8-bit base model is not modelled by vramplan; "
+                          "use adapter: qlora with load_in_4bit: true, or a 16-bit base")
+    adapter = flat.get("adapter")
+    check_adapter(flat.get("load_in_4bit"), adapter in ("lora", "qlora"), mapping,
+                  "load_in_4bit", "adapter: qlora")
+    if adapter == "qlora" and not flat.get("load_in_4bit"):
+        mapping.notes.append("adapter qlora without load_in_4bit: Axolotl loads the base in "
+                             "4-bit for qlora; modelled as QLoRA")
+    targets = flat.get("lora_target_modules")
+    if targets is not None:
+        check_type(table, table.entries["lora_target_modules"], targets)
+        mapping.mapped.append("lora_target_modules")
+        mapping.assign("peft.target_modules", tuple([targets] if isinstance(targets, str)
+                                                    else targets), "lora_target_modules")
+    if ds_config:
+        deepspeed.include(mapping, ds_config, "deepspeed", ctx)
+    elif had_deepspeed:
+        mapping.ignored.append("deepspeed")  # null or empty: no DeepSpeed
+    map_keys(table, flat, mapping, handled={"base_model", "lora_target_modules", "deepspeed",
+                                            "load_in_4bit", "load_in_8bit"})
+    for key in ("load_in_4bit", "load_in_8bit"):
+        if key in flat:
+            mapping.mapped.append(key)
+    return mapping
+
+
+def override_line(config_file: str, changes: dict[str, Any]) -> str:
+    parts = [f"--{key}={value}" for key, value in changes.items()]
+    return f"axolotl train {config_file} " + " ".join(parts)

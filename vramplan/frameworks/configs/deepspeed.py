@@ -1,0 +1,66 @@
+"""DeepSpeed config JSON: ZeRO stage, CPU offload, bf16/fp16, micro-batch and accumulation
+(deepspeed.toml). Other formats that name a DeepSpeed file read it through `include`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from vramplan.frameworks.configs.core import (
+    ConfigError,
+    Mapping,
+    copy_data,
+    flatten,
+    load_table,
+    map_keys,
+    parse_text,
+    read_text,
+)
+
+NAME = "deepspeed"
+_MARKERS = {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size",
+            "zero_allow_untested_optimizer"}
+
+
+def detect(content: dict[str, Any], syntax: str) -> bool:
+    return bool(_MARKERS & set(content))
+
+
+def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    if overrides:
+        raise ConfigError("a DeepSpeed JSON takes no overrides on the command line; use "
+                          "vramplan's flags (--strategy, -b, --grad-accum)")
+    return copy_data(content)
+
+
+def read(content: dict[str, Any], ctx) -> Mapping:
+    return map_keys(load_table(NAME), flatten(content))
+
+
+def include(parent: Mapping, value: Any, key: str, ctx) -> None:
+    """Map the DeepSpeed config a key names (a path, or the dict itself) into `parent`:
+    its settings count as set by `key`, so they conflict with the parent's own."""
+    if isinstance(value, str):
+        path = ctx.sibling(value)
+        if path is None:
+            parent.not_understood.append(f"{key}={value} (file not found next to the config "
+                                         "or in the working directory)")
+            return
+        content, _ = parse_text(read_text(path), path)
+    elif isinstance(value, dict):
+        content = value
+    else:
+        raise ConfigError(f"{parent.table.title} config key {key!r}: expected a path to a "
+                          f"DeepSpeed JSON or its content, got {json.dumps(value)[:60]} "
+                          f"(see {parent.table.docs})")
+    child = read(content, ctx)
+    parent.mapped.append(key)
+    for dotted, (field_value, source, weak) in child.assigned.items():
+        parent.assign(dotted, field_value, f"{key} ({source})", weak=weak)
+    parent.ignored += [f"{key}:{k}" for k in child.ignored]
+    parent.not_understood += [f"{key}:{k}" for k in child.not_understood]
+
+
+def override_line(config_file: str, changes: dict[str, Any]) -> str:
+    return f"edit {config_file}: " + ", ".join(f"{k} = {json.dumps(v)}"
+                                                for k, v in changes.items())

@@ -1,0 +1,123 @@
+"""Hugging Face TrainingArguments (JSON/YAML), TRL's `--config` YAML, and peft's LoraConfig
+(as `peft_config` or a file of its own): hf.toml. TRL's SFTConfig changes three of
+TrainingArguments' defaults; a file with TRL's model keys gets those."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vramplan.frameworks.configs import deepspeed
+from vramplan.frameworks.configs.core import (
+    ConfigError,
+    Mapping,
+    check_type,
+    dashed_overrides,
+    flatten,
+    load_table,
+    map_keys,
+)
+
+NAME = "hf-trainer"
+_MARKERS = {"per_device_train_batch_size", "gradient_accumulation_steps", "peft_type",
+            "peft_config", "model_name_or_path", "output_dir"}
+_TRL_KEYS = {"model_name_or_path", "dataset_name", "use_peft", "max_length"}
+_FSDP = {"full_shard": "fsdp", "shard_grad_op": "zero2", "hybrid_shard": "hybrid-shard",
+         "hybrid_shard_zero2": "hybrid-shard", "no_shard": "ddp"}
+
+
+def detect(content: dict[str, Any], syntax: str) -> bool:
+    return syntax != "toml" and bool(_MARKERS & set(content))
+
+
+def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`--key value` / `--key=value`, as HfArgumentParser takes them."""
+    return dashed_overrides(content, overrides, "HF TrainingArguments")
+
+
+def read(content: dict[str, Any], ctx) -> Mapping:
+    table = load_table(NAME)
+    content = dict(content)
+    peft_config = content.pop("peft_config", None)
+    if isinstance(peft_config, dict):  # a LoraConfig's keys, as if at the top
+        content = {**peft_config, **content}
+        content.setdefault("peft_type", "LORA")
+    had_deepspeed = "deepspeed" in content
+    ds_config = content.pop("deepspeed", None)  # a path, or the DeepSpeed config itself
+    flat = flatten(content)
+    mapping = Mapping(table)
+    handled = {"model_name_or_path", "fsdp", "deepspeed", "lora_target_modules",
+               "target_modules", "load_in_8bit"}
+    if _TRL_KEYS & set(flat):  # trl sft_config.py: SFTConfig's own defaults
+        if "fp16" not in flat or not flat["fp16"]:
+            mapping.assign("precision", "bf16-mixed", "trl SFTConfig bf16 default", weak=True)
+        mapping.assign("checkpointing", "full", "trl SFTConfig gradient_checkpointing "
+                       "default", weak=True)
+        mapping.assign("seq_len", 1024, "trl SFTConfig max_length default", weak=True)
+        if flat.get("use_peft"):  # trl model_config.py: ModelConfig's LoRA defaults
+            for dotted, value in (("peft.rank", 16), ("peft.alpha", 32.0),
+                                  ("peft.dropout", 0.05)):
+                mapping.assign(dotted, value, "trl ModelConfig default", weak=True)
+    if flat.get("model_name_or_path") is not None:
+        check_type(table, table.entries["model_name_or_path"], flat["model_name_or_path"])
+        mapping.mapped.append("model_name_or_path")
+        model = ctx.resolve_model(flat["model_name_or_path"], "model_name_or_path", mapping)
+        if model:
+            mapping.assign("model", model, "model_name_or_path")
+    _fsdp(flat, table, mapping)
+    if ds_config:
+        deepspeed.include(mapping, ds_config, "deepspeed", ctx)
+    elif had_deepspeed:
+        mapping.ignored.append("deepspeed")  # null or empty: no DeepSpeed
+    _targets(flat, table, mapping)
+    if flat.get("load_in_8bit"):
+        raise ConfigError("load_in_8bit: an 8-bit base model is not modelled by vramplan; "
+                          "use load_in_4bit (QLoRA) or a 16-bit base")
+    map_keys(table, flat, mapping, handled=handled)
+    check_adapter(flat.get("load_in_4bit"), bool(flat.get("use_peft")) or "peft_type" in flat,
+                  mapping, "load_in_4bit", "use_peft: true")
+    return mapping
+
+
+def check_adapter(four_bit: Any, has_adapter: bool, mapping: Mapping, key: str,
+                  hint: str) -> None:
+    """A 4-bit base trains only adapters: without one there is nothing to train."""
+    if four_bit and not has_adapter:
+        raise ConfigError(f"{key} without an adapter: 4-bit weights cannot be trained; add "
+                          f"LoRA ({hint}) or drop {key} ({mapping.table.docs})")
+
+
+def _fsdp(flat: dict[str, Any], table, mapping: Mapping) -> None:
+    value = flat.get("fsdp")
+    if not value:
+        if "fsdp" in flat:
+            mapping.ignored.append("fsdp")  # '' or []: no FSDP
+        return
+    check_type(table, table.entries["fsdp"], value)
+    words = value.split() if isinstance(value, str) else [str(v) for v in value]
+    mapping.mapped.append("fsdp")
+    for word in words:
+        if word in _FSDP:
+            mapping.assign("parallel.strategy", _FSDP[word], f"fsdp={value!r}")
+        elif word == "offload":
+            mapping.assign("offload.params", True, f"fsdp={value!r}")
+            mapping.assign("offload.optimizer", True, f"fsdp={value!r}")
+        elif word != "auto_wrap":
+            mapping.not_understood.append(f"fsdp={word}")
+
+
+def _targets(flat: dict[str, Any], table, mapping: Mapping) -> None:
+    for key in ("lora_target_modules", "target_modules"):
+        value = flat.get(key)
+        if value is None:
+            continue
+        check_type(table, table.entries[key], value)
+        mapping.mapped.append(key)
+        # peft keeps target_modules as a set (adapter_config.json lists it in any order)
+        targets = ("all-linear",) if value == "all-linear" else tuple(
+            [value] if isinstance(value, str) else sorted(value))
+        mapping.assign("peft.target_modules", targets, f"{key}={value!r}")
+
+
+def override_line(config_file: str, changes: dict[str, Any]) -> str:
+    parts = [f"--{key} {value}" for key, value in changes.items()]
+    return f"python train.py {config_file} " + " ".join(parts)
