@@ -14,9 +14,19 @@ from vramplan.planning.headroom import headroom, parse_changes, what_if
 L4 = get_gpu("L4")
 
 
-def _fits(job: Job) -> bool:
-    fit = formula(job, gpus=[L4]).fits[0]
+def _fits(job: Job, gpu=L4) -> bool:
+    fit = formula(job, gpus=[gpu]).fits[0]
     return fit.required_bytes <= 0.95 * fit.usable_bytes
+
+
+def test_sequence_stops_at_the_models_positions():
+    # Qwen2.5-0.5B (rotary) reads 32,768 positions (its config's max_position_embeddings);
+    # with full checkpointing and a chunked loss an H200 holds more than that
+    job = Job(model="qwen2.5-0.5b", seq_len=1024, checkpointing="full", loss="chunked")
+    h200 = get_gpu("H200")
+    assert _fits(job.with_changes(seq_len=65536), h200)
+    knob = next(k for k in headroom(job, h200).knobs if k.name == "seq_len")
+    assert knob.largest == 32768 and knob.at_search_limit
 
 
 def test_each_knob_stops_exactly_where_memory_runs_out():
@@ -27,8 +37,10 @@ def test_each_knob_stops_exactly_where_memory_runs_out():
     assert _fits(job.with_changes(batch_size=b)) and not _fits(job.with_changes(batch_size=b + 1))
     s = knobs["seq_len"].largest
     assert _fits(job.with_changes(seq_len=s)) and not _fits(job.with_changes(seq_len=s + 1))
-    rank = knobs["peft.rank"]  # Peft allows ranks up to 4096: the search stops there
-    assert rank.largest == 4096 and rank.at_search_limit
+    # a rank above the model's width (2048, its config's hidden_size) adds nothing: the
+    # search stops there, though memory would allow more
+    rank = knobs["peft.rank"]
+    assert rank.largest == 2048 and rank.at_search_limit
     assert _fits(job.with_changes(peft=Peft(rank=4096)))
     larger = [m.model for m in room.larger_models]
     assert larger[0] == "llama-3.2-3b" and "llama-3.1-405b" in larger

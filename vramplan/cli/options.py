@@ -208,6 +208,20 @@ Out = Annotated[Optional[Path], typer.Option(
     "--out", help="also write the result to this file (JSON; CSV for a .csv sweep)")]
 HtmlOut = Annotated[Optional[Path], typer.Option(
     "--html", help="also write a self-contained HTML report (one offline file, no JavaScript)")]
+
+
+def _check_margin(value: float) -> float:
+    from vramplan.fit import check_margin
+    try:
+        return check_margin(value)
+    except JobError as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+# One margin option for every command, with vramplan.fit's range
+MarginOpt = Annotated[float, typer.Option(
+    "--margin", callback=_check_margin, help="safety margin, 0 to 0.5: it fits when it needs "
+    "at most usable x (1 - margin); the same margin everywhere")]
 EngineName = Annotated[str, typer.Option(
     help="formula (instant), trace (exact, no GPU) or measure (real steps on this machine)")]
 

@@ -14,13 +14,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from vramplan.engines.registry import get_engine
-from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.errors import JobError, VramplanError
+from vramplan.fit import SAFETY_MARGIN, check_margin, fits_within
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job, job_from_dict
 from vramplan.models import list_models, load_architecture
 from vramplan.planning.amount import TrainingAmount
 from vramplan.planning.performance import predict
+from vramplan.search.core import max_value
 
 SEARCH_LIMITS = {"batch_size": 4096, "seq_len": 1_048_576, "peft.rank": 4096}
 
@@ -76,63 +77,38 @@ def _required(job: Job, gpu: GPU) -> tuple[int, int]:
     return fit.required_bytes, fit.usable_bytes
 
 
-def _fits(job: Job, gpu: GPU, margin: float) -> bool:
-    need, usable = _required(job, gpu)
-    return need <= (1 - margin) * usable
-
-
-def _with(job: Job, knob: str, value: int) -> Job:
-    if knob == "peft.rank":
-        return job.with_changes(peft=job.peft.model_copy(update={"rank": value}))
-    return job.with_changes(**{knob: value})
-
-
 def largest(job: Job, knob: str, gpu: GPU, margin: float = SAFETY_MARGIN) -> Knob:
-    """The largest value of `knob` that fits, by doubling then bisection (memory grows
-    with each of these knobs)."""
+    """The largest value of `knob` that fits, by the search primitive (vramplan.search.core:
+    memory grows with each of these knobs), never past what the model allows."""
     current = job.peft.rank if knob == "peft.rank" else getattr(job, knob)
     if knob == "seq_len" and current is None:
         current = load_architecture(job.model).max_positions or 2048
         current = min(current, 2048)
-    limit = SEARCH_LIMITS[knob]
-    if knob == "seq_len":
-        limit = min(limit, _position_limit(job) or limit)
-
-    def ok(value: int) -> bool:
-        try:
-            return _fits(_with(job, knob, value), gpu, margin)
-        except (JobError, ValueError):
-            return False
-
-    if not ok(current):
-        low = 0
-        high = current
-        while high - low > 1:  # the largest smaller value that fits
-            mid = (low + high) // 2
-            low, high = (mid, high) if ok(mid) else (low, mid)
-        return Knob(name=knob, current=current, largest=low or None)
-    low, high = current, current * 2
-    while high <= limit and ok(high):
-        low, high = high, high * 2
-    if high > limit:
-        if ok(limit):
-            return Knob(name=knob, current=current, largest=limit, at_search_limit=True)
-        high = limit
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (mid, high) if ok(mid) else (low, mid)
-    return Knob(name=knob, current=current, largest=low)
+    limit = min(SEARCH_LIMITS[knob], _model_limit(job, knob) or SEARCH_LIMITS[knob])
+    try:
+        result = max_value(job, knob, lambda j: _required(j, gpu)[0], gpu.usable_bytes,
+                           margin=margin, maximum=limit)
+    except (JobError, ValueError):
+        return Knob(name=knob, current=current, largest=None)
+    return Knob(name=knob, current=current, largest=result.best,
+                at_search_limit=result.capped)
 
 
-def _position_limit(job: Job) -> int | None:
-    from vramplan.models.families import LEARNED_POSITIONS
+def _model_limit(job: Job, knob: str) -> int | None:
+    """What the model allows: sequences up to its positions, LoRA ranks up to its width
+    (a rank above the smaller side of a weight adds parameters, not expressiveness)."""
     arch = load_architecture(job.model)
-    return arch.max_positions if arch.model_type in LEARNED_POSITIONS else None
+    if knob == "seq_len":
+        return arch.max_positions
+    if knob == "peft.rank":
+        return min(s.hidden_size for s in arch.stacks)
+    return None
 
 
 def headroom(job: Job, gpu: GPU, margin: float = SAFETY_MARGIN) -> Headroom:
     """How far batch size, sequence length and LoRA rank can grow on `gpu`, and which
     larger models of the same family still fit."""
+    check_margin(margin)
     arch = load_architecture(job.model)
     knobs = [largest(job, "batch_size", gpu, margin)]
     if arch.kind not in ("cnn", "vision"):
@@ -140,7 +116,7 @@ def headroom(job: Job, gpu: GPU, margin: float = SAFETY_MARGIN) -> Headroom:
     if job.peft is not None:
         knobs.append(largest(job, "peft.rank", gpu, margin))
     need, usable = _required(job, gpu)
-    return Headroom(gpu=gpu.name, fits=need <= (1 - margin) * usable, required_bytes=need,
+    return Headroom(gpu=gpu.name, fits=fits_within(need, usable, margin), required_bytes=need,
                     usable_bytes=usable, knobs=knobs,
                     larger_models=_larger_models(job, gpu, margin))
 
@@ -158,7 +134,7 @@ def _larger_models(job: Job, gpu: GPU, margin: float) -> list[ModelFit]:
         except VramplanError:
             continue
         out.append(ModelFit(model=entry.name, params=entry.params,
-                            fits=need <= (1 - margin) * usable, required_bytes=need,
+                            fits=fits_within(need, usable, margin), required_bytes=need,
                             usable_bytes=usable))
     return out
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from vramplan.engines.registry import get_engine
 from vramplan.engines.report import Fix, MemoryReport
-from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.errors import JobError
+from vramplan.fit import SAFETY_MARGIN, fits_within
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job, Offload, Parallel, Peft
 from vramplan.planning.performance import performance_for
@@ -97,7 +97,7 @@ def make_it_fit(job: Job, gpu: GPU, *, margin: float = SAFETY_MARGIN, allow=(),
 
     def check(candidate: Job, names: list[str], flags: list[str], maths: bool) -> Fix | None:
         fit = formula.run(candidate, gpus=[gpu]).fits[0]
-        if fit.required_bytes > (1 - margin) * fit.usable_bytes:
+        if not fit.supported or not fits_within(fit.required_bytes, fit.usable_bytes, margin):
             return None
         try:
             perf = performance_for(candidate, gpu)

@@ -25,23 +25,23 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from vramplan.engines.registry import get_engine
-from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.errors import JobError
+from vramplan.fit import SAFETY_MARGIN, check_margin, fits_within
 from vramplan.hardware import get_gpu, list_gpus
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job, Offload, Parallel, Peft
 from vramplan.models import load_architecture
 from vramplan.planning.amount import TrainingAmount
+from vramplan.planning.changes import describe_changes
 from vramplan.planning.efficiency import factors_for
+from vramplan.planning.layouts import fused_optimizer, gpu_counts, parallel_layouts
 from vramplan.planning.performance import performance_for, step_terms, step_time
 from vramplan.planning.techniques import ALLOW_NAMES
 
-SMALL_COUNTS = (1, 2, 4, 8)
 DEFAULT_MAX_GPUS = 512
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)  # tried when the global batch is free
 PLANNER_ALLOW = "global-batch"         # the --allow name that frees the global batch
 SMALL_GLOBAL_BATCH = 8                 # samples: below this the job's own batch is noted
-LONG_SEQUENCE = 16384                  # from here context parallelism is tried
 GiB = 2**30
 
 
@@ -212,8 +212,10 @@ def _check_arguments(allow, max_gpus, max_cost, deadline_s, global_batch, top, m
             problems.append(f"{name} must be more than 0 (got {value})")
     if top < 1:
         problems.append(f"top must be at least 1 (got {top})")
-    if not 0 <= margin < 0.5:
-        problems.append(f"margin is a fraction of the GPU's memory, 0 to 0.5 (got {margin})")
+    try:
+        check_margin(margin)
+    except JobError as error:
+        problems.append(str(error))
     if problems:
         raise JobError("; ".join(problems))
 
@@ -240,19 +242,11 @@ class _Search:
 
     def counts(self) -> list[int]:
         node = max((g.gpus_per_node for g in self.catalog), default=8)
-        counts = [n for n in SMALL_COUNTS if n <= self.max_gpus]
-        n = 2 * node
-        while n <= self.max_gpus:
-            counts.append(n)
-            n *= 2
-        return counts
+        return gpu_counts(node, self.max_gpus)
 
     def variants(self) -> list[dict]:
         """Job changes the user allowed (each a dict for Job.with_changes)."""
-        base = {}
-        if self.job.optimizer not in ("adafactor", "lion") and self.job.optimizer_impl != "fused" \
-                and self.job.optimizer not in ("adamw-8bit", "paged-adamw-8bit"):
-            base["optimizer_impl"] = "fused"  # same maths, faster, no step temporaries
+        base = fused_optimizer(self.job)  # same maths, faster, no step temporaries
         out = [base]
         if self.job.peft is None:
             if "lora" in self.allow:
@@ -271,30 +265,7 @@ class _Search:
         return out
 
     def parallel_layouts(self, n: int) -> list[Parallel]:
-        seq = self.job.seq_len or 0
-        heads = [(s.num_heads, s.num_kv_heads) for s in self.arch.stacks]
-        layers = sum(s.num_layers for s in self.arch.stacks)
-        tps = [tp for tp in (1, 2, 4, 8)
-               if tp <= n and not any(h % tp or (kv % tp and kv >= tp) for h, kv in heads)]
-        layouts = []
-        for tp in tps:
-            # pipeline stages only once tensor parallelism fills what it can (a node), as
-            # Megatron-LM lays out large jobs: TP inside a node, PP across nodes
-            pps = [1] + ([pp for pp in (2, 4, 8, 16) if pp <= layers]
-                         if tp == tps[-1] and self.arch.kind == "decoder" else [])
-            for cp in ((1, 2, 4) if seq >= LONG_SEQUENCE and self.arch.kind == "decoder"
-                       else (1,)):
-                for pp in pps:
-                    group = tp * cp * pp
-                    if group > n or n % group:
-                        continue
-                    dp = n // group
-                    strategies = ["none"] if dp == 1 else ["ddp", "zero2", "fsdp"] + (
-                        ["hybrid-shard"] if dp > 8 else [])
-                    layouts += [Parallel(strategy=s, num_gpus=n, tensor_parallel=tp,
-                                         context_parallel=cp, pipeline_parallel=pp)
-                                for s in strategies]
-        return layouts
+        return parallel_layouts(self.job, self.arch, n)
 
     def micro_batches(self, dp: int) -> list[tuple[int, int]]:
         """(micro-batch, accumulation) pairs to try, smallest micro-batch first."""
@@ -341,7 +312,8 @@ class _Search:
                 need = fit.required_bytes / fit.usable_bytes
                 if b == 1 and need < self.closest.get(fit.gpu, (float("inf"),))[0]:
                     self.closest[fit.gpu] = (need, job)
-                if fit.required_bytes <= (1 - self.margin) * fit.usable_bytes:
+                if fit.supported and fits_within(fit.required_bytes, fit.usable_bytes,
+                                                 self.margin):
                     fitted[fit.gpu] = job
                     still.append(gpu)
             if not still:
@@ -475,37 +447,6 @@ def _layout(job: Job) -> str:
     return ", ".join(parts)
 
 
-def describe_changes(before: Job, after: Job) -> tuple[list[str], str]:
-    """What differs between two jobs, in words and as CLI flags."""
-    changes, flags = [], []
-    pairs = [("batch_size", "--batch-size"), ("grad_accum", "--grad-accum"),
-             ("checkpointing", "--checkpointing"), ("optimizer", "--optimizer"),
-             ("optimizer_impl", "--optimizer-impl"), ("precision", "--precision"),
-             ("activation_offload", "--activation-offload")]
-    for name, flag in pairs:
-        old, new = getattr(before, name), getattr(after, name)
-        if old != new:
-            changes.append(f"{name} {old} -> {new}")
-            flags.append(flag if isinstance(new, bool) else f"{flag} {new}")
-    p0, p1 = before.parallel, after.parallel
-    for name, flag in (("num_gpus", "-n"), ("strategy", "--strategy"),
-                       ("tensor_parallel", "--tp"), ("context_parallel", "--cp"),
-                       ("pipeline_parallel", "--pp"), ("pipeline_schedule", "--pp-schedule")):
-        if getattr(p0, name) != getattr(p1, name):
-            changes.append(f"{name} {getattr(p0, name)} -> {getattr(p1, name)}")
-            flags.append(f"{flag} {getattr(p1, name)}")
-    if before.peft != after.peft and after.peft is not None:
-        changes.append(f"peft {after.peft.method} rank {after.peft.rank}")
-        flags.append(f"--peft {after.peft.method} --lora-rank {after.peft.rank}")
-    if after.offload.optimizer and not before.offload.optimizer:
-        changes.append("optimizer states offloaded to the CPU")
-        flags.append("--offload-optimizer")
-    if after.offload.params and not before.offload.params:
-        changes.append("parameters offloaded to the CPU")
-        flags.append("--offload-params")
-    return changes, " ".join(flags)
-
-
 def pareto_front(candidates: list[Candidate]) -> list[Candidate]:
     """Candidates no other beats on both cost and time (unpriced ones: on time only when
     nothing is priced), cheapest first."""
@@ -567,98 +508,3 @@ def _recommended_reason(c: Candidate, best_cost: float, best_time: float) -> str
         return f"the cheapest and the fastest at once: {_summary(c)}"
     return (f"best balance of cost and time on the front: {_summary(c)} ({cost:.2f}x the "
             f"lowest cost, {time:.2f}x the shortest time)")
-
-
-class GpuCountTrial(_Frozen):
-    """One layout `search num-gpus` tried."""
-
-    num_gpus: int
-    strategy: str
-    device_total_bytes: int | None = Field(description="per GPU; None when the layout is "
-                                           "impossible (see problem)")
-    fits: bool
-    problem: str = ""
-
-
-class GpuCountResult(_Frozen):
-    """The fewest GPUs of one type that fit the job, and every layout tried on the way."""
-
-    parameter: Literal["num_gpus"] = "num_gpus"
-    gpu: str
-    usable_bytes: int
-    limit_bytes: int = Field(description="usable x (1 - margin): what a layout must fit in")
-    margin: float
-    max_gpus: int
-    best: int | None = Field(description="the smallest GPU count that fits; None: none up to "
-                             "max_gpus")
-    strategy: str | None = None
-    job: Job | None = Field(None, description="the job on that many GPUs")
-    flags: str = ""
-    trials: list[GpuCountTrial] = Field(default_factory=list)
-    hint: str = Field("", description="when nothing fits: what more GPUs cannot shrink")
-
-    @property
-    def fits(self) -> bool:
-        return self.best is not None
-
-    def to_dict(self) -> dict:
-        return self.model_dump(mode="json") | {"fits": self.fits}
-
-
-def search_gpu_count(job: Job, gpu: GPU, *, margin: float = SAFETY_MARGIN, max_gpus: int = 4096,
-                     strategies: tuple[str, ...] = ("zero2", "fsdp")) -> GpuCountResult:
-    """The job on the fewest GPUs of type `gpu` that fits with `margin`, trying counts 1, 2,
-    4, ... and, at each, the sharding strategies in order (the rest of the job unchanged:
-    the micro-batch per GPU stays, so the global batch grows with the data-parallel
-    degree). ZeRO-2 first: at a count where both fit it communicates less than FSDP (no
-    per-micro-batch all-gathers); DDP is not tried, it holds as much per GPU as one GPU.
-    A job that names its strategy keeps it."""
-    if max_gpus < 1:
-        raise JobError(f"max_gpus must be at least 1 (got {max_gpus})")
-    if not 0 <= margin < 0.5:
-        raise JobError(f"margin is a fraction of the GPU's memory, 0 to 0.5 (got {margin})")
-    if job.parallel.strategy != "none":
-        strategies = (job.parallel.strategy,)
-    formula = get_engine("formula")
-    limit = int((1 - margin) * gpu.usable_bytes)
-    trials: list[GpuCountTrial] = []
-    found: Job | None = None
-    last = None  # the last report, for the hint
-    n = 1
-    while n <= max_gpus and found is None:
-        model_parallel = job.parallel.model_parallel
-        tried = ["none"] if n == model_parallel else list(strategies)
-        for strategy in tried:
-            layout = job.parallel.model_copy(update={"num_gpus": n, "strategy": strategy})
-            try:
-                candidate = job.with_changes(parallel=layout.model_dump(), gpu=None)
-                last = formula.run(candidate, gpus=[gpu])
-                fit = last.fits[0]
-            except (JobError, ValueError) as error:
-                if n >= model_parallel:
-                    trials.append(GpuCountTrial(num_gpus=n, strategy=strategy,
-                                                device_total_bytes=None, fits=False,
-                                                problem=str(error).splitlines()[0]))
-                continue
-            fits = fit.supported and fit.required_bytes <= limit
-            trials.append(GpuCountTrial(num_gpus=n, strategy=strategy,
-                                        device_total_bytes=fit.required_bytes, fits=fits,
-                                        problem=fit.problem))
-            if fits:
-                found = candidate
-                break
-        n *= 2
-    flags = describe_changes(job, found)[1] if found else ""
-    hint = ""
-    if found is None and last is not None:
-        per_gpu = sum(last.categories[c] for c in ("activations", "inputs", "temporary"))
-        hint = (f"at {last.job.parallel.num_gpus} GPUs ({last.job.parallel.strategy}), "
-                f"activations, inputs and temporaries alone take {per_gpu / GiB:.1f} GiB per "
-                "GPU, which more data-parallel GPUs do not shrink: try --checkpointing full, "
-                "a smaller --batch-size, or --tp / --cp")
-    return GpuCountResult(gpu=gpu.name, usable_bytes=gpu.usable_bytes, limit_bytes=limit,
-                          margin=margin, max_gpus=max_gpus,
-                          best=found.parallel.num_gpus if found else None,
-                          strategy=found.parallel.strategy if found else None,
-                          job=found.with_changes(gpu=gpu.name) if found else None,
-                          flags=flags, trials=trials, hint=hint)

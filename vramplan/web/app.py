@@ -141,12 +141,13 @@ def create_app(*, max_queued_traces: int = 3, trace_grace_s: float = 30.0) -> Fa
         """Peak memory over batch sizes x sequence lengths (formula), with each named GPU's
         limit (usable memory x (1 - margin)) and which points fit it."""
         import vramplan
+        from vramplan.fit import limit_bytes, usable_bytes
         from vramplan.hardware import get_gpu
 
         limits = {}
         for name in body.gpus:
             gpu = get_gpu(name)
-            limits[gpu.name] = int(gpu.usable_bytes * (1 - body.margin))
+            limits[gpu.name] = limit_bytes(usable_bytes(gpu), body.margin)
         rows = vramplan.sweep(body.job, _oracle(body.config), body.batch_sizes, body.seq_lens)
         for row in rows:
             row["fits_gpu"] = {g: row["device_total"] is not None and row["device_total"] <= v

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from vramplan.engines.runtime import SAFETY_MARGIN
+from vramplan.fit import SAFETY_MARGIN, Margin
 from vramplan.job import Job
 
 MAX_REQUEST_BYTES = 2 * 1024**2   # whole request body
@@ -116,7 +116,7 @@ class SearchRequest(JobRequest):
     parameter: Literal["batch_size", "seq_len"] = "batch_size"
     budget_bytes: int | None = Field(None, ge=1, le=2**50, description=(
         "memory to fit in; default: the usable memory of job.gpu"))
-    margin: float = Field(SAFETY_MARGIN, ge=0, le=0.9, description="fit in budget x (1 - margin)")
+    margin: Margin = SAFETY_MARGIN
     maximum: int | None = Field(None, ge=1, le=100_000_000, description="largest value tried")
     granularity: int = Field(64, ge=1, le=65536, description="seq_len: answer is a multiple")
 
@@ -128,7 +128,7 @@ class SweepRequest(JobRequest):
                                 min_length=1, max_length=MAX_GRID)
     gpus: list[str] = Field(default_factory=list, max_length=8,
                             description="GPUs whose fit boundary is drawn")
-    margin: float = Field(SAFETY_MARGIN, ge=0, le=0.9)
+    margin: Margin = SAFETY_MARGIN
     charts: bool = False
 
     @field_validator("batch_sizes")
@@ -166,7 +166,7 @@ class PlanRequest(JobRequest):
     global_batch: int | None = Field(None, ge=1, le=10**7, description="samples per step to keep")
     price_per_hour: float | None = Field(None, gt=0, le=10_000, description="USD per GPU-hour")
     top: int = Field(10, ge=1, le=50, description="candidates to return")
-    margin: float = Field(SAFETY_MARGIN, ge=0, le=0.9, description="memory to keep free, fraction")
+    margin: Margin = SAFETY_MARGIN
     charts: bool = False
 
 

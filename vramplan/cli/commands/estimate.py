@@ -17,6 +17,7 @@ from vramplan.cli.options import (
     AsJson,
     EngineName,
     HtmlOut,
+    MarginOpt,
     Out,
     check_writable,
     console,
@@ -27,7 +28,8 @@ from vramplan.cli.options import (
     write_or_print,
 )
 from vramplan.engines.report import MemoryReport
-from vramplan.engines.runtime import SAFETY_MARGIN, with_margin
+from vramplan.engines.runtime import with_margin
+from vramplan.fit import SAFETY_MARGIN
 from vramplan.job import Job
 
 
@@ -58,9 +60,7 @@ def estimate(
     sort: Annotated[Optional[str], typer.Option(
         help="without --gpu: add step time and cost per GPU type, sorted by cost, time or "
              "headroom")] = None,
-    margin: Annotated[float, typer.Option(
-        min=0.0, max=0.9, help="safety margin: it fits when it needs at most usable x "
-        "(1 - margin); the same margin search, sweep and plan use")] = SAFETY_MARGIN,
+    margin: MarginOpt = SAFETY_MARGIN,
 ) -> None:
     """Peak GPU memory of one training step, by category, and where it fits.
 

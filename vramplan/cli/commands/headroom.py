@@ -13,6 +13,7 @@ import typer
 
 from vramplan.cli.options import (
     AsJson,
+    MarginOpt,
     Out,
     check_writable,
     console,
@@ -20,8 +21,8 @@ from vramplan.cli.options import (
     print_json,
     write_or_print,
 )
-from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.errors import JobError
+from vramplan.fit import SAFETY_MARGIN
 from vramplan.job import Job
 
 GiB = 2**30
@@ -35,7 +36,7 @@ def headroom(
     = None,
     tokens: Annotated[Optional[str], typer.Option(
         help="tokens to train on (what-if time and cost), e.g. 2B")] = None,
-    margin: Annotated[float, typer.Option(help="memory to keep free, fraction")] = SAFETY_MARGIN,
+    margin: MarginOpt = SAFETY_MARGIN,
     as_json: AsJson = False,
     out: Out = None,
 ) -> None:

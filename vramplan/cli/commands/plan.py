@@ -16,6 +16,7 @@ from vramplan.cli.options import (
     EXIT_DOES_NOT_FIT,
     AsJson,
     HtmlOut,
+    MarginOpt,
     Out,
     check_writable,
     console,
@@ -24,7 +25,7 @@ from vramplan.cli.options import (
     write_html,
     write_or_print,
 )
-from vramplan.engines.runtime import SAFETY_MARGIN
+from vramplan.fit import SAFETY_MARGIN
 from vramplan.job import Job
 
 
@@ -56,7 +57,7 @@ def plan(
     price_per_hour: Annotated[Optional[float], typer.Option(
         help="USD per GPU-hour (default: the catalog's)")] = None,
     top: Annotated[int, typer.Option(help="rows to show")] = 10,
-    margin: Annotated[float, typer.Option(help="memory to keep free, fraction")] = SAFETY_MARGIN,
+    margin: MarginOpt = SAFETY_MARGIN,
     as_json: AsJson = False,
     out: Out = None,
     html: HtmlOut = None,

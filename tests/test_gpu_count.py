@@ -1,0 +1,47 @@
+"""`search num-gpus` is the planner's fewest GPUs: same counts, layouts, implementations."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from vramplan.engines.formula import estimate as formula
+from vramplan.fit import fits_within
+from vramplan.hardware import get_gpu
+from vramplan.job import Job, Parallel
+from vramplan.planning.gpu_count import search_gpu_count
+from vramplan.planning.planner import plan
+
+MAX_GPUS = 64
+GRID = list(itertools.product(
+    ("llama-3.2-1b", "llama-3.1-8b", "llama-3.1-70b", "qwen2.5-14b"),
+    ("L4", "A100-80GB", "H100-SXM"),
+    ("none", "fsdp"),
+    (2048, 32768)))
+
+
+def _planner_fewest(job: Job, gpu: str) -> int | None:
+    # the global batch free (micro-batch 1 is the planner's first try at every layout), so
+    # the planner may use any data-parallel degree, as num-gpus does
+    found = plan(job, gpus=[gpu], max_gpus=MAX_GPUS, allow=("global-batch",), top=50)
+    return min((c.num_gpus for c in found.candidates), default=None)
+
+
+@pytest.mark.parametrize(("model", "gpu", "strategy", "seq"), GRID)
+def test_num_gpus_equals_the_planners_fewest(model, gpu, strategy, seq):
+    job = Job(model=model, seq_len=seq, checkpointing="full",
+              parallel=Parallel(strategy=strategy))
+    found = search_gpu_count(job, get_gpu(gpu), max_gpus=MAX_GPUS)
+    assert found.best == _planner_fewest(job, gpu)
+
+
+def test_70b_fsdp_on_h100_needs_16_not_32():
+    # the issue's example: powers of two with foreach only said 32
+    h100 = get_gpu("H100-SXM")
+    job = Job(model="llama-3.1-70b", checkpointing="full", parallel=Parallel(strategy="fsdp"))
+    found = search_gpu_count(job, h100)
+    assert found.best == 16 and "--optimizer-impl fused" in found.flags
+    fit = formula(found.job, gpus=[h100]).fits[0]
+    assert fits_within(fit.required_bytes, fit.usable_bytes)
+    assert all(not t.fits for t in found.trials if t.num_gpus < 16)
