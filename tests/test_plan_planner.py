@@ -109,10 +109,10 @@ def test_make_it_fit_keeps_the_maths_first_and_gives_numbers():
 def test_techniques_table():
     names = [t.name for t in TECHNIQUES]
     assert len(names) == len(set(names))
-    assert set(ALLOW_NAMES) == {"8bit", "fp8", "lora", "offload", "qlora"}
+    assert set(ALLOW_NAMES) == {"8bit", "bf16-pure", "fp8", "lora", "offload", "qlora"}
     assert all(not t.changes_maths for t in allowed(()))
     assert {t.name for t in TECHNIQUES if t.changes_maths} == {
-        "LoRA", "QLoRA", "8-bit AdamW", "fp8 training"}
+        "LoRA", "QLoRA", "8-bit AdamW", "bf16 weights", "fp8 training"}
 
 
 def test_min_gpus_is_the_smallest_count_that_fits():

@@ -12,7 +12,8 @@ def describe_changes(before: Job, after: Job) -> tuple[list[str], str]:
     pairs = [("batch_size", "--batch-size"), ("grad_accum", "--grad-accum"),
              ("checkpointing", "--checkpointing"), ("optimizer", "--optimizer"),
              ("optimizer_impl", "--optimizer-impl"), ("precision", "--precision"),
-             ("activation_offload", "--activation-offload")]
+             ("activation_offload", "--activation-offload"), ("loss", "--loss"),
+             ("optimizer_in_backward", "--optimizer-in-backward")]
     for name, flag in pairs:
         old, new = getattr(before, name), getattr(after, name)
         if old != new:

@@ -29,8 +29,9 @@ from vramplan.errors import JobError
 from vramplan.fit import SAFETY_MARGIN, check_margin, fits_within
 from vramplan.hardware import get_gpu, list_gpus
 from vramplan.hardware.gpu import GPU
-from vramplan.job import Job, Offload, Parallel, Peft
+from vramplan.job import Job, Parallel
 from vramplan.models import load_architecture
+from vramplan.planning import techniques
 from vramplan.planning.amount import TrainingAmount
 from vramplan.planning.changes import describe_changes
 from vramplan.planning.efficiency import factors_for
@@ -245,24 +246,17 @@ class _Search:
         return gpu_counts(node, self.max_gpus)
 
     def variants(self) -> list[dict]:
-        """Job changes the user allowed (each a dict for Job.with_changes)."""
-        base = fused_optimizer(self.job)  # same maths, faster, no step temporaries
-        out = [base]
-        if self.job.peft is None:
-            if "lora" in self.allow:
-                out.append({**base, "peft": Peft(method="lora")})
-            if "qlora" in self.allow and self.job.precision != "fp8":
-                out.append({**base, "peft": Peft(method="qlora")})
-        if "8bit" in self.allow and self.job.optimizer in ("adam", "adamw"):
-            out += [{**v, "optimizer": "adamw-8bit", "optimizer_impl": "foreach"}
-                    for v in list(out)]
-        if "fp8" in self.allow and self.job.precision in ("bf16-mixed", "fp16-mixed"):
-            out += [{**v, "precision": "fp8"} for v in list(out)
-                    if not (v.get("peft") and v["peft"].method == "qlora")]
-        if "offload" in self.allow and not self.job.offload.optimizer:
-            out += [{**v, "offload": Offload(optimizer=True)} for v in list(out)
-                    if v.get("optimizer") != "paged-adamw-8bit"]
-        return out
+        """Job changes the user allowed (each a dict for Job.with_changes): the fused
+        optimizer step (same maths, faster, no step temporaries), then each allowed
+        technique of the table applied to every variant so far."""
+        jobs = [self.job.with_changes(**fused_optimizer(self.job))]
+        for technique in techniques.for_planner(self.allow):
+            for variant in list(jobs):
+                changed = technique.applied(variant)
+                if changed is not None and changed not in jobs:
+                    jobs.append(changed)
+        return [{name: getattr(j, name) for name in Job.model_fields
+                 if getattr(j, name) != getattr(self.job, name)} for j in jobs]
 
     def parallel_layouts(self, n: int) -> list[Parallel]:
         return parallel_layouts(self.job, self.arch, n)

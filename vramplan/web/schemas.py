@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from vramplan.fit import SAFETY_MARGIN, Margin
 from vramplan.job import Job
+from vramplan.planning.planner import PLANNER_ALLOW
+from vramplan.planning.techniques import ALLOW_NAMES
 
 MAX_REQUEST_BYTES = 2 * 1024**2   # whole request body
 MAX_CONFIG_BYTES = 1024**2        # an uploaded config.json, as JSON text
@@ -22,6 +24,8 @@ MAX_CONFIG_NUMBER = 2**31         # any number inside an uploaded config
 MAX_CONFIG_DEPTH = 8              # nesting of an uploaded config
 MAX_TRACE_SECONDS = 300.0         # a trace's time limit, at most
 MAX_GRID = 24                     # values per sweep axis
+# the planner's --allow names: the techniques table's, and the free global batch
+AllowName = Literal[(*ALLOW_NAMES, PLANNER_ALLOW)]  # type: ignore[valid-type]
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._ -]{0,63}$")
 
 
@@ -161,8 +165,9 @@ class PlanRequest(JobRequest):
     max_gpus: int = Field(64, ge=1, le=512, description="most GPUs in one job")
     max_cost: float | None = Field(None, gt=0, le=1e12, description="most USD to spend")
     deadline_s: float | None = Field(None, gt=0, le=1e9, description="longest training time")
-    allow: list[Literal["8bit", "fp8", "lora", "offload", "qlora"]] = Field(
-        default_factory=list, description="changes to the maths of training you accept")
+    allow: list[AllowName] = Field(  # type: ignore[valid-type]
+        default_factory=list, description="changes to the maths of training you accept "
+        "(the techniques table's names, and global-batch)")
     global_batch: int | None = Field(None, ge=1, le=10**7, description="samples per step to keep")
     price_per_hour: float | None = Field(None, gt=0, le=10_000, description="USD per GPU-hour")
     top: int = Field(10, ge=1, le=50, description="candidates to return")

@@ -27,6 +27,7 @@ from vramplan.cli.options import (
 )
 from vramplan.fit import SAFETY_MARGIN
 from vramplan.job import Job
+from vramplan.planning.techniques import ALLOW_NAMES
 
 
 @job_command
@@ -46,7 +47,7 @@ def plan(
     deadline: Annotated[Optional[str], typer.Option(
         help="longest training time, e.g. 24h, 3d")] = None,
     allow: Annotated[Optional[str], typer.Option(
-        help="changes to the maths of training you accept: lora,qlora,8bit,fp8,offload,"
+        help=f"changes to the maths of training you accept: {','.join(ALLOW_NAMES)},"
              "global-batch")]
     = None,
     global_batch: Annotated[Optional[int], typer.Option(
