@@ -81,7 +81,7 @@ def create_app(*, max_queued_traces: int = 3, trace_grace_s: float = 30.0) -> Fa
     def estimate(body: schemas.EstimateRequest, format: Format = "json") -> Response:
         """The formula engine's MemoryReport (instant), with the command that reproduces it;
         format=html returns the self-contained HTML report instead."""
-        report = _formula(body.job, body.config)
+        report = _estimate(body)
         command = _command(body.job, body.config)
         if format == "html":
             return _html(_report_page(report, command))
@@ -217,6 +217,22 @@ def _formula(job: Job, config: dict | None) -> MemoryReport:
         return run_engine(job, "formula", model_config=config)
     except (ArithmeticError, ValueError, TypeError, KeyError, AttributeError) as error:
         # an uploaded config with shapes the formula cannot use (e.g. 0 attention heads)
+        raise VramplanError(f"the uploaded config.json cannot be estimated: "
+                            f"{type(error).__name__}: {str(error)[:200]}") from None
+
+
+def _estimate(body: schemas.EstimateRequest) -> MemoryReport:
+    """The one estimate (vramplan.planning.estimate), as the CLI and the API give it."""
+    from vramplan.planning.estimate import compose
+
+    amount = dict(tokens=body.tokens, samples=body.samples, epochs=body.epochs,
+                  dataset_samples=body.dataset_samples, price_per_hour=body.price_per_hour,
+                  margin=body.margin)
+    if body.config is None:
+        return compose(body.job, **amount)
+    try:
+        return compose(body.job, model_config=body.config, **amount)
+    except (ArithmeticError, ValueError, TypeError, KeyError, AttributeError) as error:
         raise VramplanError(f"the uploaded config.json cannot be estimated: "
                             f"{type(error).__name__}: {str(error)[:200]}") from None
 

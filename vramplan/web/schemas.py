@@ -107,7 +107,20 @@ def _check_values(value: Any, depth: int) -> None:
                              f"numbers are at most {MAX_CONFIG_NUMBER}")
 
 
-class EstimateRequest(JobRequest):
+class AmountFields(BaseModel):
+    """How much training, for time and cost (vramplan.planning.amount.TrainingAmount)."""
+
+    tokens: int | None = Field(None, ge=1, le=10**15, description="tokens to train on")
+    samples: int | None = Field(None, ge=1, le=10**13, description="samples to train on")
+    epochs: float | None = Field(None, gt=0, le=10_000, description="passes over the dataset")
+    dataset_samples: int | None = Field(None, ge=1, le=10**13, description="samples per epoch")
+    price_per_hour: float | None = Field(None, gt=0, le=10_000, description="USD per GPU-hour")
+
+
+class EstimateRequest(JobRequest, AmountFields):
+    """The estimate: memory, fit; with job.gpu also step time, cost and fixes."""
+
+    margin: Margin = SAFETY_MARGIN
     charts: bool = Field(False, description="also return the figures as inline SVG")
 
 
