@@ -45,3 +45,15 @@ def test_70b_fsdp_on_h100_needs_16_not_32():
     fit = formula(found.job, gpus=[h100]).fits[0]
     assert fits_within(fit.required_bytes, fit.usable_bytes)
     assert all(not t.fits for t in found.trials if t.num_gpus < 16)
+
+
+def test_the_planner_never_offers_a_gpu_that_cannot_run_the_precision():
+    # V100s have no bf16 tensor cores: the fit table says a bf16-mixed job does not fit
+    # them, and the planner (which once judged bytes only) agrees now
+    from vramplan.fit import precision_problem
+
+    job = Job(model="llama-3.2-1b", seq_len=2048)
+    found = plan(job, tokens=10**9, gpus=["V100-32GB", "A100-80GB"], max_gpus=64, top=50)
+    assert precision_problem("bf16-mixed", get_gpu("V100-32GB"))
+    assert found.candidates and {c.gpu for c in found.candidates} == {"A100-80GB"}
+    assert not formula(job.with_changes(gpu="A100-80GB"), gpus=[get_gpu("V100-32GB")]).fits[0].fits

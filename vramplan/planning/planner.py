@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vramplan.engines.registry import get_engine
 from vramplan.errors import JobError
-from vramplan.fit import SAFETY_MARGIN, check_margin, fits_within
+from vramplan.fit import fits_within
 from vramplan.hardware import get_gpu, list_gpus
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job, Parallel
@@ -36,12 +36,11 @@ from vramplan.planning.amount import TrainingAmount
 from vramplan.planning.changes import describe_changes
 from vramplan.planning.efficiency import factors_for
 from vramplan.planning.layouts import fused_optimizer, gpu_counts, parallel_layouts
+from vramplan.planning.options import PlanOptions, plan_options
 from vramplan.planning.performance import performance_for, step_terms, step_time
-from vramplan.planning.techniques import ALLOW_NAMES
+from vramplan.planning.techniques import ALLOW_NAMES, PLANNER_ALLOW
 
-DEFAULT_MAX_GPUS = 512
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)  # tried when the global batch is free
-PLANNER_ALLOW = "global-batch"         # the --allow name that frees the global batch
 SMALL_GLOBAL_BATCH = 8                 # samples: below this the job's own batch is noted
 GiB = 2**30
 
@@ -105,30 +104,25 @@ class Plan(_Frozen):
     notes: list[str] = Field(default_factory=list)
 
 
-def plan(job: Job, *, tokens: int | None = None, samples: int | None = None,
-         epochs: float | None = None, dataset_samples: int | None = None,
-         gpus: list[str] | None = None, max_gpus: int | None = None,
-         max_cost: float | None = None, deadline_s: float | None = None,
-         allow: tuple[str, ...] | list[str] = (), global_batch: int | None = None,
-         global_batch_tokens: int | None = None, top: int = 10, margin: float = SAFETY_MARGIN,
-         price_per_hour: float | None = None) -> Plan:
-    """Search GPUs and techniques for `job`; see the module docstring."""
-    amount = _amount(tokens, samples, epochs, dataset_samples, price_per_hour)
-    _check_arguments(allow, max_gpus, max_cost, deadline_s, global_batch, top, margin)
-    if global_batch_tokens is not None and global_batch_tokens <= 0:
-        raise JobError(f"global_batch_tokens must be more than 0 (got {global_batch_tokens})")
-    if global_batch is not None and global_batch_tokens is not None:
-        raise JobError("give global_batch (samples) or global_batch_tokens, not both")
-    catalog = [get_gpu(name) for name in gpus] if gpus else list_gpus()
+def plan(job: Job, options: PlanOptions | None = None, **given) -> Plan:
+    """Search GPUs and techniques for `job`; see the module docstring. `options` (or the
+    same fields as keywords: tokens=, gpus=, allow= ...) are planning/options.py's."""
+    if options is None:
+        options = plan_options(**given)
+    elif given:
+        raise JobError("give plan options as a PlanOptions or as keywords, not both")
+    o = options
+    amount = _amount(o.tokens, o.samples, o.epochs, o.dataset_samples, o.price_per_hour)
+    catalog = [get_gpu(name) for name in o.gpus] if o.gpus else list_gpus()
     arch = load_architecture(job.model)
     if arch.kind == "cnn":
         raise JobError(f"{arch.name}: the planner needs step times, which are not modelled "
                        "for CNNs yet; use `vramplan estimate` for its memory")
-    target, notes = target_global_batch(job, arch, global_batch, global_batch_tokens, allow)
-    search = _Search(job, catalog, amount, margin, allow, target,
-                     max_gpus or DEFAULT_MAX_GPUS)
+    target, notes = target_global_batch(job, arch, o.global_batch, o.global_batch_tokens,
+                                        o.allow)
+    search = _Search(job, catalog, amount, o.margin, o.allow, target, o.max_gpus)
     search.run()
-    answer = search.answer(max_cost, deadline_s, top)
+    answer = search.answer(o.max_cost, o.deadline_s, o.top)
     return answer.model_copy(update={"global_batch": target,
                                      "notes": notes + answer.notes})
 
@@ -198,27 +192,6 @@ def _round_samples(exact: float, tolerance: float = 0.05) -> int:
             return rounded
         k -= 1
     return max(1, round(exact))
-
-
-def _check_arguments(allow, max_gpus, max_cost, deadline_s, global_batch, top, margin) -> None:
-    problems = []
-    names = (*ALLOW_NAMES, PLANNER_ALLOW)
-    unknown = sorted(set(allow) - set(names))
-    if unknown:
-        problems.append(f"--allow {','.join(unknown)}: unknown; allowed: "
-                        f"{', '.join(names)}")
-    for name, value in (("max_gpus", max_gpus), ("max_cost", max_cost),
-                        ("deadline", deadline_s), ("global_batch", global_batch)):
-        if value is not None and value <= 0:
-            problems.append(f"{name} must be more than 0 (got {value})")
-    if top < 1:
-        problems.append(f"top must be at least 1 (got {top})")
-    try:
-        check_margin(margin)
-    except JobError as error:
-        problems.append(str(error))
-    if problems:
-        raise JobError("; ".join(problems))
 
 
 # --- the search ---------------------------------------------------------------------------

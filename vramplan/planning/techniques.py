@@ -231,6 +231,11 @@ TECHNIQUES: tuple[Technique, ...] = (
 ALLOW_NAMES = tuple(sorted({t.allow for t in TECHNIQUES if t.allow}))
 
 
+# the --allow name that lets the planner choose the global batch (not a technique: the
+# planner's own search of micro-batches without accumulation)
+PLANNER_ALLOW = "global-batch"
+
+
 def technique(name: str) -> Technique:
     return next(t for t in TECHNIQUES if t.name == name)
 

@@ -242,12 +242,7 @@ def _oracle(config: dict | None):
 
 
 def _plan(make_plan, body: schemas.PlanRequest):
-    return make_plan(
-        body.job, tokens=body.tokens, samples=body.samples, epochs=body.epochs,
-        dataset_samples=body.dataset_samples, gpus=body.gpus or None, max_gpus=body.max_gpus,
-        max_cost=body.max_cost, deadline_s=body.deadline_s, allow=tuple(body.allow),
-        global_batch=body.global_batch, top=body.top, margin=body.margin,
-        price_per_hour=body.price_per_hour)
+    return make_plan(body.job, body.options())
 
 
 def _plan_words(body: schemas.PlanRequest) -> tuple[str, ...]:
@@ -258,6 +253,7 @@ def _plan_words(body: schemas.PlanRequest) -> tuple[str, ...]:
              "--max-cost": body.max_cost,
              "--deadline": body.deadline_s,
              "--allow": ",".join(body.allow) or None, "--global-batch": body.global_batch,
+             "--global-batch-tokens": body.global_batch_tokens,
              "--price-per-hour": body.price_per_hour, "--top": body.top,
              "--margin": body.margin}
     return tuple(w for flag, value in given.items() if value is not None

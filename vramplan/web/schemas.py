@@ -15,8 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from vramplan.fit import SAFETY_MARGIN, Margin
 from vramplan.job import Job
-from vramplan.planning.planner import PLANNER_ALLOW
-from vramplan.planning.techniques import ALLOW_NAMES
+from vramplan.planning.options import PlanOptions
 
 MAX_REQUEST_BYTES = 2 * 1024**2   # whole request body
 MAX_CONFIG_BYTES = 1024**2        # an uploaded config.json, as JSON text
@@ -24,8 +23,6 @@ MAX_CONFIG_NUMBER = 2**31         # any number inside an uploaded config
 MAX_CONFIG_DEPTH = 8              # nesting of an uploaded config
 MAX_TRACE_SECONDS = 300.0         # a trace's time limit, at most
 MAX_GRID = 24                     # values per sweep axis
-# the planner's --allow names: the techniques table's, and the free global batch
-AllowName = Literal[(*ALLOW_NAMES, PLANNER_ALLOW)]  # type: ignore[valid-type]
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._ -]{0,63}$")
 
 
@@ -166,26 +163,15 @@ def _grid(values: list[int], largest: int, what: str) -> list[int]:
     return sorted(set(values))
 
 
-class PlanRequest(JobRequest):
-    """What `vramplan plan` takes: an amount of training, GPUs to consider, limits."""
+class PlanRequest(JobRequest, PlanOptions):
+    """What `vramplan plan` takes (vramplan.planning.options.PlanOptions, the same model
+    as the CLI's and the API's): an amount of training, GPUs to consider, limits."""
 
-    tokens: int | None = Field(None, ge=1, le=10**15, description="tokens to train on")
-    samples: int | None = Field(None, ge=1, le=10**13, description="samples to train on")
-    epochs: float | None = Field(None, gt=0, le=10_000, description="passes over the dataset")
-    dataset_samples: int | None = Field(None, ge=1, le=10**13, description="samples per epoch")
-    gpus: list[str] = Field(default_factory=list, max_length=64,
-                            description="GPU types to consider (default: the whole catalog)")
-    max_gpus: int = Field(64, ge=1, le=512, description="most GPUs in one job")
-    max_cost: float | None = Field(None, gt=0, le=1e12, description="most USD to spend")
-    deadline_s: float | None = Field(None, gt=0, le=1e9, description="longest training time")
-    allow: list[AllowName] = Field(  # type: ignore[valid-type]
-        default_factory=list, description="changes to the maths of training you accept "
-        "(the techniques table's names, and global-batch)")
-    global_batch: int | None = Field(None, ge=1, le=10**7, description="samples per step to keep")
-    price_per_hour: float | None = Field(None, gt=0, le=10_000, description="USD per GPU-hour")
-    top: int = Field(10, ge=1, le=50, description="candidates to return")
-    margin: Margin = SAFETY_MARGIN
+    model_config = ConfigDict(extra="forbid", frozen=False)
     charts: bool = False
+
+    def options(self) -> PlanOptions:
+        return PlanOptions(**{name: getattr(self, name) for name in PlanOptions.model_fields})
 
 
 class ExportRequest(JobRequest):
