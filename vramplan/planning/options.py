@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from vramplan.errors import JobError
-from vramplan.fit import SAFETY_MARGIN, check_margin
+from vramplan.fit import MAX_MARGIN, SAFETY_MARGIN
 from vramplan.planning.techniques import ALLOW_NAMES, PLANNER_ALLOW
 
 DEFAULT_MAX_GPUS = 512
@@ -31,7 +31,7 @@ ALLOW = (*ALLOW_NAMES, PLANNER_ALLOW)
 
 def _known(name: str) -> str:
     if name not in ALLOW:
-        raise ValueError(f"--allow {name}: unknown; allowed: {', '.join(ALLOW)}")
+        raise ValueError(f"unknown; allowed: {', '.join(ALLOW)}")
     return name
 
 
@@ -40,61 +40,48 @@ AllowName = Annotated[str, AfterValidator(_known), WithJsonSchema(
     {"type": "string", "enum": list(ALLOW)})]
 
 
+def _count(most: int, what: str):
+    return Field(None, ge=1, le=most, description=what)
+
+
+def _amount(most: float, what: str):
+    return Field(None, gt=0, le=most, allow_inf_nan=False, description=what)
+
+
 class PlanOptions(BaseModel):
     """An amount of training (for time and cost), the GPUs to consider, limits, and the
-    changes to the maths of training the user accepts."""
+    changes to the maths of training the user accepts. Bounds keep every figure finite."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tokens: int | None = Field(None, description="tokens to train on")
-    samples: int | None = Field(None, description="samples to train on")
-    epochs: float | None = Field(None, description="passes over the dataset")
-    dataset_samples: int | None = Field(None, description="samples per epoch")
-    price_per_hour: float | None = Field(None, description="USD per GPU-hour (default: the "
-                                         "catalog's)")
+    tokens: int | None = _count(10**15, "tokens to train on")
+    samples: int | None = _count(10**13, "samples to train on")
+    epochs: float | None = _amount(10_000, "passes over the dataset")
+    dataset_samples: int | None = _count(10**13, "samples per epoch")
+    price_per_hour: float | None = _amount(10_000, "USD per GPU-hour (default: the "
+                                           "catalog's)")
     gpus: tuple[str, ...] = Field((), max_length=64, description="GPU types to consider "
                                   "(default: the whole catalog)")
-    max_gpus: int = Field(DEFAULT_MAX_GPUS, le=MAX_GPUS, description="most GPUs in one job")
-    max_cost: float | None = Field(None, description="most USD to spend")
-    deadline_s: float | None = Field(None, description="longest training time, seconds")
-    allow: tuple[AllowName, ...] = Field((), description="changes to the maths of training you "
-                                   f"accept: {', '.join(ALLOW)}")
-    global_batch: int | None = Field(None, description="samples per optimizer step every "
-                                     "configuration keeps (default: the job's own)")
-    global_batch_tokens: int | None = Field(None, description="the global batch in tokens "
-                                            "(rounded to whole samples)")
-    top: int = Field(10, description="candidates to return")
+    max_gpus: int = Field(DEFAULT_MAX_GPUS, ge=1, le=MAX_GPUS, description="most GPUs in "
+                          "one job")
+    max_cost: float | None = _amount(1e12, "most USD to spend")
+    deadline_s: float | None = _amount(1e10, "longest training time, seconds")
+    allow: tuple[AllowName, ...] = Field((), description="changes to the maths of training "
+                                         f"you accept: {', '.join(ALLOW)}")
+    global_batch: int | None = _count(10**8, "samples per optimizer step every "
+                                      "configuration keeps (default: the job's own)")
+    global_batch_tokens: int | None = _count(10**13, "the global batch in tokens (rounded "
+                                             "to whole samples)")
+    top: int = Field(10, ge=1, le=1000, description="candidates to return")
     margin: float = Field(SAFETY_MARGIN, description="memory to keep free, a fraction of "
-                          "the usable memory (0 to 0.5)")
-
-    @field_validator("max_gpus", "max_cost", "deadline_s", "global_batch",
-                     "global_batch_tokens", "tokens", "samples", "epochs", "dataset_samples",
-                     "price_per_hour")
-    @classmethod
-    def _positive(cls, value, info):
-        if value is None:
-            return value
-        name = "deadline" if info.field_name == "deadline_s" else info.field_name
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{name} must be more than 0 (got {value})")
-        if value > 10**15:
-            raise ValueError(f"{name} is at most 1e15 (got {value})")
-        return value
-
-    @field_validator("top")
-    @classmethod
-    def _top(cls, top: int) -> int:
-        if top < 1:
-            raise ValueError(f"top must be at least 1 (got {top})")
-        return top
+                          f"the usable memory (0 to {MAX_MARGIN:g})")
 
     @field_validator("margin")
     @classmethod
     def _margin(cls, margin: float) -> float:
-        try:
-            return check_margin(margin)
-        except JobError as error:
-            raise ValueError(str(error)) from None
+        if not (math.isfinite(margin) and 0 <= margin < MAX_MARGIN):
+            raise ValueError(f"margin is a fraction of the GPU's memory, 0 to {MAX_MARGIN:g}")
+        return margin
 
     @model_validator(mode="after")
     def _one_global_batch(self) -> PlanOptions:
@@ -110,6 +97,11 @@ def plan_options(**given: Any) -> PlanOptions:
     try:
         return PlanOptions(**given)
     except ValidationError as error:
-        raise JobError("; ".join(
-            (f"{e['loc'][0]}: " if e["loc"] and e["type"] != "value_error" else "")
-            + e["msg"].replace("Value error, ", "") for e in error.errors())) from None
+        raise JobError("; ".join(_problem(e) for e in error.errors())) from None
+
+
+def _problem(error: dict) -> str:
+    where = ".".join(str(part) for part in error["loc"])
+    got = error.get("input")
+    shown = f" (got {got!r})" if isinstance(got, (int, float, str)) and where else ""
+    return (f"{where}: " if where else "") + error["msg"].replace("Value error, ", "") + shown
