@@ -123,8 +123,11 @@ def _print_what_if(result) -> None:
 
 
 def _words(changes: dict, prefix: str = "") -> str:
-    return ",".join(_words(v, f"{prefix}{k}.") if isinstance(v, dict) else f"{prefix}{k}={v}"
-                    for k, v in changes.items())
+    """The changes as the user wrote them: KEY=VALUE pairs, lists in brackets."""
+    def text(value) -> str:
+        return f"[{','.join(map(str, value))}]" if isinstance(value, list) else str(value)
+    return ",".join(_words(v, f"{prefix}{k}.") if isinstance(v, dict)
+                    else f"{prefix}{k}={text(v)}" for k, v in changes.items())
 
 
 def register(app: typer.Typer) -> None:
