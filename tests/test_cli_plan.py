@@ -96,7 +96,8 @@ def test_search_num_gpus_json_out_and_exit_codes(run_cli, tmp_path):
     assert data["fits"] and data["best"] > 1 and data["strategy"] in ("zero2", "fsdp")
     assert json.loads(out_file.read_text()) == data
     # 2 GPUs fit with the fused optimizer step the planner uses (foreach needs 4)
-    assert data["best"] == 2 and data["flags"] == "--optimizer-impl fused -n 2 --strategy fsdp"
+    assert data["best"] == 2 and data["flags"] == ("--optimizer-impl fused --num-gpus 2 "
+                                                  "--strategy fsdp")
     code, out, _ = run_cli("search", "num-gpus", "llama-3.1-405b", "--gpu", "L4",
                            "--max-gpus", "4")
     assert code == 1 and "does not fit on up to 4 L4 GPUs" in out

@@ -105,3 +105,21 @@ def _problem(error: dict) -> str:
     got = error.get("input")
     shown = f" (got {got!r})" if isinstance(got, (int, float, str)) and where else ""
     return (f"{where}: " if where else "") + error["msg"].replace("Value error, ", "") + shown
+
+
+# PlanOptions field -> the `vramplan plan` option that sets it (the rest: --NAME)
+_PLAN_FLAGS = {"deadline_s": "--deadline"}
+
+
+def plan_words(options: PlanOptions) -> tuple[str, ...]:
+    """The `vramplan plan` options that give `options` (those that differ from the
+    defaults), for the command a plan page or export prints."""
+    words: list[str] = []
+    for name, field in PlanOptions.model_fields.items():
+        value = getattr(options, name)
+        if value == field.default:
+            continue
+        words.append(_PLAN_FLAGS.get(name, "--" + name.replace("_", "-")))
+        words.append(",".join(value) if isinstance(value, tuple)
+                     else f"{value:g}" if isinstance(value, float) else str(value))
+    return tuple(words)

@@ -247,17 +247,8 @@ def _plan(make_plan, body: schemas.PlanRequest):
 
 def _plan_words(body: schemas.PlanRequest) -> tuple[str, ...]:
     """The `vramplan plan` options of a plan request."""
-    given = {"--tokens": body.tokens, "--samples": body.samples, "--epochs": body.epochs,
-             "--dataset-samples": body.dataset_samples,
-             "--gpus": ",".join(body.gpus) or None, "--max-gpus": body.max_gpus,
-             "--max-cost": body.max_cost,
-             "--deadline": body.deadline_s,
-             "--allow": ",".join(body.allow) or None, "--global-batch": body.global_batch,
-             "--global-batch-tokens": body.global_batch_tokens,
-             "--price-per-hour": body.price_per_hour, "--top": body.top,
-             "--margin": body.margin}
-    return tuple(w for flag, value in given.items() if value is not None
-                 for w in (flag, f"{value:g}" if isinstance(value, float) else str(value)))
+    from vramplan.planning.options import plan_words
+    return plan_words(body.options())
 
 
 def _usable_of(job: Job) -> int:

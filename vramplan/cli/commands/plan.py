@@ -72,7 +72,7 @@ def plan(
     Example: vramplan plan llama-3.1-70b -s 2048 --tokens 10B --max-gpus 64
     """
     from vramplan.planning.amount import parse_count, parse_duration
-    from vramplan.planning.options import plan_options
+    from vramplan.planning.options import plan_options, plan_words
     from vramplan.planning.planner import plan as make_plan
 
     check_writable(out, html)
@@ -94,15 +94,7 @@ def plan(
         from vramplan.report.command import cli_command
         from vramplan.report.html import plan_html
 
-        given = {"--tokens": tokens, "--samples": samples, "--epochs": epochs,
-                 "--dataset-samples": dataset_samples, "--gpus": gpus, "--max-cost": max_cost,
-                 "--deadline": deadline, "--allow": allow, "--global-batch": global_batch,
-                 "--global-batch-tokens": global_batch_tokens,
-                 "--price-per-hour": price_per_hour}
-        words = [w for flag, value in given.items() if value is not None
-                 for w in (flag, str(value))]
-        words += ["--max-gpus", str(max_gpus)] if max_gpus != DEFAULT_MAX_GPUS else []
-        words += ["--margin", str(margin)] if margin != SAFETY_MARGIN else []
+        words = plan_words(options)
         write_html(html, plan_html(result, job=job,
                                    command=cli_command(job, "plan", tuple(words))))
     if as_json:
