@@ -57,3 +57,16 @@ def test_the_planner_never_offers_a_gpu_that_cannot_run_the_precision():
     assert precision_problem("bf16-mixed", get_gpu("V100-32GB"))
     assert found.candidates and {c.gpu for c in found.candidates} == {"A100-80GB"}
     assert not formula(job.with_changes(gpu="A100-80GB"), gpus=[get_gpu("V100-32GB")]).fits[0].fits
+
+
+def test_each_plan_row_says_what_bounds_it(run_cli):
+    from vramplan.planning.performance import performance_for
+
+    found = plan(Job(model="llama-3.2-1b", seq_len=2048), tokens=10**9, gpus=["H100-SXM"],
+                 max_gpus=8)
+    assert found.candidates
+    for c in found.candidates:  # the performance model's own verdict for that job
+        assert c.bound == performance_for(c.job, get_gpu(c.gpu)).bound
+    code, out, _ = run_cli("plan", "llama-3.2-1b", "-s", "2048", "--tokens", "1B", "--gpus",
+                           "H100-SXM", "--max-gpus", "8")
+    assert code == 0 and "bound" in out

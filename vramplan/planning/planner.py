@@ -25,6 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from vramplan.engines.registry import get_engine
+from vramplan.engines.report import Bound
 from vramplan.errors import JobError
 from vramplan.fit import fits_within
 from vramplan.hardware import get_gpu, list_gpus
@@ -60,6 +61,8 @@ class Candidate(_Frozen):
     step_time_s: float
     tokens_per_s: float
     mfu: float
+    bound: Bound = Field("compute", description="what bounds the largest part of its step: "
+                         "compute, memory, communication or host")
     training_time_s: float | None = None
     gpu_hours: float | None = None
     cost_usd: float | None = None
@@ -312,7 +315,7 @@ class _Search:
         changes, flags = describe_changes(self.job, job)
         return Candidate(gpu=gpu.name, num_gpus=job.parallel.num_gpus, job=job,
                          changes=changes, flags=flags, step_time_s=perf.step_time_s,
-                         tokens_per_s=perf.tokens_per_s, mfu=perf.mfu,
+                         tokens_per_s=perf.tokens_per_s, mfu=perf.mfu, bound=perf.bound,
                          training_time_s=perf.training_time_s, gpu_hours=perf.gpu_hours,
                          cost_usd=perf.cost_usd, cost_per_million_tokens=per_million,
                          device_total_bytes=fit.required_bytes, usable_bytes=fit.usable_bytes)
