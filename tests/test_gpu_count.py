@@ -70,3 +70,21 @@ def test_each_plan_row_says_what_bounds_it(run_cli):
     code, out, _ = run_cli("plan", "llama-3.2-1b", "-s", "2048", "--tokens", "1B", "--gpus",
                            "H100-SXM", "--max-gpus", "8")
     assert code == 0 and "bound" in out
+
+
+def test_shapes_no_instance_rents_are_owned_hardware():
+    # Lambda rents GH200 one at a time (gpus.toml rentable_gpus = [1]); the performance
+    # model puts up to 4 (its gpus_per_node) on NVLink, a server nobody rents on demand
+    from vramplan.planning.rentable import hardware
+
+    gh200 = get_gpu("GH200")
+    assert gh200.rentable_gpus == (1,)
+    assert [hardware(gh200, n) for n in (1, 2, 4, 8)] == ["rented", "owned", "owned", "owned"]
+    assert hardware(get_gpu("H100-SXM"), 8) == "rented"  # not in the catalog: assumed
+    found = plan(Job(model="llama-3.2-1b", seq_len=2048), tokens=10**9, gpus=["GH200"],
+                 max_gpus=8, top=50)
+    owned = sorted(c.num_gpus for c in found.candidates if c.hardware == "owned")
+    assert owned and all(n > 1 for n in owned)
+    assert all(c.hardware == "rented" for c in found.candidates if c.num_gpus == 1)
+    assert any(n.startswith(", ".join(map(str, owned)) + " x GH200: owned hardware")
+               for n in found.notes)

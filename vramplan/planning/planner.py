@@ -39,6 +39,7 @@ from vramplan.planning.efficiency import factors_for
 from vramplan.planning.layouts import fused_optimizer, gpu_counts, parallel_layouts
 from vramplan.planning.options import PlanOptions, plan_options
 from vramplan.planning.performance import performance_for, step_terms, step_time
+from vramplan.planning.rentable import hardware, owned_note
 from vramplan.planning.techniques import ALLOW_NAMES, PLANNER_ALLOW
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)  # tried when the global batch is free
@@ -63,6 +64,9 @@ class Candidate(_Frozen):
     mfu: float
     bound: Bound = Field("compute", description="what bounds the largest part of its step: "
                          "compute, memory, communication or host")
+    hardware: Literal["rented", "owned"] = Field("rented", description="owned: no "
+                                                 "on-demand instance has this shape "
+                                                 "(planning/rentable.py)")
     training_time_s: float | None = None
     gpu_hours: float | None = None
     cost_usd: float | None = None
@@ -209,6 +213,7 @@ class _Search:
         self.best: dict[tuple[str, int], tuple[float, Job, int]] = {}  # (gpu, n) -> fastest
         self.closest: dict[str, tuple[float, Job]] = {}  # gpu -> smallest required/usable
         self.checks = 0
+        self.owned: dict[str, set[int]] = {}  # GPU -> counts no on-demand instance has
         self.gpus = {g.name: g for g in catalog}
         self.factors = {g.name: factors_for(g) for g in catalog}
         self.formula = get_engine("formula")
@@ -313,7 +318,10 @@ class _Search:
         per_million = (price * job.parallel.num_gpus / 3600 / perf.tokens_per_s * 1e6
                        if price else None)
         changes, flags = describe_changes(self.job, job)
-        return Candidate(gpu=gpu.name, num_gpus=job.parallel.num_gpus, job=job,
+        owned = hardware(gpu, job.parallel.num_gpus)
+        if owned == "owned":
+            self.owned.setdefault(gpu.name, set()).add(job.parallel.num_gpus)
+        return Candidate(hardware=owned, gpu=gpu.name, num_gpus=job.parallel.num_gpus, job=job,
                          changes=changes, flags=flags, step_time_s=perf.step_time_s,
                          tokens_per_s=perf.tokens_per_s, mfu=perf.mfu, bound=perf.bound,
                          training_time_s=perf.training_time_s, gpu_hours=perf.gpu_hours,
@@ -354,12 +362,14 @@ class _Search:
                     ruled_out=self.ruled_out(everything, kept), notes=notes, **picks, **base)
 
     def batch_notes(self) -> list[str]:
+        notes = [owned_note(self.gpus[g], list(n)) for g, n in self.owned.items()]
         if not self.unusable:
-            return []
+            return notes
         counts = ", ".join(map(str, self.unusable))
-        return [f"{counts} GPUs not used: no layout of them has a data-parallel degree that "
-                f"divides the global batch of {self.global_batch} sample(s) (tensor, context "
-                "and pipeline parallelism cannot absorb the rest)"]
+        return notes + [
+            f"{counts} GPUs not used: no layout of them has a data-parallel degree that "
+            f"divides the global batch of {self.global_batch} sample(s) (tensor, context "
+            "and pipeline parallelism cannot absorb the rest)"]
 
     def ruled_out(self, fitting: list[Candidate], kept: list[Candidate] | None = None):
         out = []

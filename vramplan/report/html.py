@@ -378,7 +378,8 @@ def plan_section(plan) -> Section:
     if plan.candidates:
         body += figure_html(charts.plan_figure(plan))
     front = {id(c) for c in plan.front}
-    rows = [(f"{c.num_gpus} x {c.gpu}", "yes" if id(c) in front or c in plan.front else "",
+    rows = [(f"{c.num_gpus} x {c.gpu}" + (" (owned)" if c.hardware == "owned" else ""),
+             "yes" if id(c) in front or c in plan.front else "",
              ", ".join(c.changes) or "as asked", duration(c.step_time_s),
              f"{c.tokens_per_s:,.0f}", f"{100 * c.mfu:.0f}%", c.bound,
              duration(c.training_time_s), money(c.cost_usd), f"{100 * c.headroom_fraction:.0f}%")

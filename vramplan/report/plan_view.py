@@ -66,7 +66,8 @@ def print_plan(plan, console: Console) -> None:
                              else "right")
         for i, c in enumerate(plan.candidates, 1):
             key = (c.gpu, c.num_gpus)
-            table.add_row(str(i), f"{c.num_gpus} x {c.gpu}", duration(c.training_time_s),
+            owned = " (owned)" if c.hardware == "owned" else ""
+            table.add_row(str(i), f"{c.num_gpus} x {c.gpu}{owned}", duration(c.training_time_s),
                           money(c.cost_usd) if c.cost_usd is not None else (
                               f"${c.cost_per_million_tokens:.3f}/Mtok"
                               if c.cost_per_million_tokens else "-"),
