@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vramplan.errors import JobError
-from vramplan.job import Job, Parallel, Peft
+from vramplan.job import Job, Peft
 from vramplan.planning.layouts import fused_optimizer
 
 Apply = Callable[[Job], "Job | None"]
@@ -83,14 +83,14 @@ def _fp8(job: Job) -> Job | None:
 def _offload_optimizer(job: Job) -> Job | None:
     if job.offload.optimizer or job.optimizer == "paged-adamw-8bit":
         return None
-    return job.with_changes(offload=job.offload.model_copy(update={"optimizer": True}))
+    return job.with_changes(offload={**job.offload.model_dump(), "optimizer": True})
 
 
 def _zero2(job: Job) -> Job | None:
     p = job.parallel
     if p.data_parallel < 2 or p.strategy not in ("none", "ddp"):
         return None
-    return job.with_changes(parallel=p.model_copy(update={"strategy": "zero2"}))
+    return job.with_changes(parallel={**p.model_dump(), "strategy": "zero2"})
 
 
 def _fsdp(job: Job) -> Job | None:
@@ -98,8 +98,8 @@ def _fsdp(job: Job) -> Job | None:
     p = job.parallel
     if p.strategy not in ("none", "ddp", "zero2") or p.model_parallel > 1:
         return None
-    return job.with_changes(parallel=Parallel(strategy="fsdp", num_gpus=max(2, p.num_gpus),
-                                              gpus_per_node=p.gpus_per_node))
+    return job.with_changes(parallel={**p.model_dump(), "strategy": "fsdp",
+                                      "num_gpus": max(2, p.num_gpus)})
 
 
 @dataclass(frozen=True)

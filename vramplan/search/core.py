@@ -143,7 +143,7 @@ def with_value(job: Job, parameter: str, value: int) -> Job:
     if parameter == "peft.rank":
         if job.peft is None:
             raise JobError("peft.rank: the job has no adapters (--peft lora)")
-        return job.with_changes(peft=job.peft.model_copy(update={"rank": value}))
+        return job.with_changes(peft={**job.peft.model_dump(), "rank": value})  # validated
     return job.with_changes(**{parameter: value})
 
 
