@@ -47,7 +47,7 @@ def test_the_flags_of_a_change_build_the_changed_job(run_cli, after):
 def test_plan_words_read_the_plan_options():
     options = PlanOptions(tokens=10**9, gpus=("L4",), deadline_s=86400.0, allow=("lora",),
                           global_batch_tokens=65536)
-    assert plan_words(options) == ("--tokens", "1000000000", "--gpus", "L4", "--deadline",
+    assert plan_words(options) == ("--tokens", "1B", "--gpus", "L4", "--deadline",
                                    "86400", "--allow", "lora", "--global-batch-tokens",
                                    "65536")
     assert plan_words(PlanOptions()) == ()

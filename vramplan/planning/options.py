@@ -109,6 +109,14 @@ def _problem(error: dict) -> str:
 
 # PlanOptions field -> the `vramplan plan` option that sets it (the rest: --NAME)
 _PLAN_FLAGS = {"deadline_s": "--deadline"}
+# counts written as parse_count reads them (1B, 500M, 64k): the command a person would type
+_COUNTS = ("tokens", "samples", "dataset_samples", "global_batch_tokens")
+_SUFFIXES = (("T", 10**12), ("B", 10**9), ("M", 10**6), ("k", 10**3))
+
+
+def _count_text(n: int) -> str:
+    return next((f"{n // size}{suffix}" for suffix, size in _SUFFIXES if n % size == 0),
+                str(n))
 
 
 def plan_words(options: PlanOptions) -> tuple[str, ...]:
@@ -121,5 +129,6 @@ def plan_words(options: PlanOptions) -> tuple[str, ...]:
             continue
         words.append(_PLAN_FLAGS.get(name, "--" + name.replace("_", "-")))
         words.append(",".join(value) if isinstance(value, tuple)
+                     else _count_text(value) if name in _COUNTS
                      else f"{value:g}" if isinstance(value, float) else str(value))
     return tuple(words)
