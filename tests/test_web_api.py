@@ -294,8 +294,8 @@ def test_plan_equals_the_library(client):
                     gpus=["L4", "A100-80GB"], max_gpus=8, allow=("lora",))
     assert r.json()["plan"] == expected.model_dump(mode="json")
     page = client.post("/api/v1/plan?format=html", json=body).text
-    assert ("vramplan plan llama-3.2-1b --seq-len 1024 --tokens 1000000000 --gpus "
-            "L4,A100-80GB --max-gpus 8 --allow lora --top 10 --margin 0.05") in page
+    assert ("vramplan plan llama-3.2-1b --seq-len 1024 --tokens 1B --gpus "
+            "L4,A100-80GB --max-gpus 8 --allow lora") in page  # the defaults left out
     bad = client.post("/api/v1/plan", json={**body, "allow": ["magic"], "max_gpus": 10**6})
     fields = {e["field"] for e in bad.json()["errors"]}
     assert bad.status_code == 422 and {"allow.0", "max_gpus"} <= fields

@@ -239,3 +239,29 @@ def test_plan_view(page, server):
     page.click("#run-plan")
     page.wait_for_function("() => document.getElementById('err-max_gpus').textContent !== ''")
     assert "greater than or equal to 1" in page.inner_text("#err-max_gpus")
+
+
+def test_the_page_shows_the_one_estimates_verdict_time_cost_and_fixes(page, server):
+    # the same estimate as the CLI and vramplan.estimate (tests/test_one_estimate.py)
+    import vramplan
+
+    page.goto(server.url)
+    page.wait_for_selector("#gpu option[value='L4']", state="attached")
+    page.fill("#model", "llama-3.1-8b")
+    page.fill("#seq_len", "")
+    page.select_option("#gpu", "L4")
+    job = vramplan.Job(model="llama-3.1-8b", gpu="L4")
+    expected = vramplan.estimate(job)
+    wait_for_bytes(page, expected.peak_allocated)
+    page.wait_for_function("() => document.getElementById('fixes').children.length > 0")
+    fit = expected.fits[0]
+    assert page.inner_text("#verdict").startswith(
+        f"Does not fit on L4: needs {fit.required_bytes / 2**30:.1f} of "
+        f"{fit.usable_bytes / 2**30:.1f} GiB usable (5% kept free)")
+    perf = expected.performance
+    assert page.inner_text("#kpi-step_time") == f"{perf.step_time_s:.3f} s"
+    per_million = perf.price_per_hour * perf.num_gpus / 3600 / perf.tokens_per_s * 1e6
+    assert page.inner_text("#kpi-cost") == f"${per_million:.3f} / M tokens"
+    shown = [li.inner_text() for li in page.query_selector_all("#fixes li")]
+    assert [s.split(" — ")[0] for s in shown] == [f"To fit: {f.flags}" for f in expected.to_fit]
+    assert page.problems == []

@@ -18,30 +18,24 @@ def default_job_path() -> Path:
 def estimate(job: Job, *, gpu: str | None = None, tokens: int | None = None,
              samples: int | None = None, epochs: float | None = None,
              dataset_samples: int | None = None, price_per_hour: float | None = None,
-             **options) -> MemoryReport:
-    """Closed-form estimate: instant, any size, no torch.
+             margin: float | None = None, engine: str = "formula", **options) -> MemoryReport:
+    """The estimate every surface gives (vramplan.planning.estimate.compose): closed-form
+    by default (instant, any size, no torch).
 
     With a GPU (`gpu=`, or the job's own `gpu`), the report's `performance` holds the
-    predicted step time, throughput and MFU on `job.parallel.num_gpus` of them, and with
-    an amount of training (tokens, samples, or epochs of dataset_samples) its time and cost.
+    predicted step time, throughput and MFU on `job.parallel.num_gpus` of them, with an
+    amount of training (tokens, samples, or epochs of dataset_samples) its time and cost,
+    and when it does not fit, `to_fit` the smallest changes that make it fit.
 
     >>> report = estimate(Job(model="llama-3.2-1b"), gpu="H100-SXM", tokens=2_000_000_000)
     >>> report.performance.training_time_s, report.performance.cost_usd
     """
-    from vramplan.engines.formula import estimate as formula_estimate
+    from vramplan.fit import SAFETY_MARGIN
+    from vramplan.planning.estimate import compose
 
-    gpu = gpu or job.gpu
-    if gpu is None:
-        return formula_estimate(job, **options)
-    from vramplan.hardware import get_gpu
-    from vramplan.planning.performance import performance_for
-
-    chosen = get_gpu(gpu)
-    options.setdefault("gpus", [chosen])  # the fit on the GPU asked about
-    report = formula_estimate(job, **options)
-    perf = performance_for(job, chosen, tokens=tokens, samples=samples, epochs=epochs,
-                           dataset_samples=dataset_samples, price_per_hour=price_per_hour)
-    return report.model_copy(update={"performance": perf})
+    return compose(job, engine=engine, gpu=gpu, tokens=tokens, samples=samples, epochs=epochs,
+                   dataset_samples=dataset_samples, price_per_hour=price_per_hour,
+                   margin=SAFETY_MARGIN if margin is None else margin, **options)
 
 
 def trace(job: Job, **options) -> MemoryReport:

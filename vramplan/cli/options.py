@@ -24,6 +24,7 @@ import yaml
 from rich.console import Console
 
 from vramplan.errors import JobError
+from vramplan.fields import JOB_FIELDS
 from vramplan.job import (
     Float8,
     Job,
@@ -46,68 +47,16 @@ def print_json(data: Any) -> None:
 
 
 # --- the job flags -----------------------------------------------------------------------------
-# flag name -> (where the value goes in the Job dict, extra option names, help). The value's
-# type (and a Literal's choices) comes from the Job field it sets.
+# flag name -> (where the value goes in the Job dict, extra option names, help), from the one
+# table of Job fields (vramplan/fields.py). The value's type (and a Literal's choices) comes
+# from the Job field it sets.
 
 _MODELS = {(): Job, ("peft",): Peft, ("parallel",): Parallel, ("offload",): Offload,
            ("runtime",): Runtime, ("fp8",): Float8}
 
 _JOB_FLAGS: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
-    "task": (("task",), (), "the training task (default: the model's own)"),
-    "batch_size": (("batch_size",), ("-b",), "micro-batch per GPU"),
-    "grad_accum": (("grad_accum",), (), "micro-batches per optimizer step"),
-    "seq_len": (("seq_len",), ("-s",), "tokens per sample"),
-    "target_len": (("target_len",), (), "decoder tokens (seq2seq, speech)"),
-    "image_size": (("image_size",), (), "image side in pixels (vision)"),
-    "audio_seconds": (("audio_seconds",), (), "clip length (speech)"),
-    "precision": (("precision",), ("-p",), "weights and compute dtypes"),
-    "fp8_recipe": (("fp8", "recipe"), (), "with -p fp8: torchao's tensorwise (default), "
-                   "rowwise, rowwise_with_gw_hp, or mxfp8 (Blackwell)"),
-    "fp8_all_gather": (("fp8", "fsdp_float8_all_gather"), (), "with -p fp8 and fsdp: "
-                       "all-gather the block linears' weights in float8 (tensorwise)"),
-    "optimizer": (("optimizer",), ("-o",), "the optimizer"),
-    "optimizer_impl": (("optimizer_impl",), (), "torch's optimizer implementation"),
-    "framework": (("framework",), ("-f",), "whose defaults fill what the job leaves unset "
-                  "(vramplan/frameworks/profiles.toml; docs/frameworks.md)"),
-    "checkpointing": (("checkpointing",), (), "full recomputes each block; selective keeps "
-                      "every matmul output; selective:torchtitan-op recomputes every second "
-                      "matmul; selective:every-2nd-layer checkpoints every second block"),
-    "attention": (("attention",), (), "sdpa: flash / memory-efficient kernels"),
-    "loss": (("loss",), (), "chunked never holds all logits at once"),
-    "peft": (("peft", "method"), (), "LoRA adapters, or QLoRA (LoRA on a 4-bit base)"),
-    "lora_rank": (("peft", "rank"), (), "LoRA rank"),
-    "lora_alpha": (("peft", "alpha"), (), "LoRA alpha"),
-    "lora_targets": (("peft", "target_modules"), (),
-                     "comma-separated module names, or all-linear (default q_proj,k_proj,"
-                     "v_proj,o_proj; GPT-2: c_attn, BERT: query,value, T5: q,v)"),
-    "lora_dtype": (("peft", "adapter_dtype"), (), "dtype of LoRA adapters and their states: "
-                   "fp32 (peft) or model (torchtune); default fp32, bf16 in a bf16-pure job"),
-    "optimizer_in_backward": (("optimizer_in_backward",), (), "step inside backward"),
-    "keep_grads": (("keep_grads_between_steps",), (), "zero_grad(set_to_none=False): "
-                   "gradients stay allocated into the next forward"),
-    "compile": (("compile",), (), "torch.compile each transformer block and the loss"),
-    "activation_offload": (("activation_offload",), (), "offload saved activations"),
-    "num_gpus": (("parallel", "num_gpus"), ("-n",), "GPUs in the job"),
-    "strategy": (("parallel", "strategy"), (), "data-parallel strategy"),
-    "tensor_parallel": (("parallel", "tensor_parallel"), ("--tp",), "tensor-parallel degree"),
-    "context_parallel": (("parallel", "context_parallel"), ("--cp",),
-                         "context-parallel degree"),
-    "pipeline_parallel": (("parallel", "pipeline_parallel"), ("--pp",),
-                          "pipeline-parallel stages (the blocks split between them)"),
-    "pipeline_schedule": (("parallel", "pipeline_schedule"), ("--pp-schedule",),
-                          "1f1b, or interleaved (--set parallel.pipeline_chunks=N chunks "
-                          "per GPU, default 2)"),
-    "offload_optimizer": (("offload", "optimizer"), (), "optimizer states in CPU memory"),
-    "offload_params": (("offload", "params"), (), "parameters in CPU memory (zero3/fsdp)"),
-    "gpu": (("gpu",), ("-g",), "the GPU to check (default: every catalog GPU)"),
-    "cuda_context": (("runtime", "cuda_context_bytes"), (),
-                     "memory outside torch's allocator, e.g. 1.2GiB (measure shows it as "
-                     "context overhead; default 1390 MiB, an H200's)"),
-    "allocator_overhead": (("runtime", "allocator_overhead"), (),
-                           "formula: reserved / allocated - 1, e.g. 0.1 (default: planned by "
-                           "checkpointing)"),
-}
-_TEXT_FLAGS = {"lora_targets", "cuda_context"}  # parsed by the Job from text
+    f.name: (f.path, f.short, f.help) for f in JOB_FIELDS}
+_TEXT_FLAGS = {f.name for f in JOB_FIELDS if f.text}  # parsed by the Job from text
 
 
 def _field_type(path: tuple[str, ...]) -> Any:
@@ -286,6 +235,20 @@ Out = Annotated[Optional[Path], typer.Option(
     "--out", help="also write the result to this file (JSON; CSV for a .csv sweep)")]
 HtmlOut = Annotated[Optional[Path], typer.Option(
     "--html", help="also write a self-contained HTML report (one offline file, no JavaScript)")]
+
+
+def _check_margin(value: float) -> float:
+    from vramplan.fit import check_margin
+    try:
+        return check_margin(value)
+    except JobError as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+# One margin option for every command, with vramplan.fit's range
+MarginOpt = Annotated[float, typer.Option(
+    "--margin", callback=_check_margin, help="safety margin, 0 to 0.5: it fits when it needs "
+    "at most usable x (1 - margin); the same margin everywhere")]
 EngineName = Annotated[str, typer.Option(
     help="formula (instant), trace (exact, no GPU) or measure (real steps on this machine)")]
 

@@ -176,8 +176,11 @@ class MemoryReport(_Frozen):
                                             "one GPU type (estimate with a GPU)")
     to_fit: list[Fix] = Field(default_factory=list, description="when the job does not fit "
                               "the GPU asked for (estimate --gpu): the smallest changes that "
-                              "make it fit, those that keep the maths of training first, then "
-                              "the fastest; empty when it fits or no GPU was named")
+                              "make it fit (combinations of the techniques table), ranked by "
+                              "how much they change: the maths of training kept first, then "
+                              "fewer techniques, less time cost, speed; a full fine-tune also "
+                              "gets its best fix without adapters; empty when it fits or no "
+                              "GPU was named")
 
     @model_validator(mode="before")
     @classmethod
@@ -275,7 +278,7 @@ class Fix(_Frozen):
     changes: list[str] = Field(description="the changes, in words")
     flags: str = Field(description="CLI flags that make them")
     changes_maths: bool = Field(description="true when training computes something different "
-                                "(LoRA, QLoRA, 8-bit optimizer, fp8)")
+                                "(LoRA, QLoRA, 8-bit optimizer, bf16 weights, fp8)")
     device_total_bytes: int = Field(description="device_total per GPU after the changes")
     usable_bytes: int = Field(description="the GPU's usable memory")
     tokens_per_s: float | None = Field(description="predicted tokens per second after the "

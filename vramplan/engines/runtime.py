@@ -3,6 +3,8 @@
 Both depend on the GPU: the cuBLAS workspace is 32 MiB per handle on sm90+ and 8.125 MiB
 before (aten/src/ATen/cuda/CublasHandlePool.cpp), and it comes from the caching allocator,
 so it is counted in `temporary`; the CUDA context is outside the allocator.
+
+The fit rule and precision support per GPU live in vramplan.fit (re-exported here).
 """
 
 from __future__ import annotations
@@ -11,14 +13,16 @@ from collections.abc import Iterable
 
 from vramplan.engines.report import GpuFit, MemoryReport
 from vramplan.errors import JobError
+from vramplan.fit import (  # noqa: F401
+    MXFP8_MIN_CAPABILITY,
+    PRECISION_MATMUL_DTYPE,
+    SAFETY_MARGIN,
+    fits_within,
+    precision_problem,
+)
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job, Runtime
 from vramplan.units import KiB, MiB
-
-# One safety margin everywhere a verdict is given (the fit table, search, sweep, the
-# planner, headroom, the web app): a job fits a GPU when it needs at most (1 - margin) of
-# the usable memory. 5%: the floor users of other memory finders asked for.
-SAFETY_MARGIN = 0.05
 
 CUBLAS_WORKSPACE_HOPPER = 32 * MiB                # 32 MiB on sm90 and newer
 CUBLAS_WORKSPACE_DEFAULT = 8 * MiB + 128 * KiB    # ":4096:2:16:8" = 8.125 MiB
@@ -56,42 +60,6 @@ def runtime_context_bytes(runtime: Runtime, gpu: GPU | None) -> int:
     if gpu is None or runtime.cuda_context_bytes != DEFAULT_RUNTIME_CONTEXT:
         return runtime.cuda_context_bytes
     return int(H200_DRIVER_RESERVED * gpu.usable_bytes / H200_TOTAL) + CONTEXT_AND_KERNELS
-
-
-# The dtype whose matmuls a precision setting needs; gpus.toml lists a dtype under a GPU's
-# tflops only when its tensor (matrix) units run it (no bf16 on T4/V100, fp8 from Ada/Hopper)
-PRECISION_MATMUL_DTYPE = {"bf16-mixed": "bf16", "bf16-pure": "bf16", "fp8": "fp8",
-                          "fp16-mixed": "fp16"}
-
-
-# MXFP8's block-scaled matmuls (32 float8 values share one e8m0 scale) run on Blackwell's
-# tensor cores: torchao's mx_formats check is_sm_at_least_100(), torchtitan's converter
-# has_cuda_capability(10, 0) (torchtitan b5bcd76c components/quantization/mx.py)
-MXFP8_MIN_CAPABILITY = (10, 0)
-
-
-def precision_problem(precision: str, gpu: GPU, fp8_recipe: str = "tensorwise") -> str:
-    """Why `gpu` cannot run `precision` ("" when it can); fp8_recipe: the job's fp8.recipe."""
-    if precision == "fp8" and fp8_recipe == "mxfp8":
-        return _mxfp8_problem(gpu)
-    needed = PRECISION_MATMUL_DTYPE.get(precision)
-    if needed is None or needed in gpu.tflops:
-        return ""
-    capability = f" (compute capability {gpu.compute_capability})" if gpu.compute_capability \
-        else ""
-    fallback = "bf16-mixed" if needed == "fp8" and "bf16" in gpu.tflops else "fp16-mixed or fp32"
-    return f"{gpu.name}{capability} has no {needed} tensor cores: use {fallback}"
-
-
-def _mxfp8_problem(gpu: GPU) -> str:
-    capability = gpu.compute_capability
-    if capability and tuple(int(x) for x in capability.split(".")) >= MXFP8_MIN_CAPABILITY:
-        return ""
-    where = f" (compute capability {capability})" if capability else ""
-    fallback = "fp8 recipe tensorwise or rowwise" if "fp8" in gpu.tflops else "bf16-mixed"
-    return (f"{gpu.name}{where} has no MXFP8 (block-scaled float8) tensor cores, which need "
-            f"compute capability {'.'.join(map(str, MXFP8_MIN_CAPABILITY))}+ (Blackwell): use "
-            f"{fallback}")
 
 
 def check_precision_supported(job: Job, gpu: GPU) -> None:
@@ -141,8 +109,3 @@ def with_margin(fits: Iterable[GpuFit], margin: float) -> list[GpuFit]:
         "margin": margin, "fits": fit.supported and fits_within(fit.required_bytes,
                                                                 fit.usable_bytes, margin)})
         for fit in fits]
-
-
-def fits_within(required: int, usable: int, margin: float = SAFETY_MARGIN) -> bool:
-    """The one fit rule: the job needs at most (1 - margin) of the usable memory."""
-    return required <= usable * (1 - margin)

@@ -48,6 +48,8 @@ class GPU(BaseModel):
     # interconnect, between servers the network (bytes/s per GPU, one direction)
     gpus_per_node: int = 8
     network_bytes_s: float = 12.5e9
+    # GPU counts of the on-demand instances price_provider rents; () when not known
+    rentable_gpus: tuple[int, ...] = ()
 
 
 class GpuEntry(BaseModel):
@@ -65,6 +67,7 @@ class GpuEntry(BaseModel):
     interconnect_gb_s: PositiveFloat
     gpus_per_node: PositiveInt = 8        # GPUs in one server of the usual kind
     network_gb_s: PositiveFloat = 12.5    # per GPU between nodes, one direction
+    rentable_gpus: list[PositiveInt] = Field(default_factory=list)  # on-demand instance sizes
     compute_capability: str = ""
     price_per_hour: PositiveFloat | None = None
     price_date: _dt.date
@@ -105,4 +108,5 @@ class GpuEntry(BaseModel):
             price_date=self.price_date.isoformat(), aliases=tuple(self.aliases),
             sources=dict(self.sources), usable_estimated=self.usable_estimated,
             price_provider=self.price_provider, notes=self.notes,
-            gpus_per_node=self.gpus_per_node, network_bytes_s=self.network_gb_s * 1e9)
+            gpus_per_node=self.gpus_per_node, network_bytes_s=self.network_gb_s * 1e9,
+            rentable_gpus=tuple(self.rentable_gpus))

@@ -25,23 +25,25 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from vramplan.engines.registry import get_engine
-from vramplan.engines.runtime import SAFETY_MARGIN
+from vramplan.engines.report import Bound
 from vramplan.errors import JobError
+from vramplan.fit import fits_within
 from vramplan.hardware import get_gpu, list_gpus
 from vramplan.hardware.gpu import GPU
-from vramplan.job import Job, Offload, Parallel, Peft
+from vramplan.job import Job, Parallel
 from vramplan.models import load_architecture
+from vramplan.planning import techniques
 from vramplan.planning.amount import TrainingAmount
+from vramplan.planning.changes import describe_changes
 from vramplan.planning.efficiency import factors_for
+from vramplan.planning.layouts import fused_optimizer, gpu_counts, parallel_layouts
+from vramplan.planning.options import PlanOptions, plan_options
 from vramplan.planning.performance import performance_for, step_terms, step_time
-from vramplan.planning.techniques import ALLOW_NAMES
+from vramplan.planning.rentable import hardware, owned_note
+from vramplan.planning.techniques import ALLOW_NAMES, PLANNER_ALLOW
 
-SMALL_COUNTS = (1, 2, 4, 8)
-DEFAULT_MAX_GPUS = 512
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)  # tried when the global batch is free
-PLANNER_ALLOW = "global-batch"         # the --allow name that frees the global batch
 SMALL_GLOBAL_BATCH = 8                 # samples: below this the job's own batch is noted
-LONG_SEQUENCE = 16384                  # from here context parallelism is tried
 GiB = 2**30
 
 
@@ -60,6 +62,11 @@ class Candidate(_Frozen):
     step_time_s: float
     tokens_per_s: float
     mfu: float
+    bound: Bound = Field("compute", description="what bounds the largest part of its step: "
+                         "compute, memory, communication or host")
+    hardware: Literal["rented", "owned"] = Field("rented", description="owned: no "
+                                                 "on-demand instance has this shape "
+                                                 "(planning/rentable.py)")
     training_time_s: float | None = None
     gpu_hours: float | None = None
     cost_usd: float | None = None
@@ -104,30 +111,25 @@ class Plan(_Frozen):
     notes: list[str] = Field(default_factory=list)
 
 
-def plan(job: Job, *, tokens: int | None = None, samples: int | None = None,
-         epochs: float | None = None, dataset_samples: int | None = None,
-         gpus: list[str] | None = None, max_gpus: int | None = None,
-         max_cost: float | None = None, deadline_s: float | None = None,
-         allow: tuple[str, ...] | list[str] = (), global_batch: int | None = None,
-         global_batch_tokens: int | None = None, top: int = 10, margin: float = SAFETY_MARGIN,
-         price_per_hour: float | None = None) -> Plan:
-    """Search GPUs and techniques for `job`; see the module docstring."""
-    amount = _amount(tokens, samples, epochs, dataset_samples, price_per_hour)
-    _check_arguments(allow, max_gpus, max_cost, deadline_s, global_batch, top, margin)
-    if global_batch_tokens is not None and global_batch_tokens <= 0:
-        raise JobError(f"global_batch_tokens must be more than 0 (got {global_batch_tokens})")
-    if global_batch is not None and global_batch_tokens is not None:
-        raise JobError("give global_batch (samples) or global_batch_tokens, not both")
-    catalog = [get_gpu(name) for name in gpus] if gpus else list_gpus()
+def plan(job: Job, options: PlanOptions | None = None, **given) -> Plan:
+    """Search GPUs and techniques for `job`; see the module docstring. `options` (or the
+    same fields as keywords: tokens=, gpus=, allow= ...) are planning/options.py's."""
+    if options is None:
+        options = plan_options(**given)
+    elif given:
+        raise JobError("give plan options as a PlanOptions or as keywords, not both")
+    o = options
+    amount = _amount(o.tokens, o.samples, o.epochs, o.dataset_samples, o.price_per_hour)
+    catalog = [get_gpu(name) for name in o.gpus] if o.gpus else list_gpus()
     arch = load_architecture(job.model)
     if arch.kind == "cnn":
         raise JobError(f"{arch.name}: the planner needs step times, which are not modelled "
                        "for CNNs yet; use `vramplan estimate` for its memory")
-    target, notes = target_global_batch(job, arch, global_batch, global_batch_tokens, allow)
-    search = _Search(job, catalog, amount, margin, allow, target,
-                     max_gpus or DEFAULT_MAX_GPUS)
+    target, notes = target_global_batch(job, arch, o.global_batch, o.global_batch_tokens,
+                                        o.allow)
+    search = _Search(job, catalog, amount, o.margin, o.allow, target, o.max_gpus)
     search.run()
-    answer = search.answer(max_cost, deadline_s, top)
+    answer = search.answer(o.max_cost, o.deadline_s, o.top)
     return answer.model_copy(update={"global_batch": target,
                                      "notes": notes + answer.notes})
 
@@ -199,25 +201,6 @@ def _round_samples(exact: float, tolerance: float = 0.05) -> int:
     return max(1, round(exact))
 
 
-def _check_arguments(allow, max_gpus, max_cost, deadline_s, global_batch, top, margin) -> None:
-    problems = []
-    names = (*ALLOW_NAMES, PLANNER_ALLOW)
-    unknown = sorted(set(allow) - set(names))
-    if unknown:
-        problems.append(f"--allow {','.join(unknown)}: unknown; allowed: "
-                        f"{', '.join(names)}")
-    for name, value in (("max_gpus", max_gpus), ("max_cost", max_cost),
-                        ("deadline", deadline_s), ("global_batch", global_batch)):
-        if value is not None and value <= 0:
-            problems.append(f"{name} must be more than 0 (got {value})")
-    if top < 1:
-        problems.append(f"top must be at least 1 (got {top})")
-    if not 0 <= margin < 0.5:
-        problems.append(f"margin is a fraction of the GPU's memory, 0 to 0.5 (got {margin})")
-    if problems:
-        raise JobError("; ".join(problems))
-
-
 # --- the search ---------------------------------------------------------------------------
 
 
@@ -230,6 +213,7 @@ class _Search:
         self.best: dict[tuple[str, int], tuple[float, Job, int]] = {}  # (gpu, n) -> fastest
         self.closest: dict[str, tuple[float, Job]] = {}  # gpu -> smallest required/usable
         self.checks = 0
+        self.owned: dict[str, set[int]] = {}  # GPU -> counts no on-demand instance has
         self.gpus = {g.name: g for g in catalog}
         self.factors = {g.name: factors_for(g) for g in catalog}
         self.formula = get_engine("formula")
@@ -240,61 +224,23 @@ class _Search:
 
     def counts(self) -> list[int]:
         node = max((g.gpus_per_node for g in self.catalog), default=8)
-        counts = [n for n in SMALL_COUNTS if n <= self.max_gpus]
-        n = 2 * node
-        while n <= self.max_gpus:
-            counts.append(n)
-            n *= 2
-        return counts
+        return gpu_counts(node, self.max_gpus)
 
     def variants(self) -> list[dict]:
-        """Job changes the user allowed (each a dict for Job.with_changes)."""
-        base = {}
-        if self.job.optimizer not in ("adafactor", "lion") and self.job.optimizer_impl != "fused" \
-                and self.job.optimizer not in ("adamw-8bit", "paged-adamw-8bit"):
-            base["optimizer_impl"] = "fused"  # same maths, faster, no step temporaries
-        out = [base]
-        if self.job.peft is None:
-            if "lora" in self.allow:
-                out.append({**base, "peft": Peft(method="lora")})
-            if "qlora" in self.allow and self.job.precision != "fp8":
-                out.append({**base, "peft": Peft(method="qlora")})
-        if "8bit" in self.allow and self.job.optimizer in ("adam", "adamw"):
-            out += [{**v, "optimizer": "adamw-8bit", "optimizer_impl": "foreach"}
-                    for v in list(out)]
-        if "fp8" in self.allow and self.job.precision in ("bf16-mixed", "fp16-mixed"):
-            out += [{**v, "precision": "fp8"} for v in list(out)
-                    if not (v.get("peft") and v["peft"].method == "qlora")]
-        if "offload" in self.allow and not self.job.offload.optimizer:
-            out += [{**v, "offload": Offload(optimizer=True)} for v in list(out)
-                    if v.get("optimizer") != "paged-adamw-8bit"]
-        return out
+        """Job changes the user allowed (each a dict for Job.with_changes): the fused
+        optimizer step (same maths, faster, no step temporaries), then each allowed
+        technique of the table applied to every variant so far."""
+        jobs = [self.job.with_changes(**fused_optimizer(self.job))]
+        for technique in techniques.for_planner(self.allow):
+            for variant in list(jobs):
+                changed = technique.applied(variant)
+                if changed is not None and changed not in jobs:
+                    jobs.append(changed)
+        return [{name: getattr(j, name) for name in Job.model_fields
+                 if getattr(j, name) != getattr(self.job, name)} for j in jobs]
 
     def parallel_layouts(self, n: int) -> list[Parallel]:
-        seq = self.job.seq_len or 0
-        heads = [(s.num_heads, s.num_kv_heads) for s in self.arch.stacks]
-        layers = sum(s.num_layers for s in self.arch.stacks)
-        tps = [tp for tp in (1, 2, 4, 8)
-               if tp <= n and not any(h % tp or (kv % tp and kv >= tp) for h, kv in heads)]
-        layouts = []
-        for tp in tps:
-            # pipeline stages only once tensor parallelism fills what it can (a node), as
-            # Megatron-LM lays out large jobs: TP inside a node, PP across nodes
-            pps = [1] + ([pp for pp in (2, 4, 8, 16) if pp <= layers]
-                         if tp == tps[-1] and self.arch.kind == "decoder" else [])
-            for cp in ((1, 2, 4) if seq >= LONG_SEQUENCE and self.arch.kind == "decoder"
-                       else (1,)):
-                for pp in pps:
-                    group = tp * cp * pp
-                    if group > n or n % group:
-                        continue
-                    dp = n // group
-                    strategies = ["none"] if dp == 1 else ["ddp", "zero2", "fsdp"] + (
-                        ["hybrid-shard"] if dp > 8 else [])
-                    layouts += [Parallel(strategy=s, num_gpus=n, tensor_parallel=tp,
-                                         context_parallel=cp, pipeline_parallel=pp)
-                                for s in strategies]
-        return layouts
+        return parallel_layouts(self.job, self.arch, n)
 
     def micro_batches(self, dp: int) -> list[tuple[int, int]]:
         """(micro-batch, accumulation) pairs to try, smallest micro-batch first."""
@@ -341,7 +287,8 @@ class _Search:
                 need = fit.required_bytes / fit.usable_bytes
                 if b == 1 and need < self.closest.get(fit.gpu, (float("inf"),))[0]:
                     self.closest[fit.gpu] = (need, job)
-                if fit.required_bytes <= (1 - self.margin) * fit.usable_bytes:
+                if fit.supported and fits_within(fit.required_bytes, fit.usable_bytes,
+                                                 self.margin):
                     fitted[fit.gpu] = job
                     still.append(gpu)
             if not still:
@@ -371,9 +318,12 @@ class _Search:
         per_million = (price * job.parallel.num_gpus / 3600 / perf.tokens_per_s * 1e6
                        if price else None)
         changes, flags = describe_changes(self.job, job)
-        return Candidate(gpu=gpu.name, num_gpus=job.parallel.num_gpus, job=job,
+        owned = hardware(gpu, job.parallel.num_gpus)
+        if owned == "owned":
+            self.owned.setdefault(gpu.name, set()).add(job.parallel.num_gpus)
+        return Candidate(hardware=owned, gpu=gpu.name, num_gpus=job.parallel.num_gpus, job=job,
                          changes=changes, flags=flags, step_time_s=perf.step_time_s,
-                         tokens_per_s=perf.tokens_per_s, mfu=perf.mfu,
+                         tokens_per_s=perf.tokens_per_s, mfu=perf.mfu, bound=perf.bound,
                          training_time_s=perf.training_time_s, gpu_hours=perf.gpu_hours,
                          cost_usd=perf.cost_usd, cost_per_million_tokens=per_million,
                          device_total_bytes=fit.required_bytes, usable_bytes=fit.usable_bytes)
@@ -412,12 +362,14 @@ class _Search:
                     ruled_out=self.ruled_out(everything, kept), notes=notes, **picks, **base)
 
     def batch_notes(self) -> list[str]:
+        notes = [owned_note(self.gpus[g], list(n)) for g, n in self.owned.items()]
         if not self.unusable:
-            return []
+            return notes
         counts = ", ".join(map(str, self.unusable))
-        return [f"{counts} GPUs not used: no layout of them has a data-parallel degree that "
-                f"divides the global batch of {self.global_batch} sample(s) (tensor, context "
-                "and pipeline parallelism cannot absorb the rest)"]
+        return notes + [
+            f"{counts} GPUs not used: no layout of them has a data-parallel degree that "
+            f"divides the global batch of {self.global_batch} sample(s) (tensor, context "
+            "and pipeline parallelism cannot absorb the rest)"]
 
     def ruled_out(self, fitting: list[Candidate], kept: list[Candidate] | None = None):
         out = []
@@ -473,37 +425,6 @@ def _layout(job: Job) -> str:
     if job.peft:
         parts.append(job.peft.method)
     return ", ".join(parts)
-
-
-def describe_changes(before: Job, after: Job) -> tuple[list[str], str]:
-    """What differs between two jobs, in words and as CLI flags."""
-    changes, flags = [], []
-    pairs = [("batch_size", "--batch-size"), ("grad_accum", "--grad-accum"),
-             ("checkpointing", "--checkpointing"), ("optimizer", "--optimizer"),
-             ("optimizer_impl", "--optimizer-impl"), ("precision", "--precision"),
-             ("activation_offload", "--activation-offload")]
-    for name, flag in pairs:
-        old, new = getattr(before, name), getattr(after, name)
-        if old != new:
-            changes.append(f"{name} {old} -> {new}")
-            flags.append(flag if isinstance(new, bool) else f"{flag} {new}")
-    p0, p1 = before.parallel, after.parallel
-    for name, flag in (("num_gpus", "-n"), ("strategy", "--strategy"),
-                       ("tensor_parallel", "--tp"), ("context_parallel", "--cp"),
-                       ("pipeline_parallel", "--pp"), ("pipeline_schedule", "--pp-schedule")):
-        if getattr(p0, name) != getattr(p1, name):
-            changes.append(f"{name} {getattr(p0, name)} -> {getattr(p1, name)}")
-            flags.append(f"{flag} {getattr(p1, name)}")
-    if before.peft != after.peft and after.peft is not None:
-        changes.append(f"peft {after.peft.method} rank {after.peft.rank}")
-        flags.append(f"--peft {after.peft.method} --lora-rank {after.peft.rank}")
-    if after.offload.optimizer and not before.offload.optimizer:
-        changes.append("optimizer states offloaded to the CPU")
-        flags.append("--offload-optimizer")
-    if after.offload.params and not before.offload.params:
-        changes.append("parameters offloaded to the CPU")
-        flags.append("--offload-params")
-    return changes, " ".join(flags)
 
 
 def pareto_front(candidates: list[Candidate]) -> list[Candidate]:
@@ -567,98 +488,3 @@ def _recommended_reason(c: Candidate, best_cost: float, best_time: float) -> str
         return f"the cheapest and the fastest at once: {_summary(c)}"
     return (f"best balance of cost and time on the front: {_summary(c)} ({cost:.2f}x the "
             f"lowest cost, {time:.2f}x the shortest time)")
-
-
-class GpuCountTrial(_Frozen):
-    """One layout `search num-gpus` tried."""
-
-    num_gpus: int
-    strategy: str
-    device_total_bytes: int | None = Field(description="per GPU; None when the layout is "
-                                           "impossible (see problem)")
-    fits: bool
-    problem: str = ""
-
-
-class GpuCountResult(_Frozen):
-    """The fewest GPUs of one type that fit the job, and every layout tried on the way."""
-
-    parameter: Literal["num_gpus"] = "num_gpus"
-    gpu: str
-    usable_bytes: int
-    limit_bytes: int = Field(description="usable x (1 - margin): what a layout must fit in")
-    margin: float
-    max_gpus: int
-    best: int | None = Field(description="the smallest GPU count that fits; None: none up to "
-                             "max_gpus")
-    strategy: str | None = None
-    job: Job | None = Field(None, description="the job on that many GPUs")
-    flags: str = ""
-    trials: list[GpuCountTrial] = Field(default_factory=list)
-    hint: str = Field("", description="when nothing fits: what more GPUs cannot shrink")
-
-    @property
-    def fits(self) -> bool:
-        return self.best is not None
-
-    def to_dict(self) -> dict:
-        return self.model_dump(mode="json") | {"fits": self.fits}
-
-
-def search_gpu_count(job: Job, gpu: GPU, *, margin: float = SAFETY_MARGIN, max_gpus: int = 4096,
-                     strategies: tuple[str, ...] = ("zero2", "fsdp")) -> GpuCountResult:
-    """The job on the fewest GPUs of type `gpu` that fits with `margin`, trying counts 1, 2,
-    4, ... and, at each, the sharding strategies in order (the rest of the job unchanged:
-    the micro-batch per GPU stays, so the global batch grows with the data-parallel
-    degree). ZeRO-2 first: at a count where both fit it communicates less than FSDP (no
-    per-micro-batch all-gathers); DDP is not tried, it holds as much per GPU as one GPU.
-    A job that names its strategy keeps it."""
-    if max_gpus < 1:
-        raise JobError(f"max_gpus must be at least 1 (got {max_gpus})")
-    if not 0 <= margin < 0.5:
-        raise JobError(f"margin is a fraction of the GPU's memory, 0 to 0.5 (got {margin})")
-    if job.parallel.strategy != "none":
-        strategies = (job.parallel.strategy,)
-    formula = get_engine("formula")
-    limit = int((1 - margin) * gpu.usable_bytes)
-    trials: list[GpuCountTrial] = []
-    found: Job | None = None
-    last = None  # the last report, for the hint
-    n = 1
-    while n <= max_gpus and found is None:
-        model_parallel = job.parallel.model_parallel
-        tried = ["none"] if n == model_parallel else list(strategies)
-        for strategy in tried:
-            layout = job.parallel.model_copy(update={"num_gpus": n, "strategy": strategy})
-            try:
-                candidate = job.with_changes(parallel=layout.model_dump(), gpu=None)
-                last = formula.run(candidate, gpus=[gpu])
-                fit = last.fits[0]
-            except (JobError, ValueError) as error:
-                if n >= model_parallel:
-                    trials.append(GpuCountTrial(num_gpus=n, strategy=strategy,
-                                                device_total_bytes=None, fits=False,
-                                                problem=str(error).splitlines()[0]))
-                continue
-            fits = fit.supported and fit.required_bytes <= limit
-            trials.append(GpuCountTrial(num_gpus=n, strategy=strategy,
-                                        device_total_bytes=fit.required_bytes, fits=fits,
-                                        problem=fit.problem))
-            if fits:
-                found = candidate
-                break
-        n *= 2
-    flags = describe_changes(job, found)[1] if found else ""
-    hint = ""
-    if found is None and last is not None:
-        per_gpu = sum(last.categories[c] for c in ("activations", "inputs", "temporary"))
-        hint = (f"at {last.job.parallel.num_gpus} GPUs ({last.job.parallel.strategy}), "
-                f"activations, inputs and temporaries alone take {per_gpu / GiB:.1f} GiB per "
-                "GPU, which more data-parallel GPUs do not shrink: try --checkpointing full, "
-                "a smaller --batch-size, or --tp / --cp")
-    return GpuCountResult(gpu=gpu.name, usable_bytes=gpu.usable_bytes, limit_bytes=limit,
-                          margin=margin, max_gpus=max_gpus,
-                          best=found.parallel.num_gpus if found else None,
-                          strategy=found.parallel.strategy if found else None,
-                          job=found.with_changes(gpu=gpu.name) if found else None,
-                          flags=flags, trials=trials, hint=hint)

@@ -15,55 +15,11 @@ from typing import Any
 
 import yaml
 
+from vramplan.fields import JOB_FIELDS, flag_words
 from vramplan.job import Job
 
-# Job field path -> the CLI flag that sets it (vramplan/cli/options.py's job flags; a test
-# checks the two agree)
-FLAGS: dict[tuple[str, ...], str] = {
-    ("task",): "--task",
-    ("batch_size",): "--batch-size",
-    ("grad_accum",): "--grad-accum",
-    ("seq_len",): "--seq-len",
-    ("target_len",): "--target-len",
-    ("image_size",): "--image-size",
-    ("audio_seconds",): "--audio-seconds",
-    ("precision",): "--precision",
-    ("optimizer",): "--optimizer",
-    ("optimizer_impl",): "--optimizer-impl",
-    ("framework",): "--framework",
-    ("checkpointing",): "--checkpointing",
-    ("attention",): "--attention",
-    ("loss",): "--loss",
-    ("peft", "method"): "--peft",
-    ("peft", "rank"): "--lora-rank",
-    ("peft", "alpha"): "--lora-alpha",
-    ("peft", "target_modules"): "--lora-targets",
-    ("peft", "adapter_dtype"): "--lora-dtype",
-    ("optimizer_in_backward",): "--optimizer-in-backward",
-    ("keep_grads_between_steps",): "--keep-grads",
-    ("compile",): "--compile",
-    ("activation_offload",): "--activation-offload",
-    ("parallel", "num_gpus"): "--num-gpus",
-    ("parallel", "strategy"): "--strategy",
-    ("parallel", "tensor_parallel"): "--tp",
-    ("parallel", "context_parallel"): "--cp",
-    ("parallel", "pipeline_parallel"): "--pp",
-    ("parallel", "pipeline_schedule"): "--pp-schedule",
-    ("fp8", "recipe"): "--fp8-recipe",
-    ("fp8", "fsdp_float8_all_gather"): "--fp8-all-gather",
-    ("offload", "optimizer"): "--offload-optimizer",
-    ("offload", "params"): "--offload-params",
-    ("gpu",): "--gpu",
-    ("runtime", "cuda_context_bytes"): "--cuda-context",
-    ("runtime", "allocator_overhead"): "--allocator-overhead",
-}
-# the flag of a boolean when it is False (the default is False for all of them today)
-_NEGATIVE = {"--optimizer-in-backward": "--no-optimizer-in-backward",
-             "--keep-grads": "--no-keep-grads", "--compile": "--no-compile",
-             "--activation-offload": "--no-activation-offload",
-             "--offload-optimizer": "--no-offload-optimizer",
-             "--offload-params": "--no-offload-params",
-             "--fp8-all-gather": "--no-fp8-all-gather"}
+# Job field path -> the CLI flag that sets it (the one table of Job fields, vramplan/fields.py)
+FLAGS: dict[tuple[str, ...], str] = {f.path: f.written for f in JOB_FIELDS}
 
 
 def _flatten(data: dict[str, Any], prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
@@ -102,17 +58,12 @@ def cli_command(job: Job, command: str = "estimate", extra: tuple[str, ...] = ()
     """The `vramplan` command line that builds this job."""
     words = ["vramplan", *command.split(), job.model]
     for path, value in changed_settings(job).items():
-        flag = FLAGS.get(path)
         if path == ("model",):
             continue
-        if flag is None:
+        if path not in FLAGS:
             words += ["--set", f"{'.'.join(path)}={_yaml_scalar(value)}"]
-        elif isinstance(value, bool):
-            words.append(flag if value else _NEGATIVE[flag])
-        elif isinstance(value, list):
-            words += [flag, ",".join(str(v) for v in value)]
-        elif value is not None:
-            words += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+        else:
+            words += flag_words(path, value)
     return " ".join(shlex.quote(w) for w in [*words, *extra])
 
 

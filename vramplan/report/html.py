@@ -382,14 +382,15 @@ def plan_section(plan) -> Section:
     if plan.candidates:
         body += figure_html(charts.plan_figure(plan))
     front = {id(c) for c in plan.front}
-    rows = [(f"{c.num_gpus} x {c.gpu}", "yes" if id(c) in front or c in plan.front else "",
+    rows = [(f"{c.num_gpus} x {c.gpu}" + (" (owned)" if c.hardware == "owned" else ""),
+             "yes" if id(c) in front or c in plan.front else "",
              ", ".join(c.changes) or "as asked", duration(c.step_time_s),
-             f"{c.tokens_per_s:,.0f}", f"{100 * c.mfu:.0f}%", duration(c.training_time_s),
-             money(c.cost_usd), f"{100 * c.headroom_fraction:.0f}%")
+             f"{c.tokens_per_s:,.0f}", f"{100 * c.mfu:.0f}%", c.bound,
+             duration(c.training_time_s), money(c.cost_usd), f"{100 * c.headroom_fraction:.0f}%")
             for c in plan.candidates]
-    body += table_html(("GPUs", "on the front", "changes", "step", "tokens/s", "MFU",
+    body += table_html(("GPUs", "on the front", "changes", "step", "tokens/s", "MFU", "bound",
                         "training time", "cost", "memory headroom"), rows,
-                       numeric=(3, 4, 5, 6, 7, 8), titles=[c.flags for c in plan.candidates])
+                       numeric=(3, 4, 5, 7, 8, 9), titles=[c.flags for c in plan.candidates])
     if plan.ruled_out:
         body += "<p>Ruled out:</p><ul class='notes'>" + "".join(
             f"<li>{esc(r.gpu)}: {esc(r.reason)}</li>" for r in plan.ruled_out) + "</ul>"

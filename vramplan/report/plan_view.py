@@ -70,16 +70,18 @@ def print_plan(plan, console: Console) -> None:
             marks[key] = ", ".join(filter(None, [marks.get(key), choice.label]))
         front = {(c.gpu, c.num_gpus) for c in plan.front}
         table = Table(show_header=True, header_style="bold")
-        for column in ("#", "GPUs", "time", "cost", "tokens/s", "MFU", "memory", "pick"):
-            table.add_column(column, justify="left" if column in ("GPUs", "pick")
+        for column in ("#", "GPUs", "time", "cost", "tokens/s", "MFU", "bound", "memory",
+                       "pick"):
+            table.add_column(column, justify="left" if column in ("GPUs", "bound", "pick")
                              else "right")
         for i, c in enumerate(plan.candidates, 1):
             key = (c.gpu, c.num_gpus)
-            table.add_row(str(i), f"{c.num_gpus} x {c.gpu}", duration(c.training_time_s),
+            owned = " (owned)" if c.hardware == "owned" else ""
+            table.add_row(str(i), f"{c.num_gpus} x {c.gpu}{owned}", duration(c.training_time_s),
                           money(c.cost_usd) if c.cost_usd is not None else (
                               f"${c.cost_per_million_tokens:.3f}/Mtok"
                               if c.cost_per_million_tokens else "-"),
-                          f"{c.tokens_per_s:,.0f}", f"{100 * c.mfu:.0f}%",
+                          f"{c.tokens_per_s:,.0f}", f"{100 * c.mfu:.0f}%", c.bound,
                           f"{c.device_total_bytes / GiB:.0f}/{c.usable_bytes / GiB:.0f}G",
                           marks.get(key, "front" if key in front else ""))
         console.print(table)

@@ -28,19 +28,20 @@ from typing import Any
 from pydantic import ValidationError
 
 from vramplan.engines.report import TENSOR_CATEGORIES, MemoryReport
-from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.errors import JobError
+from vramplan.fit import SAFETY_MARGIN, check_margin, limit_bytes
 from vramplan.job import Job
 from vramplan.search.oom import is_out_of_memory, release_memory, require_complete
 from vramplan.search.suggestions import suggestions_for
 
 Oracle = Callable[[Job], "int | MemoryReport"]
 
-DEFAULT_MARGIN = SAFETY_MARGIN  # one margin everywhere (engines/runtime.py)
+DEFAULT_MARGIN = SAFETY_MARGIN  # one margin everywhere (vramplan/fit.py)
 # Never jump more than this factor past the largest value that fits: a wild extrapolation
 # would cost a huge trial (a CPU measurement only learns it is over budget at the end).
 _GROWTH_CAP = 8
-_JOB_LIMITS = {"batch_size": 1_000_000, "seq_len": 100_000_000}  # Job's own field bounds
+# Job's own field bounds
+_JOB_LIMITS = {"batch_size": 1_000_000, "seq_len": 100_000_000, "peft.rank": 4096}
 
 
 # --- trials and results --------------------------------------------------------------------
@@ -56,7 +57,7 @@ class Trial:
 
 @dataclass
 class SearchResult:
-    parameter: str               # "batch_size" or "seq_len"
+    parameter: str               # "batch_size", "seq_len" or "peft.rank"
     best: int | None             # largest value that fits; None when even the smallest fails
     budget_bytes: int
     margin: float
@@ -128,13 +129,30 @@ def max_seq_len(job: Job, oracle: Oracle, budget_bytes: int, *, margin: float = 
     return _search(job, "seq_len", granularity, oracle, budget_bytes, margin, maximum, explain)
 
 
+def max_value(job: Job, parameter: str, oracle: Oracle, budget_bytes: int, *,
+              margin: float = DEFAULT_MARGIN, step: int = 1, maximum: int | None = None,
+              explain: Callable[[Job], MemoryReport] | None = None) -> SearchResult:
+    """The search primitive: the largest value of `parameter` (batch_size, seq_len,
+    peft.rank), a multiple of `step`, whose peak stays within budget x (1 - margin).
+    Memory must grow with the value (it does for all three)."""
+    return _search(job, parameter, step, oracle, budget_bytes, margin, maximum, explain)
+
+
+def with_value(job: Job, parameter: str, value: int) -> Job:
+    """`job` with one searched field set ("peft.rank" sets the adapters' rank)."""
+    if parameter == "peft.rank":
+        if job.peft is None:
+            raise JobError("peft.rank: the job has no adapters (--peft lora)")
+        return job.with_changes(peft={**job.peft.model_dump(), "rank": value})  # validated
+    return job.with_changes(**{parameter: value})
+
+
 def _search(job: Job, parameter: str, step: int, oracle: Oracle, budget_bytes: int,
             margin: float, maximum: int | None, explain) -> SearchResult:
-    if not 0 <= margin < 1:
-        raise JobError(f"margin is a fraction of the budget in [0, 1) (got {margin})")
+    check_margin(margin)
     if budget_bytes <= 0:
         raise JobError(f"the memory budget must be positive (got {budget_bytes} bytes)")
-    limit = int(budget_bytes * (1 - margin))
+    limit = limit_bytes(budget_bytes, margin)
     result = SearchResult(parameter, None, budget_bytes, margin, limit)
     # Work in units of `step` (k x granularity tokens); k_max bounds the search when asked.
     maximum = min(maximum or _JOB_LIMITS[parameter], _JOB_LIMITS[parameter])
@@ -145,7 +163,7 @@ def _search(job: Job, parameter: str, step: int, oracle: Oracle, budget_bytes: i
 
     def trial(k: int) -> bool:
         try:
-            peak, report, error = _ask(oracle, job.with_changes(**{parameter: k * step}))
+            peak, report, error = _ask(oracle, with_value(job, parameter, k * step))
         except (JobError, ValidationError) as invalid:
             if k == 1:
                 raise
@@ -156,7 +174,7 @@ def _search(job: Job, parameter: str, step: int, oracle: Oracle, budget_bytes: i
         result.trials.append(Trial(k * step, peak, fits, error))
         points[k] = peak
         if k == 1 and not fits:
-            _explain(result, job.with_changes(**{parameter: step}), report, explain)
+            _explain(result, with_value(job, parameter, step), report, explain)
         return fits
 
     lo, hi = 1, None  # lo fits; hi (when known) does not

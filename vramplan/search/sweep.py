@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from vramplan.engines.report import MemoryReport
+from vramplan.fit import fits_within
 from vramplan.job import Job
 from vramplan.search.core import DEFAULT_MARGIN
 from vramplan.search.oom import is_out_of_memory, release_memory, require_complete
@@ -65,7 +66,7 @@ def _sweep_points(job: Job, oracle_report: Callable[[Job], MemoryReport],
                 if seq_len is None:  # the model's default length, as the engine chose it
                     row["seq_len"] = _tokens_per_sample(report)
                 if budget_bytes is not None:
-                    row["fits"] = report.device_total <= budget_bytes * (1 - margin)
+                    row["fits"] = fits_within(report.device_total, budget_bytes, margin)
                 m = report.measured
                 if m is not None:
                     row.update(step_time_s=m.step_time_median_s, samples_per_s=m.samples_per_s,

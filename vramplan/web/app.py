@@ -81,7 +81,7 @@ def create_app(*, max_queued_traces: int = 3, trace_grace_s: float = 30.0) -> Fa
     def estimate(body: schemas.EstimateRequest, format: Format = "json") -> Response:
         """The formula engine's MemoryReport (instant), with the command that reproduces it;
         format=html returns the self-contained HTML report instead."""
-        report = _formula(body.job, body.config)
+        report = _estimate(body)
         command = _command(body.job, body.config)
         if format == "html":
             return _html(_report_page(report, command))
@@ -141,12 +141,13 @@ def create_app(*, max_queued_traces: int = 3, trace_grace_s: float = 30.0) -> Fa
         """Peak memory over batch sizes x sequence lengths (formula), with each named GPU's
         limit (usable memory x (1 - margin)) and which points fit it."""
         import vramplan
+        from vramplan.fit import limit_bytes, usable_bytes
         from vramplan.hardware import get_gpu
 
         limits = {}
         for name in body.gpus:
             gpu = get_gpu(name)
-            limits[gpu.name] = int(gpu.usable_bytes * (1 - body.margin))
+            limits[gpu.name] = limit_bytes(usable_bytes(gpu), body.margin)
         rows = vramplan.sweep(body.job, _oracle(body.config), body.batch_sizes, body.seq_lens)
         for row in rows:
             row["fits_gpu"] = {g: row["device_total"] is not None and row["device_total"] <= v
@@ -234,31 +235,34 @@ def _formula(job: Job, config: dict | None) -> MemoryReport:
                             f"{type(error).__name__}: {str(error)[:200]}") from None
 
 
+def _estimate(body: schemas.EstimateRequest) -> MemoryReport:
+    """The one estimate (vramplan.planning.estimate), as the CLI and the API give it."""
+    from vramplan.planning.estimate import compose
+
+    amount = dict(tokens=body.tokens, samples=body.samples, epochs=body.epochs,
+                  dataset_samples=body.dataset_samples, price_per_hour=body.price_per_hour,
+                  margin=body.margin)
+    if body.config is None:
+        return compose(body.job, **amount)
+    try:
+        return compose(body.job, model_config=body.config, **amount)
+    except (ArithmeticError, ValueError, TypeError, KeyError, AttributeError) as error:
+        raise VramplanError(f"the uploaded config.json cannot be estimated: "
+                            f"{type(error).__name__}: {str(error)[:200]}") from None
+
+
 def _oracle(config: dict | None):
     return lambda job: _formula(job, config)
 
 
 def _plan(make_plan, body: schemas.PlanRequest):
-    return make_plan(
-        body.job, tokens=body.tokens, samples=body.samples, epochs=body.epochs,
-        dataset_samples=body.dataset_samples, gpus=body.gpus or None, max_gpus=body.max_gpus,
-        max_cost=body.max_cost, deadline_s=body.deadline_s, allow=tuple(body.allow),
-        global_batch=body.global_batch, top=body.top, margin=body.margin,
-        price_per_hour=body.price_per_hour)
+    return make_plan(body.job, body.options())
 
 
 def _plan_words(body: schemas.PlanRequest) -> tuple[str, ...]:
     """The `vramplan plan` options of a plan request."""
-    given = {"--tokens": body.tokens, "--samples": body.samples, "--epochs": body.epochs,
-             "--dataset-samples": body.dataset_samples,
-             "--gpus": ",".join(body.gpus) or None, "--max-gpus": body.max_gpus,
-             "--max-cost": body.max_cost,
-             "--deadline": body.deadline_s,
-             "--allow": ",".join(body.allow) or None, "--global-batch": body.global_batch,
-             "--price-per-hour": body.price_per_hour, "--top": body.top,
-             "--margin": body.margin}
-    return tuple(w for flag, value in given.items() if value is not None
-                 for w in (flag, f"{value:g}" if isinstance(value, float) else str(value)))
+    from vramplan.planning.options import plan_words
+    return plan_words(body.options())
 
 
 def _usable_of(job: Job) -> int:

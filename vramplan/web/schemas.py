@@ -13,8 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from vramplan.engines.runtime import SAFETY_MARGIN
+from vramplan.fit import SAFETY_MARGIN, Margin
 from vramplan.job import Job
+from vramplan.planning.options import PlanOptions
 
 MAX_REQUEST_BYTES = 2 * 1024**2   # whole request body
 MAX_CONFIG_BYTES = 1024**2        # an uploaded config.json, as JSON text
@@ -103,7 +104,20 @@ def _check_values(value: Any, depth: int) -> None:
                              f"numbers are at most {MAX_CONFIG_NUMBER}")
 
 
-class EstimateRequest(JobRequest):
+class AmountFields(BaseModel):
+    """How much training, for time and cost (vramplan.planning.amount.TrainingAmount)."""
+
+    tokens: int | None = Field(None, ge=1, le=10**15, description="tokens to train on")
+    samples: int | None = Field(None, ge=1, le=10**13, description="samples to train on")
+    epochs: float | None = Field(None, gt=0, le=10_000, description="passes over the dataset")
+    dataset_samples: int | None = Field(None, ge=1, le=10**13, description="samples per epoch")
+    price_per_hour: float | None = Field(None, gt=0, le=10_000, description="USD per GPU-hour")
+
+
+class EstimateRequest(JobRequest, AmountFields):
+    """The estimate: memory, fit; with job.gpu also step time, cost and fixes."""
+
+    margin: Margin = SAFETY_MARGIN
     charts: bool = Field(False, description="also return the figures as inline SVG")
 
 
@@ -116,7 +130,7 @@ class SearchRequest(JobRequest):
     parameter: Literal["batch_size", "seq_len"] = "batch_size"
     budget_bytes: int | None = Field(None, ge=1, le=2**50, description=(
         "memory to fit in; default: the usable memory of job.gpu"))
-    margin: float = Field(SAFETY_MARGIN, ge=0, le=0.9, description="fit in budget x (1 - margin)")
+    margin: Margin = SAFETY_MARGIN
     maximum: int | None = Field(None, ge=1, le=100_000_000, description="largest value tried")
     granularity: int = Field(64, ge=1, le=65536, description="seq_len: answer is a multiple")
 
@@ -128,7 +142,7 @@ class SweepRequest(JobRequest):
                                 min_length=1, max_length=MAX_GRID)
     gpus: list[str] = Field(default_factory=list, max_length=8,
                             description="GPUs whose fit boundary is drawn")
-    margin: float = Field(SAFETY_MARGIN, ge=0, le=0.9)
+    margin: Margin = SAFETY_MARGIN
     charts: bool = False
 
     @field_validator("batch_sizes")
@@ -149,25 +163,15 @@ def _grid(values: list[int], largest: int, what: str) -> list[int]:
     return sorted(set(values))
 
 
-class PlanRequest(JobRequest):
-    """What `vramplan plan` takes: an amount of training, GPUs to consider, limits."""
+class PlanRequest(JobRequest, PlanOptions):
+    """What `vramplan plan` takes (vramplan.planning.options.PlanOptions, the same model
+    as the CLI's and the API's): an amount of training, GPUs to consider, limits."""
 
-    tokens: int | None = Field(None, ge=1, le=10**15, description="tokens to train on")
-    samples: int | None = Field(None, ge=1, le=10**13, description="samples to train on")
-    epochs: float | None = Field(None, gt=0, le=10_000, description="passes over the dataset")
-    dataset_samples: int | None = Field(None, ge=1, le=10**13, description="samples per epoch")
-    gpus: list[str] = Field(default_factory=list, max_length=64,
-                            description="GPU types to consider (default: the whole catalog)")
-    max_gpus: int = Field(64, ge=1, le=512, description="most GPUs in one job")
-    max_cost: float | None = Field(None, gt=0, le=1e12, description="most USD to spend")
-    deadline_s: float | None = Field(None, gt=0, le=1e9, description="longest training time")
-    allow: list[Literal["8bit", "fp8", "lora", "offload", "qlora"]] = Field(
-        default_factory=list, description="changes to the maths of training you accept")
-    global_batch: int | None = Field(None, ge=1, le=10**7, description="samples per step to keep")
-    price_per_hour: float | None = Field(None, gt=0, le=10_000, description="USD per GPU-hour")
-    top: int = Field(10, ge=1, le=50, description="candidates to return")
-    margin: float = Field(SAFETY_MARGIN, ge=0, le=0.9, description="memory to keep free, fraction")
+    model_config = ConfigDict(extra="forbid", frozen=False)
     charts: bool = False
+
+    def options(self) -> PlanOptions:
+        return PlanOptions(**{name: getattr(self, name) for name in PlanOptions.model_fields})
 
 
 class ExportRequest(JobRequest):

@@ -17,6 +17,7 @@ from vramplan.cli.options import (
     AsJson,
     EngineName,
     HtmlOut,
+    MarginOpt,
     Out,
     check_writable,
     config_notes,
@@ -29,7 +30,7 @@ from vramplan.cli.options import (
     write_or_print,
 )
 from vramplan.engines.report import MemoryReport
-from vramplan.engines.runtime import SAFETY_MARGIN, with_margin
+from vramplan.fit import SAFETY_MARGIN
 from vramplan.job import Job
 
 
@@ -60,9 +61,7 @@ def estimate(
     sort: Annotated[Optional[str], typer.Option(
         help="without --gpu: add step time and cost per GPU type, sorted by cost, time or "
              "headroom")] = None,
-    margin: Annotated[float, typer.Option(
-        min=0.0, max=0.9, help="safety margin: it fits when it needs at most usable x "
-        "(1 - margin); the same margin search, sweep and plan use")] = SAFETY_MARGIN,
+    margin: MarginOpt = SAFETY_MARGIN,
 ) -> None:
     """Peak GPU memory of one training step, by category, and where it fits.
 
@@ -70,31 +69,24 @@ def estimate(
 
     Example: vramplan estimate llama-3.1-8b -b 4 -s 2048 --peft qlora --gpu L4
     """
-    from vramplan.engines.registry import run_engine
+    from vramplan.planning.amount import parse_count
+    from vramplan.planning.estimate import compose
 
     check_writable(out, html, plot)
     with progress(f"{engine} engine", quiet=as_json or engine == "formula"):
-        report = run_engine(job, engine, time_limit_s=time_limit)
-    if config_notes():  # what the framework config left out or did not understand
-        report = report.model_copy(update={"notes": [*config_notes(), *report.notes]})
-    if margin != SAFETY_MARGIN:
-        report = report.model_copy(update={"fits": with_margin(report.fits, margin)})
-    if job.gpu:  # time and cost on the GPU asked about (vramplan/planning/performance.py)
-        from vramplan.planning.amount import parse_count
-        from vramplan.planning.performance import performance_for
-
-        report = report.model_copy(update={"performance": performance_for(
-            job, job.gpu, tokens=parse_count(tokens) if tokens else None,
+        # memory, fit, time and cost on --gpu, and fixes when it does not fit: the one
+        # estimate the API and the web app give too
+        report = compose(
+            job, engine=engine, time_limit_s=time_limit, margin=margin,
+            tokens=parse_count(tokens) if tokens else None,
             samples=parse_count(samples, "samples") if samples else None, epochs=epochs,
             dataset_samples=parse_count(dataset_samples, "dataset samples")
-            if dataset_samples else None, price_per_hour=price_per_hour)})
-    if job.gpu:  # the smallest changes that make it fit, when it does not
-        from vramplan.planning.make_fit import with_fixes
-
-        report = with_fixes(report, job, margin=margin)
+            if dataset_samples else None, price_per_hour=price_per_hour)
+    if config_notes():  # what the framework config left out or did not understand
+        report = report.model_copy(update={"notes": [*config_notes(), *report.notes]})
     show(report, job, as_json=as_json, unit=unit)
     if not job.gpu and (sort or tokens or samples or epochs) and not as_json:
-        from vramplan.planning.amount import TrainingAmount, parse_count
+        from vramplan.planning.amount import TrainingAmount
         from vramplan.planning.performance import per_gpu
         from vramplan.report.plan_view import print_per_gpu
 

@@ -16,6 +16,7 @@ from vramplan.cli.options import (
     EXIT_DOES_NOT_FIT,
     AsJson,
     HtmlOut,
+    MarginOpt,
     Out,
     check_writable,
     console,
@@ -24,8 +25,10 @@ from vramplan.cli.options import (
     write_html,
     write_or_print,
 )
-from vramplan.engines.runtime import SAFETY_MARGIN
+from vramplan.fit import SAFETY_MARGIN
 from vramplan.job import Job
+from vramplan.planning.options import DEFAULT_MAX_GPUS
+from vramplan.planning.techniques import ALLOW_NAMES
 
 
 @job_command
@@ -40,12 +43,12 @@ def plan(
         help="samples in one epoch")] = None,
     gpus: Annotated[Optional[str], typer.Option(
         help="comma-separated GPU types to consider (default: the whole catalog)")] = None,
-    max_gpus: Annotated[int, typer.Option(help="most GPUs in one job")] = 512,
+    max_gpus: Annotated[int, typer.Option(help="most GPUs in one job")] = DEFAULT_MAX_GPUS,
     max_cost: Annotated[Optional[float], typer.Option(help="most USD to spend")] = None,
     deadline: Annotated[Optional[str], typer.Option(
         help="longest training time, e.g. 24h, 3d")] = None,
     allow: Annotated[Optional[str], typer.Option(
-        help="changes to the maths of training you accept: lora,qlora,8bit,fp8,offload,"
+        help=f"changes to the maths of training you accept: {','.join(ALLOW_NAMES)},"
              "global-batch")]
     = None,
     global_batch: Annotated[Optional[int], typer.Option(
@@ -56,7 +59,7 @@ def plan(
     price_per_hour: Annotated[Optional[float], typer.Option(
         help="USD per GPU-hour (default: the catalog's)")] = None,
     top: Annotated[int, typer.Option(help="rows to show")] = 10,
-    margin: Annotated[float, typer.Option(help="memory to keep free, fraction")] = SAFETY_MARGIN,
+    margin: MarginOpt = SAFETY_MARGIN,
     as_json: AsJson = False,
     out: Out = None,
     html: HtmlOut = None,
@@ -69,34 +72,29 @@ def plan(
     Example: vramplan plan llama-3.1-70b -s 2048 --tokens 10B --max-gpus 64
     """
     from vramplan.planning.amount import parse_count, parse_duration
+    from vramplan.planning.options import plan_options, plan_words
     from vramplan.planning.planner import plan as make_plan
 
     check_writable(out, html)
-    result = make_plan(
-        job, tokens=parse_count(tokens) if tokens else None,
+    options = plan_options(
+        tokens=parse_count(tokens) if tokens else None,
         samples=parse_count(samples, "samples") if samples else None, epochs=epochs,
         dataset_samples=parse_count(dataset_samples, "dataset samples")
         if dataset_samples else None,
         gpus=[g.strip() for g in gpus.split(",") if g.strip()] if gpus else None,
         max_gpus=max_gpus, max_cost=max_cost,
         deadline_s=parse_duration(deadline) if deadline else None,
-        allow=tuple(a.strip() for a in allow.split(",") if a.strip()) if allow else (),
+        allow=[a.strip() for a in allow.split(",") if a.strip()] if allow else None,
         global_batch=global_batch,
         global_batch_tokens=parse_count(global_batch_tokens, "global batch tokens")
         if global_batch_tokens else None, top=top, margin=margin, price_per_hour=price_per_hour)
+    result = make_plan(job, options)
     data = result.model_dump(mode="json")
     if html:
         from vramplan.report.command import cli_command
         from vramplan.report.html import plan_html
 
-        given = {"--tokens": tokens, "--samples": samples, "--epochs": epochs,
-                 "--dataset-samples": dataset_samples, "--gpus": gpus, "--max-cost": max_cost,
-                 "--deadline": deadline, "--allow": allow, "--global-batch": global_batch,
-                 "--price-per-hour": price_per_hour}
-        words = [w for flag, value in given.items() if value is not None
-                 for w in (flag, str(value))]
-        words += ["--max-gpus", str(max_gpus)] if max_gpus != 512 else []
-        words += ["--margin", str(margin)] if margin != SAFETY_MARGIN else []
+        words = plan_words(options)
         write_html(html, plan_html(result, job=job,
                                    command=cli_command(job, "plan", tuple(words))))
     if as_json:

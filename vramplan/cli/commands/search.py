@@ -25,6 +25,7 @@ from vramplan.cli.options import (
     AsJson,
     EngineName,
     HtmlOut,
+    MarginOpt,
     Out,
     check_writable,
     console,
@@ -35,8 +36,8 @@ from vramplan.cli.options import (
     write_html,
     write_or_print,
 )
-from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.errors import JobError
+from vramplan.fit import SAFETY_MARGIN, limit_bytes
 from vramplan.job import Job
 from vramplan.search.oracle import budget_of, explaining_engine, oracle_for
 from vramplan.units import GiB, MiB
@@ -47,7 +48,7 @@ search_app = typer.Typer(help="Largest batch size or sequence length, or fewest 
 
 Budget = Annotated[Optional[str], typer.Option(
     help="memory to fit in, e.g. 24GiB (default: the usable memory of --gpu)")]
-Margin = Annotated[float, typer.Option(help="safety margin: fit in budget x (1 - margin)")]
+Margin = MarginOpt
 Device = Annotated[Optional[str], typer.Option(help="measure only: cuda or cpu (default: "
                                                "cuda when available)")]
 
@@ -158,15 +159,17 @@ def num_gpus(
     max_gpus: Annotated[int, typer.Option(help="most GPUs to try")] = 1024,
     as_json: AsJson = False, out: Out = None,
 ) -> None:
-    """Fewest GPUs of the --gpu type that fit the job (counts 1, 2, 4, ...; at each,
-    ZeRO-2 then FSDP, or the job's own --strategy), formula engine.
+    """Fewest GPUs of the --gpu type that fit the job: the planner's counts (1, 2, 4, 8,
+    then whole nodes) and layouts (ZeRO-2 then FSDP, or the job's own --strategy; then
+    tensor / pipeline / context parallel), with the job's optimizer implementation and
+    the fused one; formula engine. Equals `plan`'s fewest GPUs.
 
     The micro-batch per GPU stays as given. Exit code 1 when no count up to --max-gpus fits.
 
     Example: vramplan search num-gpus llama-3.1-70b -s 2048 --gpu H100-SXM
     """
     from vramplan.hardware import get_gpu
-    from vramplan.planning.planner import search_gpu_count
+    from vramplan.planning.gpu_count import search_gpu_count
 
     check_writable(out)
     if not job.gpu:
@@ -190,12 +193,12 @@ def _print_gpu_count(result) -> None:
         f"fits iff device total per GPU <= {_size(result.limit_bytes, unit)} {unit[0]} = "
         f"{result.gpu} usable {_size(result.usable_bytes, unit)} {unit[0]} x "
         f"(1 - {result.margin:g} margin)"))
-    for col in ("trial", "GPUs", "strategy", f"per GPU {unit[0]}", "fits"):
-        table.add_column(col, justify="left" if col == "strategy" else "right")
+    for col in ("trial", "GPUs", "strategy", "layout", f"per GPU {unit[0]}", "fits"):
+        table.add_column(col, justify="left" if col in ("strategy", "layout") else "right")
     for i, t in enumerate(result.trials, 1):
         verdict = "yes" if t.fits else ("refused" if t.device_total_bytes is None else "no")
-        table.add_row(str(i), str(t.num_gpus), t.strategy, _size(t.device_total_bytes, unit),
-                      verdict)
+        table.add_row(str(i), str(t.num_gpus), t.strategy, t.layout,
+                      _size(t.device_total_bytes, unit), verdict)
     console.print(table)
     if result.fits:
         console.print(f"[bold]fewest {result.gpu} GPUs that fit: {result.best}[/] "
@@ -331,7 +334,7 @@ def sweep(
         words += ["--seq-lens", ",".join(map(str, seqs))] if seq_lens else []
         words += ["--engine", engine] if engine != "formula" else []
         words += ["--budget", budget] if budget else []
-        limits = {job.gpu or "budget": int(limit * (1 - margin))} if limit else {}
+        limits = {job.gpu or "budget": limit_bytes(limit, margin)} if limit else {}
         write_html(html, sweep_html(rows, job=job, limits=limits, engine=engine,
                                     command=cli_command(job, "sweep", tuple(words))))
     if as_json:

@@ -1,0 +1,50 @@
+"""One estimate: the CLI's --json, vramplan.estimate and POST /api/v1/estimate give the
+same report (peak, fit, performance and fixes) for the same jobs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import vramplan
+from vramplan.job import Job
+
+pytest.importorskip("fastapi")
+
+# (CLI words, the same Job): one that does not fit its GPU (fixes), one priced over an
+# amount of training, one that fits
+JOBS = [
+    (["llama-3.1-8b", "--gpu", "L4"], Job(model="llama-3.1-8b", gpu="L4"), {}),
+    (["llama-3.2-1b", "-b", "4", "-s", "2048", "--gpu", "H100-SXM", "--tokens", "2000000000"],
+     Job(model="llama-3.2-1b", batch_size=4, seq_len=2048, gpu="H100-SXM"),
+     {"tokens": 2_000_000_000}),
+    (["qwen2.5-0.5b", "--peft", "lora", "--gpu", "L4"],
+     Job(model="qwen2.5-0.5b", peft={"method": "lora"}, gpu="L4"), {}),
+]
+
+
+@pytest.fixture(scope="module")
+def client():
+    from fastapi.testclient import TestClient
+
+    from vramplan.web import create_app
+    return TestClient(create_app())
+
+
+@pytest.mark.parametrize(("words", "job", "amount"), JOBS)
+def test_cli_api_and_web_give_the_same_estimate(run_cli, client, words, job, amount):
+    code, out, err = run_cli("estimate", *words, "--json")
+    cli = json.loads(out)
+    api = vramplan.estimate(job, **amount).to_json_dict()
+    response = client.post("/api/v1/estimate", json={"job": job.model_dump(mode="json"),
+                                                      **amount})
+    assert response.status_code == 200, response.text
+    web = response.json()["report"]
+    assert cli == api == web
+    assert code == (0 if any(f["fits"] for f in api["fits"]) else 1), err
+    assert api["performance"] is not None and api["performance"]["step_time_s"] > 0
+    if not api["fits"][0]["fits"]:
+        assert api["to_fit"]  # fixes on every surface
+    if amount:
+        assert api["performance"]["cost_usd"] > 0
