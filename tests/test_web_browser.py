@@ -259,7 +259,9 @@ def test_the_page_shows_the_one_estimates_verdict_time_cost_and_fixes(page, serv
         f"Does not fit on L4: needs {fit.required_bytes / 2**30:.1f} of "
         f"{fit.usable_bytes / 2**30:.1f} GiB usable (5% kept free)")
     perf = expected.performance
-    assert page.inner_text("#kpi-step_time") == f"{perf.step_time_s:.3f} s"
+    lo, hi = perf.step_time_range_s
+    assert page.inner_text("#kpi-step_time") == (
+        f"{perf.step_time_s:.3f} s (80%: {lo:.3f}–{hi:.3f} s)")
     per_million = perf.price_per_hour * perf.num_gpus / 3600 / perf.tokens_per_s * 1e6
     assert page.inner_text("#kpi-cost") == f"${per_million:.3f} / M tokens"
     shown = [li.inner_text() for li in page.query_selector_all("#fixes li")]
