@@ -2,8 +2,6 @@
 
 import json
 
-import pytest
-
 from vramplan import Job, MemoryReport, estimate
 
 

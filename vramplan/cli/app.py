@@ -66,8 +66,11 @@ def _default(
 
 def _quiet_libraries() -> None:
     """Libraries' import-time chatter (torchao's optional CUDA kernels it cannot load, torch's
-    pytree and compile notices) is not about the user's job: the CLI shows its own lines."""
-    for name in ("torchao", "torch.utils._pytree", "torch._dynamo", "torch._inductor"):
+    pytree and compile notices, bitsandbytes' optional CPU kernel package, which vramplan
+    never uses: its CPU path runs the stand-ins) is not about the user's job: the CLI shows
+    its own lines."""
+    for name in ("torchao", "torch.utils._pytree", "torch._dynamo", "torch._inductor",
+                 "bitsandbytes"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
@@ -85,8 +88,10 @@ def main(argv: list[str] | None = None) -> None:
     except ClickException as error:
         _fail(error.format_message().replace("\n", " "))
     except (KeyboardInterrupt, typer.Abort):
-        sys.stderr.write("interrupted\n")
-        raise SystemExit(EXIT_INTERRUPTED) from None
+        code = EXIT_INTERRUPTED
+    if code == EXIT_INTERRUPTED:  # typer returns Ctrl-C as a bare 130; commands that keep a
+        # partial result say so themselves and leave by SystemExit
+        sys.stderr.write("interrupted (Ctrl-C)\n")
     raise SystemExit(code if isinstance(code, int) else 0)
 
 

@@ -59,6 +59,10 @@ def measure(job: Job, *, steps: int = 5, warmup: int = 2, emulate_gpu: str | Non
     Out-of-memory errors propagate (search relies on them); any other error in the step,
     and Ctrl-C, end the run early with a partial report that says why.
     """
+    if emulate_gpu:  # an unknown name would be ignored on the CPU and fail late on CUDA
+        from vramplan.hardware import get_gpu
+
+        get_gpu(emulate_gpu)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if not re.fullmatch(r"cpu|cuda(:\d{1,3})?", str(device)):
         shown = str(device)[:40]
@@ -462,8 +466,8 @@ class _CpuProbe(_Probe):
             self._profiler = None
         if self.budget is not None and self.peak_allocated() > self.budget:
             raise BudgetExceeded(
-                f"the step needs {self.peak_allocated()} bytes at its peak "
-                f"({self.peak_phase}), over the budget of {self.budget} bytes")
+                f"the step needs {format_bytes(self.peak_allocated(), 'auto')} at its peak "
+                f"({self.peak_phase}), over the budget of {format_bytes(self.budget, 'auto')}")
 
     def _open(self, phase: str) -> None:
         if self._profiler is not None:

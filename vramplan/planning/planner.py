@@ -20,6 +20,7 @@ GPU type and count only the fastest configuration is kept (it is also the cheape
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -208,8 +209,8 @@ def _check_arguments(allow, max_gpus, max_cost, deadline_s, global_batch, top, m
                         f"{', '.join(names)}")
     for name, value in (("max_gpus", max_gpus), ("max_cost", max_cost),
                         ("deadline", deadline_s), ("global_batch", global_batch)):
-        if value is not None and value <= 0:
-            problems.append(f"{name} must be more than 0 (got {value})")
+        if value is not None and not 0 < value < math.inf:  # NaN fails both
+            problems.append(f"{name} must be a number more than 0 (got {value})")
     if top < 1:
         problems.append(f"top must be at least 1 (got {top})")
     if not 0 <= margin < 0.5:

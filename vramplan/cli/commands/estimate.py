@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
@@ -21,6 +20,7 @@ from vramplan.cli.options import (
     check_writable,
     console,
     job_command,
+    json_text,
     print_json,
     progress,
     write_html,
@@ -101,7 +101,7 @@ def estimate(
             if dataset_samples else None, price_per_hour=price_per_hour)
         print_per_gpu(per_gpu(job, report.fits, amount, sort or "time"), console)
     if out:
-        write_or_print(out, json.dumps(report.to_json_dict(), indent=2) + "\n")
+        write_or_print(out, json_text(report.to_json_dict()))
     write_views(report, job, html=html, plot=plot,
                 extra=() if engine == "formula" else ("--engine", engine))
     exit_for_fit(report, job)

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Optional
 
 import typer
@@ -17,6 +16,7 @@ from vramplan.cli.options import (
     check_writable,
     console,
     job_command,
+    json_text,
     print_json,
     write_or_print,
 )
@@ -67,7 +67,7 @@ def headroom(
     else:
         _print_headroom(result)
     if out:
-        write_or_print(out, json.dumps(data, indent=2) + "\n")
+        write_or_print(out, json_text(data))
 
 
 def _print_headroom(room) -> None:

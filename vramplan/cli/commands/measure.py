@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Annotated, Optional
@@ -26,6 +25,7 @@ from vramplan.cli.options import (
     check_writable,
     console,
     job_command,
+    json_text,
     print_json,
     progress,
     write_html,
@@ -79,7 +79,7 @@ def measure(
     if os.environ.get("RANK", "0") != "0":
         return  # under torchrun, rank 0 holds every rank's figures and prints them
     if out:
-        write_or_print(out, json.dumps(report.to_json_dict(), indent=2) + "\n")
+        write_or_print(out, json_text(report.to_json_dict()))
     if html:
         from vramplan.report.command import cli_command
         from vramplan.report.html import report_html

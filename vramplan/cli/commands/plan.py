@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-import json
+import sys
 from typing import Annotated, Optional
 
 import typer
@@ -20,11 +20,13 @@ from vramplan.cli.options import (
     check_writable,
     console,
     job_command,
+    json_text,
     print_json,
     write_html,
     write_or_print,
 )
 from vramplan.engines.runtime import SAFETY_MARGIN
+from vramplan.errors import JobError
 from vramplan.job import Job
 
 
@@ -72,6 +74,11 @@ def plan(
     from vramplan.planning.planner import plan as make_plan
 
     check_writable(out, html)
+    if job.gpu:  # --gpu X on plan means "plan on X"; silently planning every GPU misleads
+        if gpus and [g.strip() for g in gpus.split(",")] != [job.gpu]:
+            raise JobError(f"plan takes the GPU types to consider as --gpus (a list); give "
+                           f"either --gpu {job.gpu} or --gpus {gpus}, not both")
+        gpus, job = job.gpu, job.with_changes(gpu=None)
     result = make_plan(
         job, tokens=parse_count(tokens) if tokens else None,
         samples=parse_count(samples, "samples") if samples else None, epochs=epochs,
@@ -106,10 +113,14 @@ def plan(
 
         print_plan(result, console)
     if out:
-        write_or_print(out, json.dumps(data, indent=2) + "\n")
+        write_or_print(out, json_text(data))
     if result.status == "nothing-fits":
         raise typer.Exit(EXIT_DOES_NOT_FIT)
-    if result.status == "constraints-unmet":
+    if result.status == "constraints-unmet":  # the table says why; stderr says that it failed
+        bounds = " and ".join(f for f, v in (("--max-cost", max_cost), ("--deadline", deadline))
+                              if v is not None)
+        sys.stderr.write(f"error: no configuration that fits meets {bounds}; closest: "
+                         f"{result.closest_miss}\n")
         raise typer.Exit(EXIT_BAD_INPUT)
 
 

@@ -10,7 +10,6 @@ vramplan.search (and the planner's GPU count search).
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -30,6 +29,7 @@ from vramplan.cli.options import (
     console,
     counting,
     job_command,
+    json_text,
     print_json,
     progress,
     write_html,
@@ -47,7 +47,8 @@ search_app = typer.Typer(help="Largest batch size or sequence length, or fewest 
 
 Budget = Annotated[Optional[str], typer.Option(
     help="memory to fit in, e.g. 24GiB (default: the usable memory of --gpu)")]
-Margin = Annotated[float, typer.Option(help="safety margin: fit in budget x (1 - margin)")]
+Margin = Annotated[float, typer.Option(min=0.0, max=0.9, help="safety margin: fit in budget x "
+                                       "(1 - margin), 0 to 0.9 as in estimate")]
 Device = Annotated[Optional[str], typer.Option(help="measure only: cuda or cpu (default: "
                                                "cuda when available)")]
 
@@ -179,7 +180,7 @@ def num_gpus(
     else:
         _print_gpu_count(result)
     if out:
-        write_or_print(out, json.dumps(data, indent=2) + "\n")
+        write_or_print(out, json_text(data))
     if not result.fits:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
@@ -235,10 +236,10 @@ def _finish(result: _search.SearchResult, what: str, as_json: bool, out: Path | 
     else:
         print_search(result, what, *([cap_reason] if cap_reason else []))
     if out:
-        write_or_print(out, json.dumps(result.to_dict(), indent=2) + "\n")
+        write_or_print(out, json_text(result.to_dict()))
     if result.interrupted:
         sys.stderr.write(f"interrupted: {result.interrupted}\n")
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise SystemExit(EXIT_INTERRUPTED)  # typer.Exit(130) reads as a bare Ctrl-C in main
     if not result.fits:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
@@ -319,7 +320,7 @@ def sweep(
         rows, interrupted = stop.rows, str(stop)
     if out:
         write_or_print(out, _search.rows_csv(rows) if out.suffix == ".csv"
-                       else json.dumps(rows, indent=2) + "\n")
+                       else json_text(rows))
     if plot_out:
         _search.plot(rows, plot_out, limit_bytes=limit, limit_label=what or "limit",
                      title=f"{job.model}: peak memory ({engine})")
