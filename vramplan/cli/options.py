@@ -229,6 +229,16 @@ EngineName = Annotated[str, typer.Option(
     help="formula (instant), trace (exact, no GPU) or measure (real steps on this machine)")]
 
 
+def require_charts(*paths: Path | None) -> None:
+    """--html and --plot draw with matplotlib (the `plot` extra): say so in one line before
+    any work, in place of a ModuleNotFoundError at the end."""
+    import importlib.util
+
+    if any(p is not None for p in paths) and importlib.util.find_spec("matplotlib") is None:
+        raise JobError("--html and --plot draw their charts with matplotlib, which this "
+                       "install lacks: pip install 'vramplan[plot]' (make run installs it)")
+
+
 def check_writable(*paths: Path | None) -> None:
     """Refuse an output path that cannot be written before any work is done."""
     for path in paths:

@@ -388,6 +388,11 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
                         for ln in s.linears), default=0) * 2
             notes.append("QLoRA: block linears in 4-bit NF4, the rest in 16-bit; "
                          "prepare_model_for_kbit_training would upcast the rest to fp32")
+            if job.checkpointing == "none" and "checkpointing" not in job.model_fields_set:
+                notes.append("QLoRA without checkpointing: peft's prepare_model_for_kbit_"
+                             "training (peft 0.21.2, use_gradient_checkpointing=True) turns "
+                             "full checkpointing on by default; if you call it, add "
+                             "--checkpointing full (--framework hf-trainer does)")
         else:
             weights = frozen * base
         weights += adapters * adapter_bytes(job) + head * dt.weight

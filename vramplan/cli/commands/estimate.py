@@ -23,6 +23,7 @@ from vramplan.cli.options import (
     json_text,
     print_json,
     progress,
+    require_charts,
     write_html,
     write_or_print,
 )
@@ -71,6 +72,7 @@ def estimate(
     from vramplan.engines.registry import run_engine
 
     check_writable(out, html, plot)
+    require_charts(html, plot)
     with progress(f"{engine} engine", quiet=as_json or engine == "formula"):
         report = run_engine(job, engine, time_limit_s=time_limit)
     if margin != SAFETY_MARGIN:

@@ -17,6 +17,7 @@ import typer
 from rich.table import Table
 
 from vramplan.cli.options import (
+    EXIT_BAD_INPUT,
     EXIT_DOES_NOT_FIT,
     EXIT_INTERRUPTED,
     AsJson,
@@ -28,6 +29,7 @@ from vramplan.cli.options import (
     json_text,
     print_json,
     progress,
+    require_charts,
     write_html,
     write_or_print,
 )
@@ -61,9 +63,13 @@ def measure(
 
     Example: vramplan measure qwen2.5-0.5b -b 2 -s 1024 --steps 5 --emulate-gpu L4
     """
-    from vramplan.engines.measure import measure as run
+    from vramplan.engines.registry import require_torch
 
     check_writable(out, html)
+    require_torch("measure")
+    from vramplan.engines.measure import measure as run
+
+    require_charts(html)
     try:
         with progress(f"measuring {warmup} + {steps} steps", quiet=as_json):
             report = run(job, steps=steps, warmup=warmup, emulate_gpu=emulate_gpu,
@@ -172,6 +178,7 @@ def compare(
     Example: vramplan compare llama-3.2-1b -b 2 -s 512 --device cpu
     """
     check_writable(html)
+    require_charts(html)
     names = [e.strip() for e in engines.split(",") if e.strip()]
     if not names:
         raise JobError("--engines needs at least one of formula, trace, measure")
@@ -187,6 +194,7 @@ def compare(
     if as_json:
         print_json({"rows": rows, "reports": {n: r.to_json_dict() if isinstance(
             r, MemoryReport) else {"error": r} for n, r in reports.items()}})
+        _exit_if_failed(reports)
         return
     ref = names[-1]
     largest = max((max(v for k, v in r.items() if k in names and v) for r in rows
@@ -206,6 +214,16 @@ def compare(
     for name, report in reports.items():
         if not isinstance(report, MemoryReport):
             console.print(f"[yellow]{name}[/]: {report}")
+    _exit_if_failed(reports)
+
+
+def _exit_if_failed(reports: dict) -> None:
+    """An engine without a report leaves the comparison incomplete: the others' figures
+    are shown above, and the exit code (2) and one line on stderr say what is missing."""
+    failed = [f"{n} {r}" for n, r in reports.items() if not isinstance(r, MemoryReport)]
+    if failed:
+        sys.stderr.write(f"error: the comparison is incomplete: {'; '.join(failed)}\n"[:2000])
+        raise SystemExit(EXIT_BAD_INPUT)
 
 
 def register(app: typer.Typer) -> None:

@@ -22,6 +22,7 @@ from vramplan.cli.options import (
     job_command,
     json_text,
     print_json,
+    require_charts,
     write_html,
     write_or_print,
 )
@@ -74,6 +75,7 @@ def plan(
     from vramplan.planning.planner import plan as make_plan
 
     check_writable(out, html)
+    require_charts(html)
     if job.gpu:  # --gpu X on plan means "plan on X"; silently planning every GPU misleads
         if gpus and [g.strip() for g in gpus.split(",")] != [job.gpu]:
             raise JobError(f"plan takes the GPU types to consider as --gpus (a list); give "

@@ -32,6 +32,7 @@ from vramplan.cli.options import (
     json_text,
     print_json,
     progress,
+    require_charts,
     write_html,
     write_or_print,
 )
@@ -113,6 +114,7 @@ def batch_size(
     Example: vramplan search batch-size llama-3.2-1b -s 2048 --gpu L4
     """
     check_writable(out, html)
+    require_charts(html)
     limit, what = budget_of(job, budget)
     with progress(f"search batch size ({engine})", quiet=as_json) as update, \
             _keeping_trials() as kept:
@@ -138,6 +140,7 @@ def seq_len(
     Example: vramplan search seq-len llama-3.2-1b -b 4 --gpu A100-40GB --engine trace
     """
     check_writable(out, html)
+    require_charts(html)
     limit, what = budget_of(job, budget)
     positions = None if maximum else _max_positions(job)
     with progress(f"search sequence length ({engine})", quiet=as_json) as update, \
@@ -301,6 +304,7 @@ def sweep(
     --plot memory.png
     """
     check_writable(out, plot_out, html)
+    require_charts(plot_out, html)
     batches = _ints(batch_sizes, "--batch-sizes") or [job.batch_size]
     seqs = _ints(seq_lens, "--seq-lens") or [job.seq_len]
     limit, what = budget_of(job, budget) if (budget or job.gpu) else (None, "")
