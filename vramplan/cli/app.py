@@ -4,6 +4,7 @@ one line on stderr and the exit codes documented in options.py."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Annotated, Optional
 
@@ -69,6 +70,7 @@ def _quiet_libraries() -> None:
     pytree and compile notices, bitsandbytes' optional CPU kernel package, which vramplan
     never uses: its CPU path runs the stand-ins) is not about the user's job: the CLI shows
     its own lines."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # config chatter, not ours
     for name in ("torchao", "torch.utils._pytree", "torch._dynamo", "torch._inductor",
                  "bitsandbytes"):
         logging.getLogger(name).setLevel(logging.ERROR)

@@ -30,7 +30,7 @@ import torch
 
 from vramplan.engines import runtime
 from vramplan.engines.report import CATEGORIES, Measured, MemoryReport, RankFigures
-from vramplan.errors import BudgetExceeded, EngineError
+from vramplan.errors import BudgetExceeded, EngineError, ModelConfigError, VramplanError
 from vramplan.hardware.nvml import NvmlSampler, nvml_used
 from vramplan.job import Job
 from vramplan.search.oom import is_out_of_memory
@@ -90,7 +90,18 @@ def measure(job: Job, *, steps: int = 5, warmup: int = 2, emulate_gpu: str | Non
         device = _join_process_group(job, device)
     # the real bitsandbytes / torchao kernels on CUDA, the stand-ins on the CPU
     kernels = select_kernels(job, torch.device(device), real=real_kernels)
-    setup = build_training_setup(job, device=device, model_config=model_config, kernels=kernels)
+    try:
+        setup = build_training_setup(job, device=device, model_config=model_config,
+                                     kernels=kernels)
+    except (VramplanError, MemoryError):
+        raise
+    except Exception as error:  # noqa: BLE001 - a broken config fails inside transformers
+        if is_out_of_memory(error):
+            raise
+        text = " ".join(str(error).split())[:300]
+        raise ModelConfigError(f"cannot build {job.model!r}: {type(error).__name__}: "
+                               f"{text}; check its config (vramplan estimate reads it with "
+                               "the formula and names the bad field)") from None
     counts = {"params_total": setup.params_total, "params_trainable": setup.params_trainable}
     if distributed:
         _shard(setup, job)

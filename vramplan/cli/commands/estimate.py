@@ -77,7 +77,10 @@ def estimate(
         report = run_engine(job, engine, time_limit_s=time_limit)
     if margin != SAFETY_MARGIN:
         report = report.model_copy(update={"fits": with_margin(report.fits, margin)})
-    if job.gpu:  # time and cost on the GPU asked about (vramplan/planning/performance.py)
+    untimed = _why_untimed(job)
+    if job.gpu and untimed:  # memory is the answer; time and fixes need the formula's shapes
+        report = report.model_copy(update={"notes": [*report.notes, untimed]})
+    elif job.gpu:  # time and cost on the GPU asked about (vramplan/planning/performance.py)
         from vramplan.planning.amount import parse_count
         from vramplan.planning.performance import performance_for
 
@@ -86,7 +89,7 @@ def estimate(
             samples=parse_count(samples, "samples") if samples else None, epochs=epochs,
             dataset_samples=parse_count(dataset_samples, "dataset samples")
             if dataset_samples else None, price_per_hour=price_per_hour)})
-    if job.gpu:  # the smallest changes that make it fit, when it does not
+    if job.gpu and not untimed:  # the smallest changes that make it fit, when it does not
         from vramplan.planning.make_fit import with_fixes
 
         report = with_fixes(report, job, margin=margin)
@@ -107,6 +110,20 @@ def estimate(
     write_views(report, job, html=html, plot=plot,
                 extra=() if engine == "formula" else ("--engine", engine))
     exit_for_fit(report, job)
+
+
+def _why_untimed(job: Job) -> str | None:
+    """Why the job gets a memory answer but no step time (None: it gets one)."""
+    from vramplan.models import load_architecture
+    from vramplan.models.catalog import looks_like_factory
+
+    if looks_like_factory(job.model):
+        return ("no time estimate: a factory model has no config the performance model can "
+                "count FLOPs from (and no make-it-fit, which needs the formula); memory is the "
+                "engine's")
+    if load_architecture(job.model).kind == "cnn":
+        return "no time estimate: step times of CNNs are not modelled yet (memory only)"
+    return None
 
 
 def write_views(report: MemoryReport, job: Job, *, html: Path | None, plot: Path | None,
