@@ -290,6 +290,27 @@ class Job(_Strict):
 
     @model_validator(mode="before")
     @classmethod
+    def _family_lora_targets(cls, data: Any) -> Any:
+        """LoRA without target_modules on a family whose linears have other names (T5's q, v;
+        GPT-2's c_attn) takes that family's defaults, as peft does (models/lora_targets.py)."""
+        if not isinstance(data, dict) or data.get("peft") is None:
+            return data
+        peft = data["peft"]
+        given = (peft.model_fields_set if isinstance(peft, BaseModel) else
+                 set(peft) if isinstance(peft, dict) else {"target_modules"})
+        if "target_modules" in given:
+            return data
+        from vramplan.models.lora_targets import family_lora_targets
+
+        targets = family_lora_targets(data.get("model", DEFAULT_MODEL))
+        if targets is None:
+            return data
+        peft = (peft.model_copy(update={"target_modules": targets}) if isinstance(peft, BaseModel)
+                else {**peft, "target_modules": targets})
+        return {**data, "peft": peft}
+
+    @model_validator(mode="before")
+    @classmethod
     def _apply_framework(cls, data: Any) -> Any:
         """Fields the job leaves unset take its framework's defaults (profiles.toml)."""
         if isinstance(data, dict) and data.get("framework", "plain") != "plain":
