@@ -66,6 +66,10 @@ def measure(
     from vramplan.engines.registry import require_torch
 
     check_writable(out, html)
+    if emulate_gpu:  # before torch loads: an unknown name is refused at once
+        from vramplan.hardware import get_gpu
+
+        get_gpu(emulate_gpu)
     require_torch("measure")
     from vramplan.engines.measure import measure as run
 
