@@ -266,3 +266,35 @@ def test_a_blocking_factory_stops_at_the_time_limit(run_cli, factory_package):
     code, _, err = run_cli("estimate", f"{factory_package}:blocks", "--engine", "trace",
                            "--time-limit", "1")
     assert code == 2 and "time limit" in err
+
+
+# --- the web app's trace worker and sweep errors (issue 19, section 3) -----------------------
+
+
+def test_a_worker_that_dies_at_its_time_limit_is_reported_as_the_time_limit():
+    import time
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from vramplan.web.traces import TraceQueue, TraceTask
+
+    queue = TraceQueue()
+    for elapsed, expected in ((5.0, "time limit of 2 s"), (0.5, "may have run out of memory")):
+        task = TraceTask("t", {}, time_limit_s=2.0)
+        task.started = time.monotonic() - elapsed
+        task.future = Future()
+        task.future.set_exception(BrokenProcessPool("terminate called"))
+        queue._finish(task)
+        assert expected in task.error
+
+
+def test_a_bad_gpu_in_a_sweep_is_an_error_of_the_sweeps_gpus():
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from vramplan.web import create_app
+
+    r = TestClient(create_app()).post("/api/v1/sweep", json={
+        "job": {"model": "gpt2"}, "batch_sizes": [1], "seq_lens": [128],
+        "gpus": ["L4", "H9000"]})
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "gpus.1"
