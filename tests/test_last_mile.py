@@ -298,3 +298,20 @@ def test_a_bad_gpu_in_a_sweep_is_an_error_of_the_sweeps_gpus():
         "job": {"model": "gpt2"}, "batch_sizes": [1], "seq_lens": [128],
         "gpus": ["L4", "H9000"]})
     assert r.status_code == 422 and r.json()["errors"][0]["field"] == "gpus.1"
+
+
+def test_sweep_chart_legend_shows_its_lines_in_their_colours():
+    pytest.importorskip("matplotlib")
+    from matplotlib.colors import to_rgba
+
+    import vramplan
+    from vramplan.report import charts
+
+    rows = vramplan.sweep(vramplan.Job(model="gpt2"), vramplan.estimate, [1, 2, 4, 8], [128, 256])
+    biggest = max(r["device_total"] for r in rows)
+    fig, _ = charts.sweep_heatmap_figure(rows, {"big": biggest, "small": biggest // 2})
+    legend = fig.axes[0].get_legend()
+    background = to_rgba(legend.get_frame().get_facecolor())
+    for line in legend.get_lines():  # white on a white box was invisible
+        assert to_rgba(line.get_color()) != background
+    assert background != to_rgba("white")
