@@ -1,4 +1,5 @@
-# make run    : set up .venv with what the formula needs (no torch) and estimate the default job
+# make run    : set up .venv with the formula, its charts and the web app (no torch) and
+#              estimate the default job
 # make test   : add the development tools (torch CPU build, transformers, ...) and run the tests
 # make lint   : ruff and the import-linter layering contracts
 # make bench  : rerun every CPU benchmark and rewrite benchmarks/results/
@@ -12,9 +13,10 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# the formula CLI alone: pydantic, typer, rich, PyYAML, platformdirs
+# the formula CLI (pydantic, typer, rich, PyYAML, platformdirs) and what the README tour's
+# formula commands use: matplotlib (--html, --plot) and fastapi + uvicorn (serve); no torch
 $(VENV)/.base: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e '.[plot,web]'
 	touch $@
 
 $(VENV)/.dev: pyproject.toml requirements-dev.txt | $(BIN)/python

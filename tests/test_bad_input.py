@@ -102,6 +102,36 @@ JOB_FILES = {  # malformed job files (item 11)
 }
 
 
+def _step(seconds):
+    def change(row):
+        row["measured"]["step_time_median_s"] = seconds
+        return row
+    return change
+
+
+def _device(name):
+    def change(row):
+        row["measured"]["device_name"] = name
+        return row
+    return change
+
+
+CALIBRATE_FILES = {  # a measured H200 run, broken one way each (issue 19, calibrate)
+    "step 1e-9 s": _step(1e-9),
+    "step 1e9 s": _step(1e9),
+    "step as text": _step("fast"),
+    "step true": _step(True),
+    "step NaN": lambda row: json.dumps(row).replace(
+        json.dumps(row["measured"]["step_time_median_s"]), "NaN", 1),
+    "faster than the datasheet": _step(1e-3),
+    "run on an L4": _device("NVIDIA L4"),
+    "run on the CPU": _device("cpu"),
+    "a list": lambda row: [1, 2, 3],
+    "a sweep": lambda row: [{"batch_size": 1, "seq_len": 128, "device_total": 5}],
+    "an estimate": lambda row: {"job": row["job"], "peak_allocated": 5},
+}
+
+
 def cases(tmp: Path) -> list[tuple[str, list[str]]]:
     out: list[tuple[str, list[str]]] = []
     for option in INT_OPTIONS + FLOAT_OPTIONS:
@@ -163,6 +193,48 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
                                          "-s", "2048"]),
         ("estimate target len 1e23", ["estimate", "t5-small", "--target-len", "1e23"]),
     ]
+    out += [  # issue 19, section 2: margins and amounts, plan, calibrate, older classes
+        ("estimate tokens 1e400", ["estimate", "gpt2", "--gpu", "L4", "--tokens", "1e400"]),
+        ("estimate tokens 0", ["estimate", "gpt2", "--gpu", "L4", "--tokens", "0"]),
+        ("plan tokens 1e400", ["plan", "gpt2", "--tokens", "1e400"]),
+        ("plan deadline inf", ["plan", "gpt2", "--tokens", "1B", "--deadline", "inf"]),
+        ("plan max cost nan", ["plan", "gpt2", "--tokens", "1B", "--max-cost", "nan"]),
+        ("plan max cost inf", ["plan", "gpt2", "--tokens", "1B", "--max-cost", "inf"]),
+        ("plan constraints unmet", ["plan", "gpt2", "--tokens", "1B", "--max-cost",
+                                    "0.000001"]),
+        ("plan --gpu and --gpus", ["plan", "gpt2", "--gpu", "L4", "--gpus", "H100"]),
+        ("estimate job /dev/zero", ["estimate", "--job", "/dev/zero"]),
+        ("estimate image size on text", ["estimate", "gpt2", "--image-size", "224"]),
+        ("estimate seq len on vision", ["estimate", "vit-base-patch16-224", "-s", "128"]),
+        ("estimate target len on decoder", ["estimate", "gpt2", "--target-len", "64"]),
+        ("estimate audio on text", ["estimate", "gpt2", "--audio-seconds", "3"]),
+        ("estimate --set boolean batch", ["estimate", "gpt2", "--set", "batch_size=true"]),
+        ("estimate --set boolean gpus", ["estimate", "gpt2", "--set",
+                                         "parallel.num_gpus=false"]),
+        ("estimate --set boolean alpha", ["estimate", "gpt2", "--peft", "lora", "--set",
+                                          "peft.alpha=true"]),
+        ("sweep margin 2", ["sweep", "gpt2", "--batch-sizes", "1,2", "--margin", "2"]),
+        ("search margin -1", ["search", "batch-size", "gpt2", "--gpu", "L4", "--margin",
+                              "-1"]),
+        ("search budget 0", ["search", "batch-size", "gpt2", "--budget", "0"]),
+        ("search budget -1GB", ["search", "batch-size", "gpt2", "--budget", "-1GB"]),
+        ("search budget 1e400GB", ["search", "batch-size", "gpt2", "--budget", "1e400GB"]),
+        ("search no budget", ["search", "batch-size", "gpt2"]),
+        ("measure unknown emulate gpu", ["measure", "gpt2", "--emulate-gpu", "H9000"]),
+        ("lora targets of another family", ["estimate", "gpt2", "--peft", "lora",
+                                            "--lora-targets", "q_proj"]),
+    ]
+    for price in ("inf", "nan", "-1", "0"):
+        out.append((f"estimate price per hour {price}", [
+            "estimate", "gpt2", "--gpu", "L4", "--tokens", "1B", "--price-per-hour", price]))
+    run_row = json.loads((SUMMARY.parent / "gpu_validation.json").read_text())["rows"][0]
+    for name, change in CALIBRATE_FILES.items():
+        path = tmp / f"calibrate-{name}.json"
+        data = change(json.loads(json.dumps(run_row)))
+        path.write_text(data if isinstance(data, str) else json.dumps(data))
+        out.append((f"calibrate {name}", ["calibrate", str(path), "--gpu", "H200",
+                                          "--dry-run"]))
+    out.append(("calibrate /dev/zero", ["calibrate", "/dev/zero", "--dry-run"]))
     (tmp / "a-file").write_text("not a folder")
     for name, text in CONFIGS.items():
         path = tmp / name / "config.json"

@@ -57,7 +57,9 @@ def test_job_files_yaml_toml_json(tmp_path):
     for name in ("a.yaml", "b.toml", "c.json"):
         job = job_from_dict(load_job_file(tmp_path / name))
         assert (job.model, job.batch_size) == ("gpt2", 3)
-    assert job_from_dict(load_job_file(tmp_path / "a.yaml")).peft == Peft(rank=4)
+    # GPT-2's attention is one c_attn linear: LoRA without targets takes it, as peft does
+    assert job_from_dict(load_job_file(tmp_path / "a.yaml")).peft == Peft(
+        rank=4, target_modules=("c_attn",))
 
 
 def test_malformed_yaml_names_file_and_line(tmp_path):

@@ -267,3 +267,70 @@ def test_the_page_shows_the_one_estimates_verdict_time_cost_and_fixes(page, serv
     shown = [li.inner_text() for li in page.query_selector_all("#fixes li")]
     assert [s.split(" — ")[0] for s in shown] == [f"To fit: {f.flags}" for f in expected.to_fit]
     assert page.problems == []
+
+
+# --- issue 19, section 3 -----------------------------------------------------------------
+
+
+def test_a_refused_job_leaves_no_stale_numbers(page, server):
+    page.goto(server.url)
+    page.wait_for_selector("#chart-breakdown svg")
+    page.fill("#batch_size", "-4")
+    page.wait_for_function("() => document.getElementById('err-batch_size').textContent !== ''")
+    page.wait_for_function("() => document.getElementById('chart-breakdown').innerHTML === ''")
+    assert page.inner_text("#kpi-peak_allocated") == "-" and shown_bytes(page) is None
+    assert page.inner_text("#cli-command") == ""
+    assert page.query_selector_all("#fit-table tbody tr") == []
+
+
+def test_shared_links_keep_allow_and_time_limit_and_name_unknown_values(page, server):
+    page.goto(server.url + "?precision=bogus&time_limit_s=30&view=plan&plan_gpus=L4"
+              "&plan_max_gpus=1")
+    page.wait_for_selector("#kpi-peak_allocated[data-bytes]", state="attached")
+    assert page.input_value("#precision") == "bf16-mixed"  # not blanked
+    assert "precision=bogus" in page.inner_text("#link-state")
+    assert page.input_value("#time_limit_s") == "30"
+    page.check(".plan-allow[value=lora]")
+    assert "plan_allow=lora" in page.url
+    other = page.context.new_page()
+    other.goto(page.url)
+    other.wait_for_selector("#kpi-peak_allocated[data-bytes]", state="attached")
+    assert other.is_checked(".plan-allow[value=lora]")
+    assert not other.is_checked(".plan-allow[value=qlora]")
+
+
+def test_fit_table_says_why_a_gpu_is_refused(page, server):
+    page.goto(server.url + "?view=fit")
+    page.wait_for_selector("#fit-table tbody tr[data-gpu=V100-16GB]")
+    assert "no bf16" in page.inner_text("#fit-table tbody tr[data-gpu=V100-16GB]")
+
+
+def test_a_bad_gpu_in_the_sweep_list_shows_beside_that_list(page, server):
+    page.goto(server.url + "?view=sweep&sweep_gpus=L4%2CH9000")
+    page.wait_for_function("() => document.getElementById('err-gpus').textContent !== ''")
+    assert "H9000" in page.inner_text("#err-gpus") and page.inner_text("#err-gpu") == ""
+
+
+def test_plan_never_plans_an_uploaded_configs_file_name(page, server, tmp_path):
+    path = tmp_path / "gpt2.json"  # named like a catalog model
+    path.write_text(json.dumps(TINY_LLAMA))
+    page.goto(server.url + "?view=plan")
+    page.wait_for_selector("#kpi-peak_allocated[data-bytes]", state="attached")
+    page.set_input_files("#config-file", str(path))
+    page.wait_for_function("() => document.getElementById('config-state').textContent !== ''")
+    page.click("#run-plan")
+    page.wait_for_function("() => document.getElementById('err-general').textContent"
+                           ".includes('catalog models only')")
+    assert page.query_selector_all("#plan-table tbody tr") == []
+
+
+def test_usable_at_390_px(browser, server):
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    pg = context.new_page()
+    pg.goto(server.url)
+    pg.wait_for_selector("#kpi-peak_allocated[data-bytes]", state="attached")
+    width = pg.evaluate("() => document.documentElement.scrollWidth")
+    form, main = (pg.eval_on_selector(s, "e => e.getBoundingClientRect().width")
+                  for s in ("#job-form", "main"))
+    context.close()
+    assert width <= 392 and form > 300 and main > 300

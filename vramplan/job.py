@@ -69,11 +69,30 @@ class _RaisesJobError(type(BaseModel)):
             raise _job_error(cls, error) from None
 
 
+def _is_number(annotation: Any) -> bool:
+    """int, float, or either of them or None."""
+    import typing
+    args = set(typing.get_args(annotation)) - {type(None)} or {annotation}
+    return args <= {int, float}
+
+
 class _Strict(BaseModel, metaclass=_RaisesJobError):
     """Refuses unknown keys; bad values raise JobError (not pydantic's ValidationError), so
     `except VramplanError` catches every bad job however it is built."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, data: Any) -> Any:
+        """pydantic reads true as 1 (batch_size: true is batch 1): a boolean where a number
+        belongs is a mistake, so it is refused by name."""
+        if isinstance(data, dict):
+            for name, value in data.items():
+                field = cls.model_fields.get(name) if isinstance(name, str) else None
+                if isinstance(value, bool) and field is not None and _is_number(field.annotation):
+                    raise ValueError(f"{name}: {str(value).lower()} is a boolean; give a number")
+        return data
 
     @classmethod
     def model_validate(cls, obj: Any, **options: Any):
@@ -268,6 +287,27 @@ class Job(_Strict):
                              "tensors")
     gpu: str | None = Field(None, description="the GPU to check; null checks every catalog "
                             "GPU")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _family_lora_targets(cls, data: Any) -> Any:
+        """LoRA without target_modules on a family whose linears have other names (T5's q, v;
+        GPT-2's c_attn) takes that family's defaults, as peft does (models/lora_targets.py)."""
+        if not isinstance(data, dict) or data.get("peft") is None:
+            return data
+        peft = data["peft"]
+        given = (peft.model_fields_set if isinstance(peft, BaseModel) else
+                 set(peft) if isinstance(peft, dict) else {"target_modules"})
+        if "target_modules" in given:
+            return data
+        from vramplan.models.lora_targets import family_lora_targets
+
+        targets = family_lora_targets(data.get("model", DEFAULT_MODEL))
+        if targets is None:
+            return data
+        peft = (peft.model_copy(update={"target_modules": targets}) if isinstance(peft, BaseModel)
+                else {**peft, "target_modules": targets})
+        return {**data, "peft": peft}
 
     @model_validator(mode="before")
     @classmethod
@@ -471,8 +511,13 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
     if size > MAX_JOB_FILE_BYTES:
         raise JobFileError(f"{path}: {size:,} bytes is too large for a job file (at most "
                            f"{MAX_JOB_FILE_BYTES:,}); a job file holds a few dozen lines")
-    try:
-        text = path.read_text()
+    try:  # read at most the cap: /dev/zero or a pipe reports size 0 and never ends
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_JOB_FILE_BYTES + 1)
+        if len(raw) > MAX_JOB_FILE_BYTES:
+            raise JobFileError(f"{path}: more than {MAX_JOB_FILE_BYTES:,} bytes is too large "
+                               "for a job file; a job file holds a few dozen lines")
+        text = raw.decode()
     except FileNotFoundError:
         raise JobFileError(f"job file {str(path)!r} does not exist") from None
     except (OSError, UnicodeDecodeError) as error:

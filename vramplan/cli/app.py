@@ -4,6 +4,7 @@ one line on stderr and the exit codes documented in options.py."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Annotated, Optional
 
@@ -68,8 +69,12 @@ def _default(
 
 def _quiet_libraries() -> None:
     """Libraries' import-time chatter (torchao's optional CUDA kernels it cannot load, torch's
-    pytree and compile notices) is not about the user's job: the CLI shows its own lines."""
-    for name in ("torchao", "torch.utils._pytree", "torch._dynamo", "torch._inductor"):
+    pytree and compile notices, bitsandbytes' optional CPU kernel package, which vramplan
+    never uses: its CPU path runs the stand-ins) is not about the user's job: the CLI shows
+    its own lines."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # config chatter, not ours
+    for name in ("torchao", "torch.utils._pytree", "torch._dynamo", "torch._inductor",
+                 "bitsandbytes"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
@@ -87,8 +92,10 @@ def main(argv: list[str] | None = None) -> None:
     except ClickException as error:
         _fail(error.format_message().replace("\n", " "))
     except (KeyboardInterrupt, typer.Abort):
-        sys.stderr.write("interrupted\n")
-        raise SystemExit(EXIT_INTERRUPTED) from None
+        code = EXIT_INTERRUPTED
+    if code == EXIT_INTERRUPTED:  # typer returns Ctrl-C as a bare 130; commands that keep a
+        # partial result say so themselves and leave by SystemExit
+        sys.stderr.write("interrupted (Ctrl-C)\n")
     raise SystemExit(code if isinstance(code, int) else 0)
 
 

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import inspect
 import json
+import math
 import os
 import sys
 import typing
@@ -42,8 +43,24 @@ EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 console = Console()
 
 
+def _finite(data: Any) -> Any:
+    """inf and NaN have no JSON spelling (json.dumps would write Infinity): they become null."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v) for v in data]
+    return data
+
+
+def json_text(data: Any) -> str:
+    """Standard JSON (RFC 8259) for --json and --out, whatever the numbers inside."""
+    return json.dumps(_finite(data), indent=2, allow_nan=False) + "\n"
+
+
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    sys.stdout.write(json_text(data))
 
 
 # --- the job flags -----------------------------------------------------------------------------
@@ -251,6 +268,16 @@ MarginOpt = Annotated[float, typer.Option(
     "at most usable x (1 - margin); the same margin everywhere")]
 EngineName = Annotated[str, typer.Option(
     help="formula (instant), trace (exact, no GPU) or measure (real steps on this machine)")]
+
+
+def require_charts(*paths: Path | None) -> None:
+    """--html and --plot draw with matplotlib (the `plot` extra): say so in one line before
+    any work, in place of a ModuleNotFoundError at the end."""
+    import importlib.util
+
+    if any(p is not None for p in paths) and importlib.util.find_spec("matplotlib") is None:
+        raise JobError("--html and --plot draw their charts with matplotlib, which this "
+                       "install lacks: pip install 'vramplan[plot]' (make run installs it)")
 
 
 def check_writable(*paths: Path | None) -> None:

@@ -284,7 +284,25 @@ def _task(job: Job, arch: Architecture) -> str:
     return task
 
 
+def _check_inputs(job: Job, arch: Architecture) -> None:
+    """A flag for another kind of input (--image-size on a text model) would be silently
+    ignored: refuse it, naming what the model reads."""
+    vision = arch.kind == "cnn" or bool(arch.stacks and arch.stacks[0].sequence == "patches")
+    audio = bool(arch.stacks and arch.stacks[0].sequence == "audio")
+    reads = "images (image_size)" if vision else "audio (audio_seconds, target_len)" if audio \
+        else "text (seq_len, target_len)" if arch.kind == "encoder-decoder" else "text (seq_len)"
+    wrong = [name for name, given, applies in (
+        ("image_size", job.image_size, vision), ("audio_seconds", job.audio_seconds, audio),
+        ("seq_len", job.seq_len, not vision),
+        ("target_len", job.target_len, audio or arch.kind == "encoder-decoder"))
+        if given is not None and not applies]
+    if wrong:
+        raise JobError(f"{', '.join(wrong)} does not apply to {arch.name}, which reads "
+                       f"{reads}; leave it out")
+
+
 def _shapes(job: Job, arch: Architecture, task: str) -> Shapes:
+    _check_inputs(job, arch)
     b, notes = job.batch_size, []
     if arch.kind == "cnn" or (arch.stacks and arch.stacks[0].sequence == "patches"):
         size = job.image_size or arch.image_size
@@ -373,6 +391,11 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
                         for ln in s.linears), default=0) * 2
             notes.append("QLoRA: block linears in 4-bit NF4, the rest in 16-bit; "
                          "prepare_model_for_kbit_training would upcast the rest to fp32")
+            if job.checkpointing == "none" and "checkpointing" not in job.model_fields_set:
+                notes.append("QLoRA without checkpointing: peft's prepare_model_for_kbit_"
+                             "training (peft 0.21.2, use_gradient_checkpointing=True) turns "
+                             "full checkpointing on by default; if you call it, add "
+                             "--checkpointing full (--framework hf-trainer does)")
         else:
             weights = frozen * base
         weights += adapters * adapter_bytes(job) + head * dt.weight

@@ -30,7 +30,7 @@ import torch
 
 from vramplan.engines import runtime
 from vramplan.engines.report import CATEGORIES, Measured, MemoryReport, RankFigures
-from vramplan.errors import BudgetExceeded, EngineError
+from vramplan.errors import BudgetExceeded, EngineError, ModelConfigError, VramplanError
 from vramplan.hardware.nvml import NvmlSampler, nvml_used
 from vramplan.job import Job
 from vramplan.search.oom import is_out_of_memory
@@ -59,6 +59,10 @@ def measure(job: Job, *, steps: int = 5, warmup: int = 2, emulate_gpu: str | Non
     Out-of-memory errors propagate (search relies on them); any other error in the step,
     and Ctrl-C, end the run early with a partial report that says why.
     """
+    if emulate_gpu:  # an unknown name would be ignored on the CPU and fail late on CUDA
+        from vramplan.hardware import get_gpu
+
+        get_gpu(emulate_gpu)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if not re.fullmatch(r"cpu|cuda(:\d{1,3})?", str(device)):
         shown = str(device)[:40]
@@ -86,7 +90,18 @@ def measure(job: Job, *, steps: int = 5, warmup: int = 2, emulate_gpu: str | Non
         device = _join_process_group(job, device)
     # the real bitsandbytes / torchao kernels on CUDA, the stand-ins on the CPU
     kernels = select_kernels(job, torch.device(device), real=real_kernels)
-    setup = build_training_setup(job, device=device, model_config=model_config, kernels=kernels)
+    try:
+        setup = build_training_setup(job, device=device, model_config=model_config,
+                                     kernels=kernels)
+    except (VramplanError, MemoryError):
+        raise
+    except Exception as error:  # noqa: BLE001 - a broken config fails inside transformers
+        if is_out_of_memory(error):
+            raise
+        text = " ".join(str(error).split())[:300]
+        raise ModelConfigError(f"cannot build {job.model!r}: {type(error).__name__}: "
+                               f"{text}; check its config (vramplan estimate reads it with "
+                               "the formula and names the bad field)") from None
     counts = {"params_total": setup.params_total, "params_trainable": setup.params_trainable}
     if distributed:
         _shard(setup, job)
@@ -462,8 +477,8 @@ class _CpuProbe(_Probe):
             self._profiler = None
         if self.budget is not None and self.peak_allocated() > self.budget:
             raise BudgetExceeded(
-                f"the step needs {self.peak_allocated()} bytes at its peak "
-                f"({self.peak_phase}), over the budget of {self.budget} bytes")
+                f"the step needs {format_bytes(self.peak_allocated(), 'auto')} at its peak "
+                f"({self.peak_phase}), over the budget of {format_bytes(self.budget, 'auto')}")
 
     def _open(self, phase: str) -> None:
         if self._profiler is not None:

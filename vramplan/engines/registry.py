@@ -51,6 +51,8 @@ class LazyEngine:
             from vramplan.errors import EngineError
             raise EngineError(f"the {self.name} engine does not run pipeline parallelism yet: "
                               "use --engine formula")
+        if self.needs_torch:
+            require_torch(f"the {self.name} engine")
         return getattr(importlib.import_module(self.module), self.function)(job, **options)
 
     def accepted(self, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -59,6 +61,19 @@ class LazyEngine:
 
 
 _ENGINES: dict[str, Engine] = {}
+
+
+def require_torch(what: str) -> None:
+    """One line naming the extra when torch, transformers or peft is not installed (the
+    formula's install has none of them), in place of a ModuleNotFoundError traceback."""
+    import importlib.util
+
+    missing = [m for m in ("torch", "transformers", "peft") if importlib.util.find_spec(m) is None]
+    if missing:
+        from vramplan.errors import EngineError
+        raise EngineError(f"{what} builds the real model and needs {', '.join(missing)}, "
+                          "which this install lacks: pip install 'vramplan[torch]' (in this "
+                          "repository: make setup), or use --engine formula")
 
 
 def register_engine(engine: Engine) -> None:

@@ -123,6 +123,37 @@ class _TimeLimit(Exception):
     pass
 
 
+class _Watchdog(BaseException):
+    """Raised by the alarm: a BaseException, so that user code's `except Exception` (a
+    factory that blocks in sleep or I/O) cannot swallow it."""
+
+
+@contextlib.contextmanager
+def _alarm(seconds: float):
+    """The time limit for code the tracker never sees (a factory blocking before any op):
+    SIGALRM, in the main thread of a Unix process whose alarm is free; else nothing."""
+    import signal
+    import threading
+
+    usable = (hasattr(signal, "setitimer") and threading.current_thread() is
+              threading.main_thread() and signal.getsignal(signal.SIGALRM) in
+              (signal.SIG_DFL, None))
+    if not usable:
+        yield
+        return
+
+    def ring(signum, frame):
+        raise _Watchdog
+
+    signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, seconds + 1.0)  # the tracker's own check goes first
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+
 class _Tracker(TorchDispatchMode):
     """Sees every op's outputs; records new storages and (via weakref.finalize) their frees.
 
@@ -400,14 +431,15 @@ def run_trace(job: Job, *, time_limit_s: float = 300,
     # tensors of full size; better to stop and say which op
     fake = FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False)
     try:
-        with sharding(job, tracker) as shard, fake, tracker, transformers_quirks():
+        with _alarm(time_limit_s), sharding(job, tracker) as shard, fake, tracker, \
+                transformers_quirks():
             setup = build_training_setup(job, "cpu", model_config=model_config, empty=True)
             shard(setup)
             tracker.head_modules = _head_modules(setup.model)
             with _module_scope(tracker, setup.model):
                 for step in range(1, STEPS + 1):
                     _run_step(setup, job, tracker, step)
-    except _TimeLimit:
+    except (_TimeLimit, _Watchdog):
         raise EngineError(f"the trace ran past its time limit of {time_limit_s:g} s and was "
                           "stopped: raise the limit (time_limit_s / --time-limit) or use "
                           "--engine formula") from None

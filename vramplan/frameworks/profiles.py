@@ -30,6 +30,8 @@ class Setting(_Frozen):
 
     value: Any
     source: str
+    # a different default for some jobs: {"peft.method=qlora": "full"} (the first match wins)
+    value_when: dict[str, Any] = {}
 
 
 class Allowed(_Frozen):
@@ -88,8 +90,24 @@ def apply_profile(data: dict[str, Any]) -> dict[str, Any]:
     for dotted, setting in ordered:
         if dotted.startswith("fp8.") and data.get("precision") != "fp8":
             continue
-        _set_default(data, dotted.split("."), setting.value)
+        value = next((v for condition, v in setting.value_when.items()
+                      if _matches(data, condition)), setting.value)
+        _set_default(data, dotted.split("."), value)
     return data
+
+
+def _matches(data: dict[str, Any], condition: str) -> bool:
+    """'peft.method=qlora' against job data whose parts are dicts or built models."""
+    dotted, _, wanted = condition.partition("=")
+    value: Any = data
+    for key in dotted.split("."):
+        if isinstance(value, BaseModel):
+            value = getattr(value, key, None)
+        elif isinstance(value, dict):
+            value = value.get(key, "lora" if key == "method" else None)  # Peft's default
+        else:
+            return False
+    return str(value) == wanted
 
 
 def _set_default(data: dict[str, Any], path: list[str], value: Any) -> None:

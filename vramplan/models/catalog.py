@@ -162,6 +162,11 @@ def _looks_like_hf_id(ref: str) -> bool:
         and not ref.endswith(".json")
 
 
+def looks_like_factory(ref: str) -> bool:
+    """'package.module:factory' (a Python factory, which only trace and measure can build)."""
+    return isinstance(ref, str) and _looks_like_factory(ref) and not Path(ref).exists()
+
+
 def _looks_like_factory(ref: str) -> bool:
     module, sep, attr = ref.partition(":")
     return bool(sep) and bool(attr) and bool(module) and "/" not in module \

@@ -19,7 +19,8 @@ class TrainingAmount(BaseModel):
     epochs: float | None = Field(None, gt=0)         # passes over the dataset
     dataset_samples: int | None = Field(None, gt=0)  # samples in one epoch
     dataset_tokens: int | None = Field(None, gt=0)   # or tokens in one epoch
-    price_per_hour: float | None = Field(None, gt=0)  # USD per GPU-hour (overrides catalog)
+    # USD per GPU-hour (overrides catalog); inf or NaN would make every cost inf or NaN
+    price_per_hour: float | None = Field(None, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _one_amount(self) -> TrainingAmount:
@@ -48,6 +49,7 @@ class TrainingAmount(BaseModel):
 
 
 _COUNT_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+MAX_COUNT = 10**18  # far beyond any training run (2026's largest: ~4e13 tokens); 1e400 is inf
 _DURATION_SUFFIX = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -70,6 +72,8 @@ def parse_count(text: str | int, what: str = "tokens") -> int:
     if suffix not in _COUNT_SUFFIX or value != value or value <= 0:
         raise JobError(f"{what}: {text!r} is not a positive count; write e.g. 2B, 500M, 10k "
                        "or a plain number")
+    if value * _COUNT_SUFFIX[suffix] > MAX_COUNT:
+        raise JobError(f"{what}: {text!r} is too large (at most 1e18); write e.g. 2B, 500M")
     return int(round(value * _COUNT_SUFFIX[suffix]))
 
 
@@ -80,7 +84,8 @@ def parse_duration(text: str | float) -> float:
     if isinstance(text, (int, float)):
         return float(text)
     value, suffix = _split(str(text))
-    if suffix not in _DURATION_SUFFIX or value != value or value <= 0:
-        raise JobError(f"deadline: {text!r} is not a positive duration; write e.g. 24h, 3d, "
-                       "90m or a number of seconds")
+    if suffix not in _DURATION_SUFFIX or value != value or value <= 0 \
+            or value * _DURATION_SUFFIX[suffix] > 1e12:  # inf, or beyond 30,000 years
+        raise JobError(f"deadline: {text!r} is not a positive finite duration; write e.g. 24h, "
+                       "3d, 90m or a number of seconds")
     return value * _DURATION_SUFFIX[suffix]

@@ -40,26 +40,55 @@ class Calibration(BaseModel):
     files: list[str]
 
 
+MAX_RUN_FILE_BYTES = 50_000_000  # a measure report is kilobytes; /dev/zero never ends
+STEP_RANGE_S = (1e-4, 86_400.0)   # a step under 0.1 ms or over a day is not a training step
+
+
+def _read_json(path: str | Path):
+    try:
+        with Path(path).open("rb") as handle:
+            raw = handle.read(MAX_RUN_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise JobError(f"calibrate: {str(path)!r} does not exist") from None
+    except OSError as error:
+        raise JobError(f"calibrate: cannot read {str(path)!r}: {error.strerror or error}") \
+            from None
+    if len(raw) > MAX_RUN_FILE_BYTES:
+        raise JobError(f"calibrate: {str(path)!r} is too large to be a measure report")
+    try:  # Infinity / NaN are not JSON: a report holding them is refused here
+        return json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as error:
+        raise JobError(f"calibrate: cannot read {str(path)!r} as JSON: {error}") from None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
 def load_runs(paths: list[str | Path]) -> list[tuple[Job, float, str | None]]:
     """(job, measured step seconds, device name) of every timed run in the files."""
     runs = []
     for path in paths:
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise JobError(f"calibrate: {str(path)!r} does not exist") from None
-        except (OSError, json.JSONDecodeError) as error:
-            raise JobError(f"calibrate: cannot read {str(path)!r} as JSON: {error}") from None
+        data = _read_json(path)
         rows = data.get("rows") if isinstance(data, dict) and "rows" in data else [data]
+        if not isinstance(rows, list):
+            rows = [rows]
         for row in rows:
-            measured = row.get("measured") or {}
-            step = measured.get("step_time_median_s")
-            if "job" not in row or not step:
+            measured = row.get("measured") if isinstance(row, dict) else None
+            step = measured.get("step_time_median_s") if isinstance(measured, dict) else None
+            if not isinstance(row, dict) or not isinstance(row.get("job"), dict) or not step:
                 raise JobError(f"calibrate: {path} has no job with a measured step time; give "
-                               "`vramplan measure --json` reports (track() results carry no "
-                               "job)")
-            device = measured.get("device_name") or (data.get("machine") or {}).get("gpu")
-            runs.append((Job.model_validate(row["job"]), float(step), device))
+                               "`vramplan measure --json` reports (track() results, sweeps "
+                               "and estimates carry none)")
+            if isinstance(step, bool) or not isinstance(step, (int, float)) \
+                    or not STEP_RANGE_S[0] <= step <= STEP_RANGE_S[1]:
+                raise JobError(f"calibrate: {path}: step time {step!r} s is not a plausible "
+                               f"measured step ({STEP_RANGE_S[0]:g} s to {STEP_RANGE_S[1]:g} s)")
+            machine = data.get("machine") if isinstance(data, dict) else None
+            device = measured.get("device_name") or (
+                machine.get("gpu") if isinstance(machine, dict) else None)
+            runs.append((Job.model_validate(row["job"]), float(step),
+                         device if isinstance(device, str) else None))
     if not runs:
         raise JobError("calibrate: no runs found in the files given")
     return runs
@@ -125,9 +154,24 @@ def calibrate(paths: list[str | Path], gpu: str | None = None) -> Calibration:
                               else "no GPU") + "; give the GPU with --gpu")
         gpu = devices.pop()
     chosen = get_gpu(gpu)
+    for device in devices:  # runs of another device would fit this GPU's factors to them
+        other = _catalog_name(device)
+        if other != chosen.name:
+            raise JobError(f"calibrate: a run was measured on {device!r}, not on "
+                           f"{chosen.name}: give runs of one GPU type (and --gpu for it)")
     base = factors_for(chosen)
     terms = [step_terms(job, chosen) for job, _, _ in runs]
     measured = [m for _, m, _ in runs]
+    # a step faster than the datasheet peaks allow (every factor at 100%) was not this job
+    # on this GPU, or its timer is broken: fitted, it would halve every later cost
+    peak = base.model_copy(update=dict(matmul=1.0, attention=1.0, memory=1.0, kernel_us=0.0,
+                                       module_us=0.0, collective=1.0, overlap=1.0))
+    for (job, m, _), t in zip(runs, terms):
+        fastest = step_time(t, peak)
+        if m < 0.9 * fastest:  # 10%: datasheet rounding
+            raise JobError(f"calibrate: {job.model} measured {m:g} s per step, faster than "
+                           f"{chosen.name}'s datasheet peaks allow ({fastest:.3g} s at 100% "
+                           "efficiency): not a run of this job on this GPU, or a broken timer")
     fitted = fit(base, terms, measured)
     update = {"source": f"{chosen.name}: calibrated on {len(runs)} of your runs"}
     if len(runs) >= MIN_RUNS_FOR_THREE_FACTORS:
@@ -149,6 +193,17 @@ def calibrate(paths: list[str | Path], gpu: str | None = None) -> Calibration:
                        median_error_before=median_error(base),
                        median_error_after=median_error(fitted),
                        files=[str(p) for p in paths])
+
+
+def _catalog_name(device: str) -> str | None:
+    """The catalog name of a run's device ('NVIDIA H200' -> 'H200'); None: not a GPU we know
+    (the CPU, an unknown card)."""
+    from vramplan.errors import VramplanError
+
+    try:
+        return get_gpu(device).name
+    except (VramplanError, KeyError, ValueError):
+        return None
 
 
 def user_file() -> Path:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import functools
+import math
 import tomllib
 from importlib import resources
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vramplan.hardware.gpu import GPU
 from vramplan.planning.gemm import GemmModel
@@ -130,7 +131,22 @@ def _calibrated(gpu: GPU) -> Factors | None:
     values = _user_tables(str(path), path.stat().st_mtime).get(gpu.name)
     if not values:
         return None
-    return Factors(**{k: v for k, v in values.items() if k in Factors.model_fields})
+    try:  # a hand-edited or older file must not break every estimate on this GPU
+        numbers = [v for k, v in values.items() if k in Factors.model_fields and k != "source"]
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers):
+            raise ValueError("a factor that is not a finite number")
+        return Factors(**{k: v for k, v in values.items() if k in Factors.model_fields})
+    except (ValidationError, ValueError, TypeError) as error:
+        problem = ("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in
+                             error.errors()[:3]) if isinstance(error, ValidationError)
+                   else str(error))[:160]
+        return _ignored(gpu, f"{path}: the table for {gpu.name} is invalid ({problem}) and "
+                             "was ignored; run vramplan calibrate again")
+
+
+def _ignored(gpu: GPU, note: str) -> Factors:
+    base = factors_for(gpu, calibrated=False)
+    return base.model_copy(update={"source": f"{base.source}; {note}"})
 
 
 def factors_for(gpu: GPU, *, calibrated: bool = True) -> Factors:

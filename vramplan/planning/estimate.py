@@ -42,6 +42,9 @@ def compose(job: Job, *, engine: str = "formula", gpu: str | None = None,
         report = report.model_copy(update={"fits": with_margin(report.fits, margin)})
     if chosen is None or engine_options.get("model_config") is not None:
         return report
+    untimed = why_untimed(job)
+    if untimed:  # memory is the answer; time and fixes need the formula's shapes
+        return report.model_copy(update={"notes": [*report.notes, untimed]})
     from vramplan.planning.performance import performance_for
 
     perf = performance_for(job, chosen, tokens=tokens, samples=samples, epochs=epochs,
@@ -55,3 +58,17 @@ def compose(job: Job, *, engine: str = "formula", gpu: str | None = None,
         report = report.model_copy(update={"to_fit": make_it_fit(
             job, chosen, margin=margin, allow=ALLOW_NAMES)})
     return report
+
+
+def why_untimed(job: Job) -> str | None:
+    """Why the job gets a memory answer but no step time (None: it gets one)."""
+    from vramplan.models import load_architecture
+    from vramplan.models.catalog import looks_like_factory
+
+    if looks_like_factory(job.model):
+        return ("no time estimate: a factory model has no config the performance model can "
+                "count FLOPs from (and no make-it-fit, which needs the formula); memory is the "
+                "engine's")
+    if load_architecture(job.model).kind == "cnn":
+        return "no time estimate: step times of CNNs are not modelled yet (memory only)"
+    return None

@@ -217,8 +217,10 @@ def sweep_heatmap_figure(rows: Sequence[Mapping[str, Any]],
     ax.set_xlabel("batch size")
     ax.set_ylabel("sequence length")
     ax.set_title("Peak device memory; lines: fit boundary per GPU")
-    if limits:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.25, 1), frameon=False)
+    if ax.get_legend_handles_labels()[0]:  # the lines are white / yellow: a dark legend
+        # box shows them in the colours they have on the map
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.25, 1), frameon=True,
+                  facecolor="#3a4252", edgecolor="#3a4252", labelcolor="white")
     return fig, tips
 
 
@@ -287,14 +289,17 @@ def plan_figure(plan) -> tuple[Figure, Tips]:
     fig = _figure(6.4, 3.6)
     ax = fig.add_subplot()
     tips: Tips = {}
+    shown = set()  # each kind of point once in the legend, in the colour it is drawn in
     for n, c in enumerate(plan.candidates):
         x, y = x_of(c), y_of(c)
         if x is None or y is None:
             continue
         gid = f"vp-plan-{n}"
         on_front = any(c == f for f in plan.front)
+        kind = "on the front" if on_front else "other configurations"
         ax.plot([x], [y], "o", color="#0072B2" if on_front else "#9aa5b8", markersize=6,
-                gid=gid)
+                gid=gid, label=None if kind in shown else kind)
+        shown.add(kind)
         tips[gid] = (f"{c.num_gpus} x {c.gpu}: {xlabel} {x:,.3g}, {ylabel} {y:,.4g}; step "
                      f"{c.step_time_s:.3g} s, MFU {100 * c.mfu:.0f}%, headroom "
                      f"{100 * c.headroom_fraction:.0f}%; flags: {c.flags}")
@@ -321,7 +326,7 @@ def plan_figure(plan) -> tuple[Figure, Tips]:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(f"{plan.model}: cost against time")
-    if front:
+    if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     return fig, tips

@@ -100,7 +100,9 @@ def print_plan(plan, console: Console) -> None:
 def print_per_gpu(rows, console: Console) -> None:
     """Time and cost per GPU type (estimate without --gpu)."""
     table = Table(show_header=True, header_style="bold")
-    for column in ("GPU", "fits", "headroom", "step", "tokens/s", "time", "cost"):
+    amount = any(perf is not None and perf.cost_usd is not None for _, perf in rows)
+    for column in ("GPU", "fits", "headroom", "step", "tokens/s", "time",
+                   "cost" if amount else "$/M tokens"):
         table.add_column(column, justify="left" if column in ("GPU", "fits") else "right")
     for fit, perf in rows:
         table.add_row(fit.gpu, "yes" if fit.fits else "no",
@@ -108,5 +110,18 @@ def print_per_gpu(rows, console: Console) -> None:
                       f"{1000 * perf.step_time_s:,.0f} ms" if perf else "-",
                       f"{perf.tokens_per_s:,.0f}" if perf else "-",
                       duration(perf.training_time_s) if perf else "-",
-                      money(perf.cost_usd) if perf else "-")
+                      _cost_cell(perf))
     console.print(table)
+
+
+def _cost_cell(perf: Performance | None) -> str:
+    """The training's cost; without an amount (--tokens ...), the cost of a million tokens
+    (the column says so), which is what --sort cost then sorts on."""
+    if perf is None:
+        return "-"
+    if perf.cost_usd is not None:
+        return money(perf.cost_usd)
+    if not perf.price_per_hour or not perf.tokens_per_s:
+        return "-"
+    per_million = perf.price_per_hour * perf.num_gpus / perf.tokens_per_s / 3600 * 1e6
+    return money(per_million)

@@ -8,6 +8,7 @@ import re
 import sys
 
 from vramplan.errors import BudgetExceeded, EngineError
+from vramplan.units import format_bytes
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -51,6 +52,8 @@ def describe_oom(error: BaseException) -> str:
     """torch's first sentence and the request that failed; torch's paragraph about
     allocator settings is left out."""
     text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    # the CPU allocator counts in bytes ("you tried to allocate 123456789 bytes"): say GiB
+    text = re.sub(r"\b(\d{4,}) bytes\b", lambda m: format_bytes(int(m.group(1)), "auto"), text)
     request = re.search(r"Tried to allocate ([\d.]+ \w+)", text)
     first = text.split(". ")[0].rstrip(".")
     if request is None or request.group(0) in first:

@@ -28,7 +28,7 @@ def from_factory(job: Job, device: torch.device, notes: list[str]):
     ({name: per-sample shape} or one shape) and 'loss' (callable(output, batch))."""
     module_name, _, attr = job.model.partition(":")
     try:
-        factory: Any = importlib.import_module(module_name)
+        factory: Any = _import_from_working_directory(module_name)
         for part in attr.split("."):
             factory = getattr(factory, part)
     except SystemExit as stop:  # sys.exit() in the user's module would end vramplan silently
@@ -38,8 +38,11 @@ def from_factory(job: Job, device: torch.device, notes: list[str]):
         raise ModelConfigError(f"cannot load factory {job.model!r}: {type(error).__name__}: "
                                f"{error}") from None
     try:
-        wants_job = len(inspect.signature(factory).parameters) > 0
-        result = factory(job) if wants_job else factory()
+        if isinstance(factory, nn.Module):  # `pkg.mod:model`, a module object, not a factory
+            result = factory
+        else:
+            wants_job = len(inspect.signature(factory).parameters) > 0
+            result = factory(job) if wants_job else factory()
     except SystemExit as stop:
         raise ModelConfigError(f"factory {job.model!r} called sys.exit({stop.code!r}); return "
                                "a model instead of exiting") from None
@@ -66,10 +69,9 @@ def from_factory(job: Job, device: torch.device, notes: list[str]):
     if job.checkpointing != "none":
         notes.append("checkpointing is applied to Hugging Face models only: a factory model "
                      "has to checkpoint itself")
-    if batch_fn is None and shapes is None:
-        raise ModelConfigError(f"factory {job.model!r} gave no inputs: return (module, "
-                               "batch_fn) or {'model': module, 'input_shapes': {...}}")
     floats = torch.bfloat16 if job.precision == "bf16-pure" else torch.float32
+    if batch_fn is None and shapes is None:  # a bare module: inputs from its first layer
+        batch_fn = _inputs_of_first_layer(model, job, floats, notes)
     if batch_fn is not None:
         make_batch = lambda: batch_fn(job.batch_size, device)  # noqa: E731
     elif isinstance(shapes, dict):
@@ -79,3 +81,47 @@ def from_factory(job: Job, device: torch.device, notes: list[str]):
         make_batch = lambda: torch.randn(job.batch_size, *shapes, dtype=floats,  # noqa: E731
                                          device=device)
     return model, make_batch, lambda m, batch: generic_loss(m, batch, loss_fn)
+
+
+def _import_from_working_directory(module_name: str):
+    """Import as `python -m` would: the working directory first on the path (the `vramplan`
+    script's own folder is there instead, so `my_pkg.models:build` would not be found)."""
+    import sys
+
+    cwd = str(Path.cwd())
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
+def _inputs_of_first_layer(model: nn.Module, job: Job, floats: torch.dtype, notes: list[str]):
+    """batch_fn for a factory that returned a bare nn.Module: random inputs shaped for its
+    first Linear (batch x in_features), Embedding (batch x seq_len token ids) or Conv2d
+    (batch x channels x image_size^2); otherwise ask for inputs."""
+    first = next((m for m in model.modules()
+                  if isinstance(m, (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d))), None)
+    seq, side = job.seq_len or 512, job.image_size or 224
+    if isinstance(first, nn.Embedding):
+        shape, what = (seq,), f"{seq} token ids (seq_len)"
+        def make(b, device):
+            return torch.randint(0, first.num_embeddings, (b, *shape), device=device)
+    elif first is not None:
+        shape = ((first.in_features,) if isinstance(first, nn.Linear) else
+                 (first.in_channels, seq) if isinstance(first, nn.Conv1d) else
+                 (first.in_channels, side, side))
+        what = f"shape {tuple(shape)}"
+        def make(b, device):
+            return torch.randn(b, *shape, dtype=floats, device=device)
+    else:
+        raise ModelConfigError(f"factory {job.model!r} returned a module whose inputs cannot "
+                               "be guessed (no Linear, Embedding or Conv first layer): return "
+                               "(module, batch_fn) or {'model': module, 'input_shapes': {...}}")
+    notes.append(f"factory returned a bare module: inputs guessed from its first layer "
+                 f"({type(first).__name__}): {what} per sample; return (module, batch_fn) "
+                 "to give the real ones")
+    return make

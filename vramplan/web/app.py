@@ -145,8 +145,11 @@ def create_app(*, max_queued_traces: int = 3, trace_grace_s: float = 30.0) -> Fa
         from vramplan.hardware import get_gpu
 
         limits = {}
-        for name in body.gpus:
-            gpu = get_gpu(name)
+        for index, name in enumerate(body.gpus):
+            try:
+                gpu = get_gpu(name)
+            except UnknownNameError as error:  # beside the sweep's GPU list, not job.gpu
+                return error_response(422, [(f"gpus.{index}", str(error))])
             limits[gpu.name] = limit_bytes(usable_bytes(gpu), body.margin)
         rows = vramplan.sweep(body.job, _oracle(body.config), body.batch_sizes, body.seq_lens)
         for row in rows:

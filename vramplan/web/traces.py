@@ -128,8 +128,14 @@ class TraceQueue:
         except Exception as error:  # noqa: BLE001 - a dead worker, reported as a message
             if isinstance(error, BrokenProcessPool):
                 self._discard_pool()
-            outcome = {"error": f"the trace worker stopped ({type(error).__name__}: it may "
-                                "have run out of memory); run the trace again"}
+            if task.finished - task.started >= task.time_limit_s:
+                # the worker died while its limit stopped the trace (torch can abort in C++
+                # when the limit interrupts it): that is the time limit, not memory
+                outcome = {"error": f"the trace passed its time limit of {task.time_limit_s:g}"
+                                    " s and was stopped; raise the limit or use the formula"}
+            else:
+                outcome = {"error": f"the trace worker stopped ({type(error).__name__}: it "
+                                    "may have run out of memory); run the trace again"}
         task.result, task.error = outcome.get("report"), outcome.get("error")
 
     def _discard_pool(self) -> None:

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
@@ -23,9 +22,11 @@ from vramplan.cli.options import (
     config_notes,
     console,
     job_command,
+    json_text,
     last_config,
     print_json,
     progress,
+    require_charts,
     write_html,
     write_or_print,
 )
@@ -73,6 +74,7 @@ def estimate(
     from vramplan.planning.estimate import compose
 
     check_writable(out, html, plot)
+    require_charts(html, plot)
     with progress(f"{engine} engine", quiet=as_json or engine == "formula"):
         # memory, fit, time and cost on --gpu, and fixes when it does not fit: the one
         # estimate the API and the web app give too
@@ -97,7 +99,7 @@ def estimate(
             if dataset_samples else None, price_per_hour=price_per_hour)
         print_per_gpu(per_gpu(job, report.fits, amount, sort or "time"), console)
     if out:
-        write_or_print(out, json.dumps(report.to_json_dict(), indent=2) + "\n")
+        write_or_print(out, json_text(report.to_json_dict()))
     write_views(report, job, html=html, plot=plot,
                 extra=() if engine == "formula" else ("--engine", engine))
     exit_for_fit(report, job)

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Optional
 
 import typer
@@ -19,6 +18,7 @@ from vramplan.cli.options import (
     check_writable,
     console,
     job_command,
+    json_text,
     last_config,
     print_json,
     write_or_print,
@@ -74,7 +74,7 @@ def headroom(
     else:
         _print_headroom(result)
     if out:
-        write_or_print(out, json.dumps(data, indent=2) + "\n")
+        write_or_print(out, json_text(data))
     if not (result.before.fits if what_if else result.fits):
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 

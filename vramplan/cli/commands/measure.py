@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Annotated, Optional
@@ -18,6 +17,7 @@ import typer
 from rich.table import Table
 
 from vramplan.cli.options import (
+    EXIT_BAD_INPUT,
     EXIT_DOES_NOT_FIT,
     EXIT_INTERRUPTED,
     AsJson,
@@ -26,8 +26,10 @@ from vramplan.cli.options import (
     check_writable,
     console,
     job_command,
+    json_text,
     print_json,
     progress,
+    require_charts,
     write_html,
     write_or_print,
 )
@@ -61,9 +63,17 @@ def measure(
 
     Example: vramplan measure qwen2.5-0.5b -b 2 -s 1024 --steps 5 --emulate-gpu L4
     """
-    from vramplan.engines.measure import measure as run
+    from vramplan.engines.registry import require_torch
 
     check_writable(out, html)
+    if emulate_gpu:  # before torch loads: an unknown name is refused at once
+        from vramplan.hardware import get_gpu
+
+        get_gpu(emulate_gpu)
+    require_torch("measure")
+    from vramplan.engines.measure import measure as run
+
+    require_charts(html)
     try:
         with progress(f"measuring {warmup} + {steps} steps", quiet=as_json):
             report = run(job, steps=steps, warmup=warmup, emulate_gpu=emulate_gpu,
@@ -79,7 +89,7 @@ def measure(
     if os.environ.get("RANK", "0") != "0":
         return  # under torchrun, rank 0 holds every rank's figures and prints them
     if out:
-        write_or_print(out, json.dumps(report.to_json_dict(), indent=2) + "\n")
+        write_or_print(out, json_text(report.to_json_dict()))
     if html:
         from vramplan.report.command import cli_command
         from vramplan.report.html import report_html
@@ -172,6 +182,7 @@ def compare(
     Example: vramplan compare llama-3.2-1b -b 2 -s 512 --device cpu
     """
     check_writable(html)
+    require_charts(html)
     names = [e.strip() for e in engines.split(",") if e.strip()]
     if not names:
         raise JobError("--engines needs at least one of formula, trace, measure")
@@ -187,6 +198,7 @@ def compare(
     if as_json:
         print_json({"rows": rows, "reports": {n: r.to_json_dict() if isinstance(
             r, MemoryReport) else {"error": r} for n, r in reports.items()}})
+        _exit_if_failed(reports)
         return
     ref = names[-1]
     largest = max((max(v for k, v in r.items() if k in names and v) for r in rows
@@ -206,6 +218,16 @@ def compare(
     for name, report in reports.items():
         if not isinstance(report, MemoryReport):
             console.print(f"[yellow]{name}[/]: {report}")
+    _exit_if_failed(reports)
+
+
+def _exit_if_failed(reports: dict) -> None:
+    """An engine without a report leaves the comparison incomplete: the others' figures
+    are shown above, and the exit code (2) and one line on stderr say what is missing."""
+    failed = [f"{n} {r}" for n, r in reports.items() if not isinstance(r, MemoryReport)]
+    if failed:
+        sys.stderr.write(f"error: the comparison is incomplete: {'; '.join(failed)}\n"[:2000])
+        raise SystemExit(EXIT_BAD_INPUT)
 
 
 def register(app: typer.Typer) -> None:

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-import json
+import sys
 from typing import Annotated, Optional
 
 import typer
@@ -21,10 +21,13 @@ from vramplan.cli.options import (
     check_writable,
     console,
     job_command,
+    json_text,
     print_json,
+    require_charts,
     write_html,
     write_or_print,
 )
+from vramplan.errors import JobError
 from vramplan.fit import SAFETY_MARGIN
 from vramplan.job import Job
 from vramplan.planning.options import DEFAULT_MAX_GPUS
@@ -76,6 +79,12 @@ def plan(
     from vramplan.planning.planner import plan as make_plan
 
     check_writable(out, html)
+    require_charts(html)
+    if job.gpu:  # --gpu X on plan means "plan on X"; silently planning every GPU misleads
+        if gpus and [g.strip() for g in gpus.split(",")] != [job.gpu]:
+            raise JobError(f"plan takes the GPU types to consider as --gpus (a list); give "
+                           f"either --gpu {job.gpu} or --gpus {gpus}, not both")
+        gpus, job = job.gpu, job.with_changes(gpu=None)
     options = plan_options(
         tokens=parse_count(tokens) if tokens else None,
         samples=parse_count(samples, "samples") if samples else None, epochs=epochs,
@@ -105,10 +114,14 @@ def plan(
         print_plan(result, console)
         _print_in_config(result, job)
     if out:
-        write_or_print(out, json.dumps(data, indent=2) + "\n")
+        write_or_print(out, json_text(data))
     if result.status == "nothing-fits":
         raise typer.Exit(EXIT_DOES_NOT_FIT)
-    if result.status == "constraints-unmet":
+    if result.status == "constraints-unmet":  # the table says why; stderr says that it failed
+        bounds = " and ".join(f for f, v in (("--max-cost", max_cost), ("--deadline", deadline))
+                              if v is not None)
+        sys.stderr.write(f"error: no configuration that fits meets {bounds}; closest: "
+                         f"{result.closest_miss}\n")
         raise typer.Exit(EXIT_BAD_INPUT)
 
 

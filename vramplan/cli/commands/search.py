@@ -10,7 +10,6 @@ vramplan.search (and the planner's GPU count search).
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -31,8 +30,10 @@ from vramplan.cli.options import (
     console,
     counting,
     job_command,
+    json_text,
     print_json,
     progress,
+    require_charts,
     write_html,
     write_or_print,
 )
@@ -113,6 +114,7 @@ def batch_size(
     Example: vramplan search batch-size llama-3.2-1b -s 2048 --gpu L4
     """
     check_writable(out, html)
+    require_charts(html)
     limit, what = budget_of(job, budget)
     with progress(f"search batch size ({engine})", quiet=as_json) as update, \
             _keeping_trials() as kept:
@@ -138,6 +140,7 @@ def seq_len(
     Example: vramplan search seq-len llama-3.2-1b -b 4 --gpu A100-40GB --engine trace
     """
     check_writable(out, html)
+    require_charts(html)
     limit, what = budget_of(job, budget)
     positions = None if maximum else _max_positions(job)
     with progress(f"search sequence length ({engine})", quiet=as_json) as update, \
@@ -182,7 +185,7 @@ def num_gpus(
     else:
         _print_gpu_count(result)
     if out:
-        write_or_print(out, json.dumps(data, indent=2) + "\n")
+        write_or_print(out, json_text(data))
     if not result.fits:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
@@ -238,10 +241,10 @@ def _finish(result: _search.SearchResult, what: str, as_json: bool, out: Path | 
     else:
         print_search(result, what, *([cap_reason] if cap_reason else []))
     if out:
-        write_or_print(out, json.dumps(result.to_dict(), indent=2) + "\n")
+        write_or_print(out, json_text(result.to_dict()))
     if result.interrupted:
         sys.stderr.write(f"interrupted: {result.interrupted}\n")
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise SystemExit(EXIT_INTERRUPTED)  # typer.Exit(130) reads as a bare Ctrl-C in main
     if not result.fits:
         raise typer.Exit(EXIT_DOES_NOT_FIT)
 
@@ -303,6 +306,7 @@ def sweep(
     --plot memory.png
     """
     check_writable(out, plot_out, html)
+    require_charts(plot_out, html)
     batches = _ints(batch_sizes, "--batch-sizes") or [job.batch_size]
     seqs = _ints(seq_lens, "--seq-lens") or [job.seq_len]
     limit, what = budget_of(job, budget) if (budget or job.gpu) else (None, "")
@@ -322,7 +326,7 @@ def sweep(
         rows, interrupted = stop.rows, str(stop)
     if out:
         write_or_print(out, _search.rows_csv(rows) if out.suffix == ".csv"
-                       else json.dumps(rows, indent=2) + "\n")
+                       else json_text(rows))
     if plot_out:
         _search.plot(rows, plot_out, limit_bytes=limit, limit_label=what or "limit",
                      title=f"{job.model}: peak memory ({engine})")

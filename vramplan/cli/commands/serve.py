@@ -33,6 +33,7 @@ def serve(
     except ImportError as error:
         raise VramplanError(f"vramplan serve needs the web extra ({error.name} is missing): "
                             "pip install 'vramplan[web]'") from None
+    _check_port(host, port)  # the URL is printed only once it can be served
     console.print(f"vramplan web app on {server_url(host, port)}  (API: "
                   f"{server_url(host, port)}docs; Ctrl-C stops it)")
     if not is_local(host):
@@ -40,6 +41,21 @@ def serve(
                       "can reach this machine can use the app (it reads no files and runs no "
                       "user code, but traces use its CPU)")
     run(host, port, max_queued_traces=max_queued_traces)
+
+
+def _check_port(host: str, port: int) -> None:
+    """Bind and release the address, so a port in use (or a host that is not this
+    machine's) is one line before any URL is shown, not a uvicorn log after it."""
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind((host, port))
+    except OSError as error:
+        raise VramplanError(f"cannot listen on {host}:{port} ({error.strerror or error}); "
+                            "choose another --port, or stop what uses it") from None
 
 
 def register(app: typer.Typer) -> None:
