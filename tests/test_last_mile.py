@@ -79,10 +79,12 @@ def test_compare_exits_2_naming_the_engine_that_failed(run_cli, monkeypatch):
 
 def test_ctrl_c_exits_130_and_says_so(run_cli, monkeypatch):
     import vramplan.engines.registry as registry
+    import vramplan.planning.estimate as composed
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
     monkeypatch.setattr(registry, "run_engine", interrupted)
+    monkeypatch.setattr(composed, "run_engine", interrupted)  # the one estimate's import
     code, _, err = run_cli("estimate", "gpt2")
     assert code == 130 and "interrupted" in err
 

@@ -64,7 +64,7 @@ def _counted(job: Job, config: dict) -> int:
     (BERT, dict(task="seq-classification", peft=Peft(rank=4, target_modules=("query",)))),
     (T5, dict(target_len=16, attention="eager")),
     (WHISPER, dict(seq_len=16)),
-    (VIT, dict(batch_size=4)),
+    (VIT, dict(batch_size=4, seq_len=None)),  # images: no sequence length
     (MIXTRAL, dict()),
     (DEEPSEEK, dict(attention="eager")),
     (DEEPSEEK, dict(attention="eager", checkpointing="full")),

@@ -14,7 +14,8 @@ LORA_TARGETS: dict[str, tuple[str, ...]] = {  # model_type -> peft's default tar
     "t5": ("q", "v"), "mt5": ("q", "v"), "gpt2": ("c_attn",), "gpt_bigcode": ("c_attn",),
     "bert": ("query", "value"), "roberta": ("query", "value"),
     "xlm-roberta": ("query", "value"), "electra": ("query", "value"),
-    "vit": ("query", "value"), "gpt_neox": ("query_key_value",),
+    # ViT: transformers 5 names its attention q_proj/k_proj/v_proj, vramplan's default
+    "gpt_neox": ("query_key_value",),
     "falcon": ("query_key_value",), "bloom": ("query_key_value",),
 }
 

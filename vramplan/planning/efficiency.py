@@ -132,7 +132,8 @@ def _calibrated(gpu: GPU) -> Factors | None:
     if not values:
         return None
     try:  # a hand-edited or older file must not break every estimate on this GPU
-        numbers = [v for k, v in values.items() if k in Factors.model_fields and k != "source"]
+        numbers = [v for k, v in values.items() if k in Factors.model_fields
+                   and k not in ("source", "interval")] + list(values.get("interval") or [])
         if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers):
             raise ValueError("a factor that is not a finite number")
         return Factors(**{k: v for k, v in values.items() if k in Factors.model_fields})
