@@ -186,7 +186,7 @@ def _stage_report(job: Job, arch: Architecture, task: str, shapes: Shapes,
         block_cast = max(0.0, cast - params.cast_head / tp)
         cast -= block_cast * _checkpointed_share(job, arch)
         recompute = dict(activations=block_acts / (tp * cp), cast=block_cast / layers)
-        if job.compile:  # a compiled block casts its weights inside its graph: no cache
+        if job.compiles_blocks:  # a compiled block casts its weights in its graph: no cache
             cast_fwd = cast
 
     saved_inputs = (shapes.input_bytes - shapes.label_bytes) / cp  # what backward still holds
@@ -563,7 +563,7 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
         encoder_seq = shapes.stack_seq[0] if stack.cross_attention else 0
         saved = act.compiled_block_saved_tensors(
             stack, act.BlockShape(job.batch_size, seq), dt, adapters,
-            fp32_adapters=dt.autocast and adapter_bytes(job) == 4) if job.compile else \
+            fp32_adapters=dt.autocast and adapter_bytes(job) == 4) if job.compiles_blocks else \
             act.block_saved_tensors(
             stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
             attention=_attention_impl(job, arch), hidden_dropout=arch.hidden_dropout,
@@ -585,7 +585,7 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
                       else act.block_op_sac_outputs)
             kept = policy(stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
                           attention=_attention_impl(job, arch), adapters=adapters)
-            if job.compile:  # the partitioner drops what backward never reads: the MLP's
+            if job.compiles_blocks:  # the partitioner drops what backward never reads: the MLP's
                 # output projection only feeds the residual sum
                 unread = {f"{name} out" for name in act.linear_names(stack, "mlp_out")}
                 kept = [(name, b) for name, b in kept if name not in unread]
@@ -701,7 +701,7 @@ def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task
         tc = t / CHUNKED_LOSS_CHUNKS
         return max(c + 4, 8) * tc * vocab, (c + 12) * tc * vocab + c * t * h
     tv = t * vocab
-    if job.compile:
+    if job.compiles_loss:
         # the compiled loss (training/compiled.py compile_loss) fuses the upcast, log_softmax
         # and nll into reductions: forward keeps the logits and two fp32 values per token
         # (max, log-sum-exp); its backward writes the logits' gradient in their dtype
@@ -728,27 +728,30 @@ def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task
 
 def _check_compiled(job: Job, arch: Architecture, task: str) -> None:
     """The formula models compiled Llama-style decoder blocks and the compiled causal-LM
-    loss; anything else is the trace's (which compiles the real model)."""
-    why = [] if task == "causal-lm" else [f"task {task}"]
-    if job.loss == "chunked":
-        why.append("the chunked loss (vramplan's own, checkpointed per chunk)")
-    if job.precision == "fp8":
-        why.append("fp8")
-    if job.peft and job.peft.method != "lora":
-        why.append(f"{job.peft.method} (a quantised base)")
-    for stack in arch.stacks:
-        reason = act.compiled_block_unsupported(
-            stack, attention=_attention_impl(job, arch), adapters=_adapters(job),
-            dropout=max(arch.hidden_dropout, arch.attention_dropout),
-            norms_per_block=_norms_per_block(arch, stack),
-            rotary=arch.model_type not in LEARNED_POSITIONS)
-        if reason:
-            why.append(reason)
+    loss; anything else is the trace's (which compiles the real model). vramplan's own
+    chunked loss is never compiled (each chunk is checkpointed): eager in both engines."""
+    why = []
+    if job.compiles_loss and task != "causal-lm" and job.loss == "standard":
+        why.append(f"a compiled {task} loss")
+    if job.compiles_blocks:
+        if job.precision == "fp8":
+            why.append("fp8")
+        if job.peft and job.peft.method != "lora":
+            why.append(f"{job.peft.method} (a quantised base)")
+        for stack in arch.stacks:
+            reason = act.compiled_block_unsupported(
+                stack, attention=_attention_impl(job, arch), adapters=_adapters(job),
+                dropout=max(arch.hidden_dropout, arch.attention_dropout),
+                norms_per_block=_norms_per_block(arch, stack),
+                rotary=arch.model_type not in LEARNED_POSITIONS)
+            if reason:
+                why.append(reason)
     if why:
         raise JobError(f"the formula models torch.compile for Llama-style blocks (RMSNorm, "
                        f"rotary sdpa attention, gated MLP; full fine-tuning or LoRA) and "
                        f"the causal-LM loss; this job has {'; '.join(why)}: use "
-                       "--engine trace, which compiles the real model")
+                       "--engine trace, which compiles the real model (or "
+                       "compile_components=loss to compile the loss only)")
 
 
 def _check_parallel(job: Job, arch: Architecture) -> None:
@@ -854,7 +857,7 @@ def _torchtune_loss_buffers(job: Job, t: float, vocab: float, h: int, dt: Dtypes
     head-sized buffers, while 6 of the 8 chunks' log_softmax outputs are still saved
     (seen in the trace of Llama-2-7B and Llama-3.2-1B)."""
     c, tc = dt.compute, t / TORCHTUNE_LOSS_CHUNKS
-    if job.compile:
+    if job.compiles_loss:
         # each chunk's compiled cross-entropy saves its 16-bit logits (not an fp32
         # log_softmax) and two fp32 values per token; backward starts with one chunk's
         # gradient beside them

@@ -205,21 +205,27 @@ def compile_chunked_loss(compute_loss: Callable, job: Job, backend) -> Callable 
 
 def apply_compile(model: nn.Module, job: Job, backend, notes: list[str],
                   compute_loss: Callable) -> Callable:
-    """Compile the job's blocks and loss; returns the loss function to use."""
+    """Compile the job's blocks and loss, as job.compile_components says (torchtitan's
+    compile.components); returns the loss function to use."""
     torch._dynamo.reset()  # no graph cached from another job's model or shapes
-    blocks = compile_blocks(model, backend)
-    if not blocks:
+    blocks = compile_blocks(model, backend) if job.compiles_blocks else 0
+    if job.compiles_blocks and not blocks:
         raise EngineError(f"compile: vramplan compiles each transformer block (a "
                           f"transformers GradientCheckpointingLayer) and "
                           f"{type(model).__name__} has none: drop compile (the eager step's "
                           "memory is an upper bound)")
-    chunked = compile_chunked_loss(compute_loss, job, backend)
-    loss = chunked is not None or (job.loss == "standard" and compile_loss(model, backend))
+    chunked = compile_chunked_loss(compute_loss, job, backend) if job.compiles_loss else None
+    loss = chunked is not None or (job.compiles_loss and job.loss == "standard"
+                                   and compile_loss(model, backend))
     how = ("Inductor" if backend == "inductor" else "the partitioner's saved tensors, "
            "Inductor's elementwise fusion modelled")
-    what = f"{blocks} blocks and the loss" if loss else (
-        f"{blocks} blocks (the {job.loss} loss runs eagerly)")
-    notes.append(f"torch.compile: {what} compiled ({how})")
+    parts = [f"{blocks} blocks"] if blocks else []
+    if loss:
+        parts.append("the loss")
+    eager = "" if loss else (f" (the {job.loss} loss runs eagerly)" if job.compiles_loss
+                             else " (the loss runs eagerly)")
+    notes.append(f"torch.compile: {' and '.join(parts) or 'nothing'} compiled{eager} "
+                 f"({how})")
     return chunked or compute_loss
 
 
