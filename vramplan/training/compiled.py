@@ -176,8 +176,21 @@ def compile_blocks(model: nn.Module, backend) -> int:
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     torch._dynamo.config.fail_on_recompile_limit_hit = True
     for block in blocks:
-        block.forward = torch.compile(block.forward, backend=backend, dynamic=False)
+        block.forward = torch.compile(_class_forward(block), backend=backend, dynamic=False)
     return len(blocks)
+
+
+def _class_forward(block: nn.Module) -> Callable:
+    """The block's forward as its class has it when called, not when compiled: FSDP2's
+    fully_shard (after compile, as torchtitan orders them) swaps in an FSDP<Block> subclass,
+    and transformers checkpoints only in the outermost class's forward wrapper
+    (GradientCheckpointingLayer.__init_subclass__, `is_outermost`). A forward bound before
+    the swap would run without checkpointing."""
+
+    def forward(*args, **kwargs):
+        return type(block).forward(block, *args, **kwargs)
+
+    return forward
 
 
 def compile_loss(model: nn.Module, backend) -> bool:
