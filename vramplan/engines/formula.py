@@ -62,6 +62,12 @@ DEFAULT_ACTIVATION = {"gpt2": "gelu_new", "t5": "relu", "gemma2": "gelu_pytorch_
 UPCAST_SOFTMAX = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3", "qwen3",
                   "qwen3_moe", "olmo2", "gemma3_text")
 CLASSIFIER_TASKS = ("seq-classification", "image-classification")
+# Param-sized temporaries of a per-parameter optimizer step (loop implementation), seen in
+# the trace: torch's _single_tensor_adam makes exp_avg_sq.sqrt() and its division by the
+# bias correction (the eps add and addcdiv_ are in place); Lion its update direction;
+# Adafactor one update; SGD (with or without momentum) and the 8-bit stand-ins update in
+# place (torch's foreach SGD too)
+LOOP_STEP_COPIES = {"adam": 2, "adamw": 2, "lion": 1, "adafactor": 1}
 
 
 @dataclass(frozen=True)
@@ -374,8 +380,8 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
             weights = frozen * base
         weights += adapters * adapter_bytes(job) + head * dt.weight
         block_bytes = max((_block_base_bytes(job, arch, s, base) for s in arch.stacks), default=0)
-        largest = max((ln.in_features * ln.out_features for s in arch.stacks
-                       for ln in s.linears), default=1)
+        # the largest trained tensor: an adapter matrix (or the classifier head)
+        largest = max((n for n, _ in _trainable_tensors(job, arch, task)), default=1)
         dt = Dtypes(adapter_bytes(job), adapter_bytes(job), dt.compute, dt.residual,
                     dt.autocast, dt.linear_saved)
     grads = trainable * dt.grad
@@ -385,8 +391,9 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
     else:
         optimizer = _optimizer_bytes(job, arch, trainable, dt.weight)
     step_temp = optimizer_step_temp_copies(job) * trainable * dt.weight
-    if job.optimizer_impl == "loop" or job.optimizer in ("sgd-momentum", "lion"):
-        step_temp = max(step_temp, largest * dt.weight)  # one param's update at a time
+    if job.optimizer_impl == "loop" or job.optimizer == "lion":
+        # one param's update at a time: its temporaries, in copies of the largest param
+        step_temp = max(step_temp, LOOP_STEP_COPIES.get(job.optimizer, 0) * largest * dt.weight)
     # autograd sums the head's and the lookup's gradients out of place (add): both and
     # their sum are live at once, before the sum becomes .grad; when micro-steps
     # accumulate, the .grad (counted in gradients) is already there, so one more
@@ -436,6 +443,9 @@ def _hidden(arch: Architecture) -> int:
 
 def _largest_tensor(arch: Architecture) -> int:
     embedding = arch.vocab_size * _hidden(arch)
+    if arch.patch_size and arch.stacks:  # a ViT's patch convolution, hidden x c x p x p
+        embedding = max(embedding, arch.stacks[0].hidden_size * arch.num_channels
+                        * arch.patch_size ** 2)
     linear = max((ln.in_features * ln.out_features for s in arch.stacks for ln in s.linears),
                  default=0)
     return max(embedding, linear)
@@ -482,6 +492,17 @@ def _adafactor_bytes(job: Job, arch: Architecture, trainable: int, state_bytes: 
         shapes.append((arch.vocab_size, _hidden(arch), copies))
     matrices = sum(rows * cols * n for rows, cols, n in shapes)
     factored = sum((rows + cols) * n for rows, cols, n in shapes)
+    if arch.patch_size and arch.stacks:
+        # a ViT's other tensors of 2+ dims: torch's Adafactor keeps a row factor of
+        # prod(shape[:-1]) and a column factor of prod(shape[:-2]) * shape[-1]. The patch
+        # conv [h, c, p, p], the position embeddings [1, seq, h], the CLS token [1, 1, h]
+        # and the classifier [labels, h]
+        h, p = arch.stacks[0].hidden_size, arch.patch_size
+        seq = ((job.image_size or arch.image_size) // p) ** 2 + 1
+        conv = h * arch.num_channels * p
+        labels = arch.num_labels if job.task in (None, "image-classification") else 0
+        matrices += conv * p + seq * h + h + labels * h
+        factored += 2 * conv + (seq + h) + (1 + h) + (labels + h if labels else 0)
     return (factored + (trainable - matrices)) * state_bytes
 
 
