@@ -49,6 +49,14 @@ CASES = [  # (name, model config, job fields)
     ("gpt2 fp32", GPT2, dict(precision="fp32")),
     ("gpt2 bf16-mixed", GPT2, dict()),
 ]
+# LLM-sized vocabulary and sequence on a narrow model: the loss decides the peak, and
+# whether it is compiled (compile_components) moves it by gigabytes
+LLAMA_128K = dict(LLAMA, vocab_size=128256, max_position_embeddings=4096)
+CASES += [
+    ("llama 128k vocab, 4096 tokens, blocks+loss", LLAMA_128K, dict(batch_size=1, seq_len=4096)),
+    ("llama 128k vocab, 4096 tokens, blocks only", LLAMA_128K,
+     dict(batch_size=1, seq_len=4096, compile_components="blocks")),
+]
 if QUICK:
     CASES = CASES[:1]
 
@@ -62,7 +70,8 @@ def main() -> None:
     for name, config, fields in CASES:
         base = dict(model="x", batch_size=2, seq_len=128, precision="bf16-mixed") | fields
         eager = run_trace(Job(**base), model_config=dict(config)).peak(rounded=False)[0]
-        job = Job(**base, compile=True)
+        components = base.pop("compile_components", "blocks+loss")
+        job = Job(**base, compile=True, compile_components=components)
         start = time.perf_counter()
         traced = run_trace(job, model_config=dict(config)).peak(rounded=False)[0]
         trace_s = time.perf_counter() - start

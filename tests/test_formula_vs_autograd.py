@@ -2,7 +2,8 @@
 
 The real side counts every distinct storage that autograd's saved-tensor hooks see during
 a forward pass with the loss, minus the parameters, with CPU autocast casting as CUDA's
-does (vramplan.training.emulate.autocast), since the formula describes a GPU. The formula side is activations +
+does (vramplan.training.emulate.autocast), since the formula describes a GPU. The formula
+side is activations +
 autocast weight copies + what the loss saves. Dropout is off: on the CPU, sdpa
 with dropout falls back to the math kernel, which a GPU's flash kernel does not.
 """

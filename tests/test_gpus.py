@@ -137,7 +137,8 @@ def test_list_gpus_filters_and_sorts():
     big = list_gpus(min_memory_bytes=100 * GiB)
     assert {g.name for g in big} >= {"H200", "B200", "MI300X"}
     assert all(g.usable_bytes >= 100 * GiB for g in big)
-    assert {g.name for g in list_gpus(name_contains="h100")} == {"H100-PCIe", "H100-SXM", "H100-NVL"}
+    assert {g.name for g in list_gpus(name_contains="h100")} == {"H100-PCIe", "H100-SXM",
+                                                                 "H100-NVL"}
 
 
 def test_load_returns_fresh_objects():

@@ -46,7 +46,7 @@ def test_all_problems_are_reported_together():
 def test_with_changes_validates_again():
     job = Job(batch_size=2)
     assert job.with_changes(batch_size=8).batch_size == 8
-    with pytest.raises(Exception):
+    with pytest.raises(JobError):
         job.with_changes(batch_size=0)
 
 

@@ -196,7 +196,8 @@ def test_missing_key_names_key_and_file():
 def test_attention_shapes():
     a = load_architecture("llama-3.1-8b")
     (s,) = a.stacks
-    assert (s.num_layers, s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim) == (32, 4096, 32, 8, 128)
+    assert (s.num_layers, s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim) == (
+        32, 4096, 32, 8, 128)
     assert s.mlp == "gated" and s.norm == "rmsnorm" and a.kind == "decoder"
     assert a.vocab_size == 128256 and a.max_positions == 131072 and not a.tied_embeddings
     names = [lin.name for lin in s.linears]

@@ -2,8 +2,6 @@
 
 import json
 
-import pytest
-
 from vramplan import Job, MemoryReport, estimate
 
 
@@ -17,6 +15,6 @@ def test_json_reports_round_trip():
 
 def test_a_lora_job_round_trips():
     # the job's LoRA target_modules were a tuple in the report and a list read back
-    report = estimate(Job(model="gpt2", batch_size=2, seq_len=64, peft={"rank": 4,
-                                                                        "target_modules": ["c_attn"]}))
+    report = estimate(Job(model="gpt2", batch_size=2, seq_len=64,
+                          peft={"rank": 4, "target_modules": ["c_attn"]}))
     assert MemoryReport.model_validate_json(report.model_dump_json()) == report
