@@ -32,6 +32,10 @@ from vramplan.engines.trace import trace
 RESULTS = results_dir()
 THRESHOLD = 0.05
 
+# Dropout rates are written out as the published configs have them (gpt2, bert-base-uncased,
+# t5-small: 0.1): left out, transformers applies its config class's default (0.1) while
+# vramplan's config reader takes 0 (models/derive.py), and the two engines would compare
+# different models (it was the main cause of the T5 differences in the first run).
 CONFIGS = {
     "llama": dict(model_type="llama", hidden_size=128, intermediate_size=344,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -40,12 +44,13 @@ CONFIGS = {
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                        vocab_size=2048, max_position_embeddings=512, tie_word_embeddings=True),
     "gpt2": dict(model_type="gpt2", n_embd=128, n_layer=2, n_head=4, vocab_size=2048,
-                 n_positions=512),
+                 n_positions=512, resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1),
     "bert": dict(model_type="bert", hidden_size=128, intermediate_size=512,
                  num_hidden_layers=2, num_attention_heads=4, vocab_size=2048,
-                 max_position_embeddings=512),
+                 max_position_embeddings=512, hidden_dropout_prob=0.1,
+                 attention_probs_dropout_prob=0.1),
     "t5": dict(model_type="t5", d_model=128, d_ff=256, d_kv=32, num_layers=2,
-               num_decoder_layers=2, num_heads=4, vocab_size=2048),
+               num_decoder_layers=2, num_heads=4, vocab_size=2048, dropout_rate=0.1),
     "vit": dict(model_type="vit", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                 num_attention_heads=4, image_size=64, patch_size=16, num_labels=10),
 }

@@ -51,6 +51,9 @@ PeftMethod = Literal["lora", "qlora"]
 # each GPU runs pipeline_chunks model chunks (Megatron-LM's virtual pipeline stages)
 PipelineSchedule = Literal["1f1b", "interleaved"]
 # The training framework whose defaults the job takes (vramplan/frameworks/profiles.toml)
+# What torch.compile compiles (torchtitan's compile.components: "model" = the blocks, "loss";
+# torchtitan before bbb1b616e, 2025-04-02, compiled the blocks only)
+CompileComponents = Literal["blocks+loss", "blocks", "loss"]
 Framework = Literal["plain", "hf-trainer", "torchtune", "torchtitan", "lightning", "accelerate"]
 AdapterDtype = Literal["fp32", "model"]
 # torchao float8 training recipes (torchao/float8/config.py, Float8LinearRecipeName) and
@@ -277,7 +280,12 @@ class Job(_Strict):
                                            "gradients stay allocated into the next forward "
                                            "(torch < 2.0's default; torchtitan)")
     compile: bool = Field(False, description="torch.compile of each transformer block and "
-                          "of the loss (as torchtitan and torchtune compile)")
+                          "of the loss (as torchtitan and torchtune compile; what is "
+                          "compiled: compile_components)")
+    compile_components: CompileComponents = Field(
+        "blocks+loss", description="with compile: what torch.compile compiles, the blocks "
+        "and the loss (torchtitan's compile.components default), the blocks only (older "
+        "torchtitan), or the loss only")
     parallel: Parallel = Field(Parallel(), description="how the job is spread over GPUs")
     fp8: Float8 = Field(Float8(), description="float8 training options (precision fp8 "
                         "only)")
@@ -383,7 +391,8 @@ class Job(_Strict):
                   "loss": self.loss, "peft.method": self.peft.method if self.peft else None,
                   "fp8.recipe": self.fp8.recipe if self.precision == "fp8" else None,
                   "fp8.fsdp_float8_all_gather": self.fp8.fsdp_float8_all_gather
-                  if self.precision == "fp8" else None}
+                  if self.precision == "fp8" else None,
+                  "compile_components": self.compile_components if self.compile else None}
         problems = profile_problems(self.framework, fields)
         if self.framework == "torchtune" and self.activation_offload and (
                 self.checkpointing == "none"):
@@ -391,6 +400,16 @@ class Job(_Strict):
                             "checkpointing on: set checkpointing (full) or drop "
                             "activation_offload")
         return problems
+
+    @property
+    def compiles_blocks(self) -> bool:
+        """torch.compile runs each transformer block as a compiled graph."""
+        return self.compile and "blocks" in self.compile_components
+
+    @property
+    def compiles_loss(self) -> bool:
+        """torch.compile runs the loss as a compiled graph."""
+        return self.compile and "loss" in self.compile_components
 
     @property
     def effective_batch(self) -> int:

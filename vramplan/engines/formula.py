@@ -64,6 +64,12 @@ DEFAULT_ACTIVATION = {"gpt2": "gelu_new", "t5": "relu", "gemma2": "gelu_pytorch_
 UPCAST_SOFTMAX = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3", "qwen3",
                   "qwen3_moe", "olmo2", "gemma3_text")
 CLASSIFIER_TASKS = ("seq-classification", "image-classification")
+# Param-sized temporaries of a per-parameter optimizer step (loop implementation), seen in
+# the trace: torch's _single_tensor_adam makes exp_avg_sq.sqrt() and its division by the
+# bias correction (the eps add and addcdiv_ are in place); Lion its update direction;
+# Adafactor one update; SGD (with or without momentum) and the 8-bit stand-ins update in
+# place (torch's foreach SGD too)
+LOOP_STEP_COPIES = {"adam": 2, "adamw": 2, "lion": 1, "adafactor": 1}
 
 
 @dataclass(frozen=True)
@@ -189,7 +195,7 @@ def _stage_report(job: Job, arch: Architecture, task: str, shapes: Shapes,
         block_cast = max(0.0, cast - params.cast_head / tp)
         cast -= block_cast * _checkpointed_share(job, arch)
         recompute = dict(activations=block_acts / (tp * cp), cast=block_cast / layers)
-        if job.compile:  # a compiled block casts its weights inside its graph: no cache
+        if job.compiles_blocks:  # a compiled block casts its weights in its graph: no cache
             cast_fwd = cast
 
     saved_inputs = (shapes.input_bytes - shapes.label_bytes) / cp  # what backward still holds
@@ -400,8 +406,8 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
             weights = frozen * base
         weights += adapters * adapter_bytes(job) + head * dt.weight
         block_bytes = max((_block_base_bytes(job, arch, s, base) for s in arch.stacks), default=0)
-        largest = max((ln.in_features * ln.out_features for s in arch.stacks
-                       for ln in s.linears), default=1)
+        # the largest trained tensor: an adapter matrix (or the classifier head)
+        largest = max((n for n, _ in _trainable_tensors(job, arch, task)), default=1)
         dt = Dtypes(adapter_bytes(job), adapter_bytes(job), dt.compute, dt.residual,
                     dt.autocast, dt.linear_saved)
     grads = trainable * dt.grad
@@ -411,8 +417,9 @@ def _param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
     else:
         optimizer = _optimizer_bytes(job, arch, trainable, dt.weight)
     step_temp = optimizer_step_temp_copies(job) * trainable * dt.weight
-    if job.optimizer_impl == "loop" or job.optimizer in ("sgd-momentum", "lion"):
-        step_temp = max(step_temp, largest * dt.weight)  # one param's update at a time
+    if job.optimizer_impl == "loop" or job.optimizer == "lion":
+        # one param's update at a time: its temporaries, in copies of the largest param
+        step_temp = max(step_temp, LOOP_STEP_COPIES.get(job.optimizer, 0) * largest * dt.weight)
     # autograd sums the head's and the lookup's gradients out of place (add): both and
     # their sum are live at once, before the sum becomes .grad; when micro-steps
     # accumulate, the .grad (counted in gradients) is already there, so one more
@@ -462,6 +469,9 @@ def _hidden(arch: Architecture) -> int:
 
 def _largest_tensor(arch: Architecture) -> int:
     embedding = arch.vocab_size * _hidden(arch)
+    if arch.patch_size and arch.stacks:  # a ViT's patch convolution, hidden x c x p x p
+        embedding = max(embedding, arch.stacks[0].hidden_size * arch.num_channels
+                        * arch.patch_size ** 2)
     linear = max((ln.in_features * ln.out_features for s in arch.stacks for ln in s.linears),
                  default=0)
     return max(embedding, linear)
@@ -508,6 +518,17 @@ def _adafactor_bytes(job: Job, arch: Architecture, trainable: int, state_bytes: 
         shapes.append((arch.vocab_size, _hidden(arch), copies))
     matrices = sum(rows * cols * n for rows, cols, n in shapes)
     factored = sum((rows + cols) * n for rows, cols, n in shapes)
+    if arch.patch_size and arch.stacks:
+        # a ViT's other tensors of 2+ dims: torch's Adafactor keeps a row factor of
+        # prod(shape[:-1]) and a column factor of prod(shape[:-2]) * shape[-1]. The patch
+        # conv [h, c, p, p], the position embeddings [1, seq, h], the CLS token [1, 1, h]
+        # and the classifier [labels, h]
+        h, p = arch.stacks[0].hidden_size, arch.patch_size
+        seq = ((job.image_size or arch.image_size) // p) ** 2 + 1
+        conv = h * arch.num_channels * p
+        labels = arch.num_labels if job.task in (None, "image-classification") else 0
+        matrices += conv * p + seq * h + h + labels * h
+        factored += 2 * conv + (seq + h) + (1 + h) + (labels + h if labels else 0)
     return (factored + (trainable - matrices)) * state_bytes
 
 
@@ -589,7 +610,7 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
         encoder_seq = shapes.stack_seq[0] if stack.cross_attention else 0
         saved = act.compiled_block_saved_tensors(
             stack, act.BlockShape(job.batch_size, seq), dt, adapters,
-            fp32_adapters=dt.autocast and adapter_bytes(job) == 4) if job.compile else \
+            fp32_adapters=dt.autocast and adapter_bytes(job) == 4) if job.compiles_blocks else \
             act.block_saved_tensors(
             stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
             attention=_attention_impl(job, arch), hidden_dropout=arch.hidden_dropout,
@@ -611,7 +632,7 @@ def _stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes)
                       else act.block_op_sac_outputs)
             kept = policy(stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
                           attention=_attention_impl(job, arch), adapters=adapters)
-            if job.compile:  # the partitioner drops what backward never reads: the MLP's
+            if job.compiles_blocks:  # the partitioner drops what backward never reads: the MLP's
                 # output projection only feeds the residual sum
                 unread = {f"{name} out" for name in act.linear_names(stack, "mlp_out")}
                 kept = [(name, b) for name, b in kept if name not in unread]
@@ -727,7 +748,7 @@ def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task
         tc = t / CHUNKED_LOSS_CHUNKS
         return max(c + 4, 8) * tc * vocab, (c + 12) * tc * vocab + c * t * h
     tv = t * vocab
-    if job.compile:
+    if job.compiles_loss:
         # the compiled loss (training/compiled.py compile_loss) fuses the upcast, log_softmax
         # and nll into reductions: forward keeps the logits and two fp32 values per token
         # (max, log-sum-exp); its backward writes the logits' gradient in their dtype
@@ -754,27 +775,32 @@ def _loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task
 
 def _check_compiled(job: Job, arch: Architecture, task: str) -> None:
     """The formula models compiled Llama-style decoder blocks and the compiled causal-LM
-    loss; anything else is the trace's (which compiles the real model)."""
-    why = [] if task == "causal-lm" else [f"task {task}"]
-    if job.loss == "chunked":
-        why.append("the chunked loss (vramplan's own, checkpointed per chunk)")
-    if job.precision == "fp8":
-        why.append("fp8")
-    if job.peft and job.peft.method != "lora":
-        why.append(f"{job.peft.method} (a quantised base)")
-    for stack in arch.stacks:
-        reason = act.compiled_block_unsupported(
-            stack, attention=_attention_impl(job, arch), adapters=_adapters(job),
-            dropout=max(arch.hidden_dropout, arch.attention_dropout),
-            norms_per_block=_norms_per_block(arch, stack),
-            rotary=uses_rotary(arch))
-        if reason:
-            why.append(reason)
+    loss; anything else is the trace's (which compiles the real model). vramplan's own
+    chunked loss is never compiled (each chunk is checkpointed): eager in both engines."""
+    why = []
+    if job.compiles_loss and task != "causal-lm" and job.loss == "standard":
+        why.append(f"a compiled {task} loss")
+    if job.compiles_blocks and job.precision == "fp8":  # the trace refuses it too
+        raise JobError("compiled blocks with fp8 are not modelled: set "
+                       "compile_components=loss (blocks eager), drop compile, or use "
+                       "--engine measure on a GPU with torchao")
+    if job.compiles_blocks:
+        if job.peft and job.peft.method != "lora":
+            why.append(f"{job.peft.method} (a quantised base)")
+        for stack in arch.stacks:
+            reason = act.compiled_block_unsupported(
+                stack, attention=_attention_impl(job, arch), adapters=_adapters(job),
+                dropout=max(arch.hidden_dropout, arch.attention_dropout),
+                norms_per_block=_norms_per_block(arch, stack),
+                rotary=uses_rotary(arch))
+            if reason:
+                why.append(reason)
     if why:
         raise JobError(f"the formula models torch.compile for Llama-style blocks (RMSNorm, "
                        f"rotary sdpa attention, gated MLP; full fine-tuning or LoRA) and "
                        f"the causal-LM loss; this job has {'; '.join(why)}: use "
-                       "--engine trace, which compiles the real model")
+                       "--engine trace, which compiles the real model (or "
+                       "compile_components=loss to compile the loss only)")
 
 
 def _check_parallel(job: Job, arch: Architecture) -> None:
@@ -890,7 +916,7 @@ def _torchtune_loss_buffers(job: Job, t: float, vocab: float, h: int, dt: Dtypes
     head-sized buffers, while 6 of the 8 chunks' log_softmax outputs are still saved
     (seen in the trace of Llama-2-7B and Llama-3.2-1B)."""
     c, tc = dt.compute, t / TORCHTUNE_LOSS_CHUNKS
-    if job.compile:
+    if job.compiles_loss:
         # each chunk's compiled cross-entropy saves its 16-bit logits (not an fp32
         # log_softmax) and two fp32 values per token; backward starts with one chunk's
         # gradient beside them

@@ -384,7 +384,10 @@ class TraceResult:
         # reports out of memory, so reserved never exceeds what the GPU can give
         capacity = (gpu.usable_bytes - runtime.runtime_context_bytes(job.runtime, gpu)
                     if gpu else None)
-        allocator = _replay(self.events, workspaces, job.runtime.cublas_workspaces, capacity)
+        # sharded jobs: the build's unsharded model never reaches the GPU (built below)
+        built = self.step_range(1)[0] if job.parallel.strategy in SHARDED_STRATEGIES else 0
+        allocator = _replay(self.events, workspaces, job.runtime.cublas_workspaces, capacity,
+                            built)
         peak_allocated = sum(categories[c] for c in CATEGORIES[:6])
         categories["allocator_overhead"] = max(0, allocator.peak_reserved - peak_allocated)
         categories["runtime_context"] = job.runtime.cuda_context_bytes
@@ -487,12 +490,30 @@ def _live_at(events: list[tuple[int, Storage]], index: int) -> list[Storage]:
     return list(live.values())
 
 
-def _replay(events, workspaces: int, count: int,
-            capacity: int | None = None) -> CachingAllocator:
+# Strategies the trace runs as FSDP2's fully_shard (engines/trace_shard.py)
+SHARDED_STRATEGIES = ("zero2", "zero3", "fsdp", "hybrid-shard")
+
+
+def _replay(events, workspaces: int, count: int, capacity: int | None = None,
+            built: int = 0) -> CachingAllocator:
+    """The caching allocator over the events. built > 0: the events before that index (the
+    build) are replayed as their end state, what they leave live allocated in order. The
+    trace builds a sharded model whole and then shards it, but frameworks build it on the
+    meta device, shard it, and only then materialise the shards on the GPU (torchtitan
+    b5bcd76c trainer.py: model_config.build() under torch.device("meta"), parallelize_fn,
+    then model.to_empty): the unsharded weights are never in the GPU's cache."""
     allocator = CachingAllocator(capacity=capacity)
     for i in range(count):  # allocated at the first matmul of each thread, kept for good
         allocator.malloc(("cublas", i), workspaces // max(count, 1))
-    for sign, record in events:
+    left: dict[int, Storage] = {}
+    for sign, record in events[:built]:
+        if sign > 0:
+            left[id(record)] = record
+        else:
+            left.pop(id(record), None)
+    for record in left.values():
+        allocator.malloc(id(record), record.nbytes)
+    for sign, record in events[built:]:
         if sign > 0:
             allocator.malloc(id(record), record.nbytes)
         else:

@@ -167,7 +167,7 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
         kernels += launches
 
     norms = _norms_per_block(arch, stack)
-    if job.compile:  # the formula compiles Llama-style blocks only (formula._check_compiled)
+    if job.compiles_blocks:  # Llama-style blocks only (formula._check_compiled)
         add("norm", norms * n_h * (r + c), norms)
         add("rotary", 2 * c * (n_q + n_kv), 1)
         add("attention io", c * (2 * n_q + 2 * n_kv), 1)
@@ -270,7 +270,7 @@ def _loss(job: Job, arch: Architecture, task: str, shapes, dt, t: Traffic) -> No
     if not tv:
         return
     c = dt.compute
-    if job.compile:  # logits written, read for max and log-sum-exp; backward: r c, w c
+    if job.compiles_loss:  # logits written, read for max and log-sum-exp; backward: r c, w c
         t.add("loss", "forward", 3 * c * tv, 2)
         t.add("loss", "backward", 2 * c * tv, 1)
         return

@@ -176,8 +176,21 @@ def compile_blocks(model: nn.Module, backend) -> int:
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     torch._dynamo.config.fail_on_recompile_limit_hit = True
     for block in blocks:
-        block.forward = torch.compile(block.forward, backend=backend, dynamic=False)
+        block.forward = torch.compile(_class_forward(block), backend=backend, dynamic=False)
     return len(blocks)
+
+
+def _class_forward(block: nn.Module) -> Callable:
+    """The block's forward as its class has it when called, not when compiled: FSDP2's
+    fully_shard (after compile, as torchtitan orders them) swaps in an FSDP<Block> subclass,
+    and transformers checkpoints only in the outermost class's forward wrapper
+    (GradientCheckpointingLayer.__init_subclass__, `is_outermost`). A forward bound before
+    the swap would run without checkpointing."""
+
+    def forward(*args, **kwargs):
+        return type(block).forward(block, *args, **kwargs)
+
+    return forward
 
 
 def compile_loss(model: nn.Module, backend) -> bool:
@@ -205,21 +218,27 @@ def compile_chunked_loss(compute_loss: Callable, job: Job, backend) -> Callable 
 
 def apply_compile(model: nn.Module, job: Job, backend, notes: list[str],
                   compute_loss: Callable) -> Callable:
-    """Compile the job's blocks and loss; returns the loss function to use."""
+    """Compile the job's blocks and loss, as job.compile_components says (torchtitan's
+    compile.components); returns the loss function to use."""
     torch._dynamo.reset()  # no graph cached from another job's model or shapes
-    blocks = compile_blocks(model, backend)
-    if not blocks:
+    blocks = compile_blocks(model, backend) if job.compiles_blocks else 0
+    if job.compiles_blocks and not blocks:
         raise EngineError(f"compile: vramplan compiles each transformer block (a "
                           f"transformers GradientCheckpointingLayer) and "
                           f"{type(model).__name__} has none: drop compile (the eager step's "
                           "memory is an upper bound)")
-    chunked = compile_chunked_loss(compute_loss, job, backend)
-    loss = chunked is not None or (job.loss == "standard" and compile_loss(model, backend))
+    chunked = compile_chunked_loss(compute_loss, job, backend) if job.compiles_loss else None
+    loss = chunked is not None or (job.compiles_loss and job.loss == "standard"
+                                   and compile_loss(model, backend))
     how = ("Inductor" if backend == "inductor" else "the partitioner's saved tensors, "
            "Inductor's elementwise fusion modelled")
-    what = f"{blocks} blocks and the loss" if loss else (
-        f"{blocks} blocks (the {job.loss} loss runs eagerly)")
-    notes.append(f"torch.compile: {what} compiled ({how})")
+    parts = [f"{blocks} blocks"] if blocks else []
+    if loss:
+        parts.append("the loss")
+    eager = "" if loss else (f" (the {job.loss} loss runs eagerly)" if job.compiles_loss
+                             else " (the loss runs eagerly)")
+    notes.append(f"torch.compile: {' and '.join(parts) or 'nothing'} compiled{eager} "
+                 f"({how})")
     return chunked or compute_loss
 
 

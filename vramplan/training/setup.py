@@ -134,6 +134,12 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
     """kernels: the real low-bit libraries to run (training/kernels.select_kernels, what
     measure passes on CUDA); None: the stand-ins, as the trace runs."""
     _check_modelled(job)
+    if job.compiles_blocks and job.precision == "fp8" and kernels is None:
+        # the stand-ins' float8 casts are custom autograd functions whose saved tensors and
+        # temporaries are not torchao's under Inductor (which fuses the casts and amax)
+        raise EngineError("compiled blocks with fp8 are not modelled with the float8 "
+                          "stand-ins: set compile_components=loss (blocks eager), drop "
+                          "compile, or use --engine measure on a GPU with torchao")
     device = torch.device(device)
     notes: list[str] = []
     task, config = "", {}

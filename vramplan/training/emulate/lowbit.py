@@ -54,9 +54,12 @@ class _Dequant4bitMatmul(torch.autograd.Function):
 class Packed4bitLinear(nn.Module):
     """Frozen linear layer stored as NF4 codes + absmax, bitsandbytes-sized."""
 
-    def __init__(self, linear: nn.Linear, double_quant: bool):
+    def __init__(self, linear: nn.Module, double_quant: bool):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        if isinstance(linear, nn.Linear):
+            self.in_features, self.out_features = linear.in_features, linear.out_features
+        else:  # transformers' Conv1D (GPT-2): the weight is [in, out]
+            self.in_features, self.out_features = linear.weight.shape
         numel = self.in_features * self.out_features
         blocks = math.ceil(numel / NF4_BLOCK)
         device = linear.weight.device
@@ -89,11 +92,16 @@ class Packed4bitLinear(nn.Module):
 
 
 def pack_frozen_linears(model: nn.Module, skip: set[int], double_quant: bool) -> int:
-    """Replace every frozen nn.Linear (except modules in `skip`) by a Packed4bitLinear."""
+    """Replace every frozen nn.Linear or GPT-2 Conv1D (except modules in `skip`) by a
+    Packed4bitLinear: transformers' replace_with_bnb_linear converts both to Linear4bit
+    (integrations/bitsandbytes.py, `isinstance(module, Conv1D) or type(module) is
+    nn.Linear`)."""
+    from transformers.pytorch_utils import Conv1D
+
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if (type(child) is nn.Linear and id(child) not in skip
+            if ((type(child) is nn.Linear or isinstance(child, Conv1D)) and id(child) not in skip
                     and not child.weight.requires_grad):
                 setattr(parent, name, Packed4bitLinear(child, double_quant))
                 replaced += 1
