@@ -133,6 +133,7 @@ def test_trace_engine_from_the_cli(run_cli):
     assert "trace engine" in out and "Largest holders at the peak" in out
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: `pytest -m slow` runs it
 def test_every_module_imports_alone_in_a_fresh_interpreter():
     """No import cycles: each module (a command too) imports on its own."""
     import pkgutil

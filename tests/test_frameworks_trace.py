@@ -34,6 +34,7 @@ def test_formula_matches_trace(fields):
     assert predicted.peak_allocated == pytest.approx(traced.peak_allocated, rel=0.005)
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: `pytest -m slow` runs it
 def test_trace_keeps_fewer_tensors_under_the_torchtitan_op_policy():
     selective = trace(Job(**BASE, checkpointing="selective")).phase_peaks["forward"]
     op = trace(Job(**BASE, checkpointing="selective:torchtitan-op")).phase_peaks["forward"]
@@ -64,6 +65,7 @@ def test_torchtune_losses_match(fields):
 
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: `pytest -m slow` runs it
 @pytest.mark.parametrize("optimizer", ["adamw-4bit", "adamw-fp8"])
 def test_torchao_state_layouts_match(optimizer):
     full = Job(**BASE, optimizer=optimizer)

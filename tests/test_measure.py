@@ -86,6 +86,7 @@ def test_cpu_peak_grows_with_batch_and_matches_the_allocator():
     assert peaks[2] - peaks[1] >= 24 * 32 * 256 * 4
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: `pytest -m slow` runs it
 def test_budget_turns_into_budget_exceeded_and_search_uses_it():
     # in one process, as the CLI runs a search: each trial's profiler starts after the
     # earlier trials' profilers are destroyed (measure._CpuProbe.step), so none of them
@@ -359,6 +360,7 @@ LEAK_CONFIG = dict(model_type="llama", hidden_size=128, intermediate_size=256,
                    vocab_size=8000, max_position_embeddings=64)  # 2.1M params, ~34 MB a run
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: `pytest -m slow` runs it
 def test_measure_frees_its_model_and_optimizer():
     # each CPU measure() kept its model and optimizer alive: the gradient hooks torch holds in
     # C++ closed a cycle the garbage collector cannot see (+430 MiB a call on a 36M model)

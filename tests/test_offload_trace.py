@@ -117,6 +117,7 @@ def test_formula_matches_trace_with_optimizer_offload():
     assert predicted.peak_allocated == pytest.approx(traced.peak_allocated, rel=1e-4)
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: `pytest -m slow` runs it
 def test_offloaded_parameters_leave_the_sharded_weights_and_gradients_on_the_host():
     fsdp = dict(model="qwen2.5-0.5b", batch_size=1, seq_len=256,
                 parallel={"strategy": "fsdp", "num_gpus": 4})
