@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -23,9 +22,15 @@ from pydantic import BaseModel, ConfigDict
 from vramplan.errors import JobError
 from vramplan.hardware import get_gpu
 from vramplan.job import Job
-from vramplan.planning.efficiency import Factors, factors_for
+from vramplan.planning.efficiency import (
+    Factors,
+    clear_cache,
+    factors_for,
+    interval,
+    read_user_factors,
+    user_file,
+)
 
-USER_FILE = "efficiency.toml"
 MIN_RUNS_FOR_THREE_FACTORS = 3
 
 
@@ -177,8 +182,6 @@ def calibrate(paths: list[str | Path], gpu: str | None = None) -> Calibration:
     if len(runs) >= MIN_RUNS_FOR_THREE_FACTORS:
         # your runs' own spread around the fit (measured / predicted), never wider than the
         # shipped interval: a narrower 80% range for this GPU
-        from vramplan.planning.efficiency import interval
-
         ratios = [m / step_time(t, fitted) for t, m in zip(terms, measured)]
         low, high = interval()
         update["interval"] = (max(low, min(ratios)), min(high, max(ratios)))
@@ -206,12 +209,6 @@ def _catalog_name(device: str) -> str | None:
         return None
 
 
-def user_file() -> Path:
-    from vramplan.config import user_config_dir
-
-    return user_config_dir() / USER_FILE
-
-
 def save(result: Calibration, path: Path | None = None) -> Path:
     """Write (or replace) the GPU's table in the user's efficiency.toml."""
     path = path or user_file()
@@ -229,18 +226,5 @@ def save(result: Calibration, path: Path | None = None) -> Path:
         lines.append("")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
-    from vramplan.planning.efficiency import clear_cache
-
     clear_cache()
     return path
-
-
-def read_user_factors(path: Path | None = None) -> dict[str, dict]:
-    path = path or user_file()
-    if not path.is_file():
-        return {}
-    try:
-        return tomllib.loads(path.read_text()).get("gpus", {})
-    except tomllib.TOMLDecodeError as error:
-        raise JobError(f"{path}: not valid TOML ({error}); delete it and calibrate again") \
-            from None

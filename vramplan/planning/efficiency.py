@@ -6,9 +6,11 @@ import functools
 import math
 import tomllib
 from importlib import resources
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from vramplan.errors import JobError
 from vramplan.hardware.gpu import GPU
 from vramplan.planning.gemm import GemmModel
 
@@ -110,10 +112,6 @@ def shipped_factors(arch: str, training: dict | None = None) -> Factors:
 
 @functools.lru_cache(maxsize=1)
 def _user_tables(path: str, mtime: float) -> dict[str, dict]:
-    from pathlib import Path
-
-    from vramplan.planning.calibrate import read_user_factors
-
     return read_user_factors(Path(path))
 
 
@@ -123,8 +121,6 @@ def clear_cache() -> None:
 
 def _calibrated(gpu: GPU) -> Factors | None:
     """Factors `vramplan calibrate` stored for this GPU in the user's config folder."""
-    from vramplan.planning.calibrate import user_file
-
     path = user_file()
     if not path.is_file():
         return None
@@ -158,3 +154,27 @@ def factors_for(gpu: GPU, *, calibrated: bool = True) -> Factors:
     if own is not None:
         return own
     return shipped_factors(architecture_of(gpu))
+
+
+# ------------------------------------------------------------ the user's calibration store
+# `vramplan calibrate` writes, per GPU, the factors fitted on the user's runs here; they
+# live with the shipped factors so that reading them needs nothing above this module.
+USER_FILE = "efficiency.toml"
+
+
+def user_file() -> Path:
+    """The user's efficiency.toml in their config folder."""
+    from vramplan.config import user_config_dir
+
+    return user_config_dir() / USER_FILE
+
+
+def read_user_factors(path: Path | None = None) -> dict[str, dict]:
+    path = path or user_file()
+    if not path.is_file():
+        return {}
+    try:
+        return tomllib.loads(path.read_text()).get("gpus", {})
+    except tomllib.TOMLDecodeError as error:
+        raise JobError(f"{path}: not valid TOML ({error}); delete it and calibrate again") \
+            from None
