@@ -46,7 +46,7 @@ LISTED = [
 
 # generated: every comparison and +/- in these functions, one at a time
 GENERATED_IN = [("vramplan/engines/runtime.py", "def fit_table", "def fits_for_job"),
-                ("vramplan/engines/runtime.py", "def fits_within", ""),  # to the end
+                ("vramplan/fit.py", "def limit_bytes", "# --- precision support"),
                 ("vramplan/engines/report.py", "    def peak_allocated", "    def to_json_dict")]
 SWAPS = [(" >= ", " > "), (" <= ", " < "), (" - ", " + "), (" + ", " - "), (" > ", " >= "),
          (" and not ", " or not ")]
