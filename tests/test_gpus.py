@@ -278,3 +278,10 @@ def test_hardware_does_not_import_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_fit_limit_is_usable_memory_less_the_margin():
+    from vramplan.fit import fits_within, limit_bytes
+
+    assert limit_bytes(1000, 0.05) == 950 and limit_bytes(1000, 0.0) == 1000
+    assert fits_within(950, 1000, 0.05) and not fits_within(951, 1000, 0.05)
