@@ -487,6 +487,13 @@ MAX_YAML_ALIASES = 100
 MAX_JOB_NODES = 100_000
 
 
+def yaml_problem(error: yaml.YAMLError) -> tuple[str, str]:
+    """(" line N" or "", what is wrong) of a YAML error, for one-line messages."""
+    mark = getattr(error, "problem_mark", None)
+    return (f" line {mark.line + 1}" if mark else "",
+            getattr(error, "problem", None) or str(error))
+
+
 class _BoundedYamlLoader(yaml.SafeLoader):
     """yaml.SafeLoader that refuses more than MAX_YAML_ALIASES alias references."""
 
@@ -549,9 +556,7 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
         else:
             data = yaml.load(text, Loader=_BoundedYamlLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark else ""
-        problem = getattr(error, "problem", None) or str(error)
+        line, problem = yaml_problem(error)
         raise JobFileError(f"{path}:{line} is not valid YAML: {problem}") from None
     except tomllib.TOMLDecodeError as error:
         raise JobFileError(f"{path}: is not valid TOML: {error}") from None

@@ -25,7 +25,7 @@ import yaml
 from vramplan.errors import JobFileError
 
 # the job files' caps and alias-counting loader: one set of limits for every file we read
-from vramplan.job import MAX_JOB_FILE_BYTES, _BoundedYamlLoader, _check_size
+from vramplan.job import MAX_JOB_FILE_BYTES, _BoundedYamlLoader, _check_size, yaml_problem
 
 MAX_CONFIG_BYTES = MAX_JOB_FILE_BYTES  # a training config is a few hundred lines
 
@@ -71,9 +71,7 @@ def parse_text(text: str, path: Path) -> tuple[dict[str, Any], str]:
             except json.JSONDecodeError:
                 data, syntax = yaml.load(text, Loader=_BoundedYamlLoader), "yaml"  # noqa: S506
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark else ""
-        problem = getattr(error, "problem", None) or str(error)
+        line, problem = yaml_problem(error)
         raise ConfigError(f"{path}:{line} is not valid YAML or JSON: {problem}") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: is not valid TOML: {error}") from None
