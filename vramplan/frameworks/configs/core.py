@@ -60,6 +60,13 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def no_overrides(content: dict[str, Any], overrides: list[str], refusal: str) -> dict[str, Any]:
+    """A copy of the content of a format whose tool takes no command-line overrides."""
+    if overrides:
+        raise ConfigError(refusal)
+    return copy_data(content)
+
+
 def copy_data(data: Any) -> Any:
     """A deep copy of parsed file content (dicts, lists, scalars)."""
     if isinstance(data, dict):
