@@ -20,7 +20,8 @@ every row of that source:
   * Megatron-LM and NeMo run fused kernels (Transformer Engine, Apex): their memory-bound
     work is timed as vramplan times compiled blocks (`compile`: one kernel per fused chain).
 
-Rows we collected ourselves (lambda-bert, olmo-core, bigscience, flash-attention, llm.c; see
+Rows we collected ourselves (lambda-bert, olmo-core, bigscience, flash-attention, llm.c,
+llama3-paper; see
 `_COLLECTED` below) state their GPU as a catalog name (`catalog_gpu`) or a family here, and:
 
   * Lambda's BERT-large SQuAD: the catalog bert-large-uncased with its sequence-classification
@@ -28,6 +29,8 @@ Rows we collected ourselves (lambda-bert, olmo-core, bigscience, flash-attention
   * fused-kernel stacks (Megatron-DeepSpeed, flash-attention's fused MLP / dropout-add-LN,
     llm.c's CUDA kernels) are timed as compiled blocks, as Megatron-LM and NeMo are;
   * BLOOM's Megatron-DeepSpeed of 2022 predates FlashAttention in it: eager attention;
+  * Llama 3 405B (its paper's Table 4): FSDP that keeps parameters gathered after forward is
+    ZeRO-2; fused kernels; micro-batch 1 and plain 1F1B where the table is silent;
   * OLMo-core's 32B checkpoints only the MLP of each block: full checkpointing (the MLP is
     ~80% of its block's FLOPs); llm.c's GeLU-only recompute: none.
 
@@ -63,13 +66,15 @@ CATALOG = {"LLAMA38B": "llama-3.1-8b", "LLAMA370B": "llama-3.1-70b",
 
 # the files we collected from other public sources (README.md of that folder)
 COLLECTED_FILES = ("lambda_bert_squad.jsonl", "olmocore_throughput.jsonl",
-                   "bigscience_bloom.jsonl", "flashattention_gpt3.jsonl", "llmc_gpt2.jsonl")
+                   "bigscience_bloom.jsonl", "flashattention_gpt3.jsonl", "llmc_gpt2.jsonl",
+                   "llama3_paper.jsonl")
 # their source groups: which ran fused kernels (timed as compiled blocks) and which attention
 _COLLECTED = {"lambda-bert": {"fused": False, "attention": "eager"},
               "olmo-core": {"fused": False, "attention": "sdpa"},
               "bigscience": {"fused": True, "attention": "eager"},
               "flash-attention": {"fused": True, "attention": "sdpa"},
-              "llm.c": {"fused": True, "attention": "sdpa"}}
+              "llm.c": {"fused": True, "attention": "sdpa"},
+              "llama3-paper": {"fused": True, "attention": "sdpa"}}
 
 
 def _catalog_name(model: str) -> str | None:
@@ -165,6 +170,8 @@ def _collected_model(row: dict, seq: int) -> str:
     group, mc = row["source_group"], row["model_config"]
     if group == "lambda-bert":
         return "bert-large-uncased"
+    if group == "llama3-paper":
+        return "llama-3.1-405b"
     if group == "olmo-core":
         return _olmo2(mc, seq) if mc["arch"] == "olmo2" else _llama(mc, seq)
     # BLOOM (ALiBi instead of learned positions: 0.02% of its parameters), flash-attention's
@@ -180,6 +187,8 @@ def _collected_strategy(row: dict, dp: int) -> str:
     if group == "olmo-core":  # HSDP sharding within a node; the 32B shards over 32 GPUs
         return "hybrid-shard" if "one replica per node" in str(par.get("fsdp_strategy")) else "fsdp"
     optimizer = str((row.get("techniques") or {}).get("optimizer"))
+    if "without resharding" in optimizer:  # Llama 3: parameters stay gathered after forward
+        return "zero2"
     return "zero1" if "ZeRO-1" in optimizer else "ddp"
 
 

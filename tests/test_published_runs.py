@@ -17,8 +17,8 @@ def rows():
 
 
 def test_every_row_once_and_every_row_a_job(rows):
-    # the 36 llm-foundry rows in both files once; 51 rows collected from five more sources
-    assert len(rows) == 77 + 216 - 36 + 14 + 51
+    # the 36 llm-foundry rows in both files once; 54 rows collected from six more sources
+    assert len(rows) == 77 + 216 - 36 + 14 + 54
     skipped = [c for c in published_runs.cases() if c.job is None]
     assert skipped == []
 
@@ -71,7 +71,8 @@ def test_kempnerforge_rows_match_the_report_s_own_counts(rows):
 
 
 # rows per source group we collected (benchmarks/data/published_runs/README.md)
-COLLECTED = {"lambda-bert": 23, "olmo-core": 10, "bigscience": 12, "flash-attention": 5, "llm.c": 1}
+COLLECTED = {"lambda-bert": 23, "olmo-core": 10, "bigscience": 12, "flash-attention": 5, "llm.c": 1,
+             "llama3-paper": 3}
 
 
 def test_every_collected_row_becomes_a_job_on_a_catalog_gpu(rows):
@@ -91,10 +92,10 @@ def test_every_collected_row_becomes_a_job_on_a_catalog_gpu(rows):
 
 def test_collected_parameter_counts_match_the_sources_within_3_percent(rows):
     # stated: BLOOM 176B and the chronicle's 181B / 196B, the GPT-3 sizes of
-    # flash-attention's table, llm.c's GPT-2 124M
+    # flash-attention's table, llm.c's GPT-2 124M, Llama 3's 405B
     stated = [r for r in rows.values() if r["source_group"] in COLLECTED
               and r["model_config"].get("params")]
-    assert len(stated) == 12 + 5 + 1
+    assert len(stated) == 12 + 5 + 1 + 3
     for row in stated:
         case = published_runs.case(row)
         params = load_architecture(case.job.model).total_params(case.job.task)
@@ -123,3 +124,18 @@ def test_olmo_core_rows_keep_their_float8_and_sharding(rows):
     big = published_runs.case(rows["olmocore_32b_bf16_h100"])
     assert big.job.parallel.strategy == "fsdp" and big.job.checkpointing == "full"
     assert any("MLP only" in a for a in big.assumed)
+
+
+def test_llama3_rows_derive_tokens_from_the_table_s_tflops(rows):
+    row = rows["llama3_405b_16384xh100_tp8_cp16_pp16_seq131072"]
+    case = published_runs.case(row)
+    params = load_architecture(case.job.model).total_params()
+    # 380 TFLOP/s per GPU over 6 N + 6 l h s FLOPs per token, s = 131072
+    per_token = 6 * params + 6 * 126 * 16384 * 131072
+    assert case.measured_tokens_per_s_per_gpu == pytest.approx(380e12 / per_token, rel=1e-3)
+    par = case.job.parallel
+    assert (par.tensor_parallel, par.context_parallel, par.pipeline_parallel,
+            par.data_parallel) == (8, 16, 16, 8)
+    # 16M tokens = 128 sequences of 128k over 8 data-parallel ranks at the assumed micro-batch 1
+    assert case.job.grad_accum == 16 and "micro-batch 1" in case.assumed
+    assert par.strategy == "zero2"
