@@ -21,8 +21,8 @@ every row of that source:
     work is timed as vramplan times compiled blocks (`compile`: one kernel per fused chain).
 
 Rows we collected ourselves (lambda-bert, olmo-core, bigscience, flash-attention, llm.c,
-llama3-paper; see
-`_COLLECTED` below) state their GPU as a catalog name (`catalog_gpu`) or a family here, and:
+llama3-paper; see `_COLLECTED` below) state their GPU as a catalog name (`catalog_gpu`) or a
+family here, and:
 
   * Lambda's BERT-large SQuAD: the catalog bert-large-uncased with its sequence-classification
     head (the QA head, 2 logits per token, is as small); the 2019 BERT code: eager attention;
