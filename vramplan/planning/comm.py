@@ -5,6 +5,11 @@ Ring collectives over n ranks (NCCL's ring algorithm; NCCL docs, "Performance: b
 each rank sends (n - 1) / n of the buffer for a reduce-scatter or an all-gather, and twice
 that for an all-reduce. A group that fits in one node runs over the GPU interconnect
 (NVLink / PCIe); a group that spans nodes is limited by the network share of each GPU.
+The node is the job's `parallel.gpus_per_node` where the job sets it, else the GPU
+catalog's. An NVLink node of at most 4 GPUs has no NVSwitch (HGX 4-GPU boards, NVL 4-way
+bridges: a full mesh, each GPU's links split evenly among its peers), so a group of g of
+its m GPUs reaches only (g - 1) / (m - 1) of the GPU's NVLink bandwidth
+(efficiency.toml [topology]).
 
   ddp         all-reduce of the gradients once per optimizer step (no_sync while
               accumulating), overlapped with the last micro-batch's backward (buckets)
@@ -27,6 +32,7 @@ that for an all-reduce. A group that fits in one node runs over the GPU intercon
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from vramplan.engines import pipeline
@@ -41,6 +47,7 @@ from vramplan.engines.precision import dtypes_for
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job
 from vramplan.models import Architecture
+from vramplan.planning.efficiency import nvlink_mesh_max_gpus
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,7 @@ class Collective:
     overlaps: str        # the phase it can hide behind: "backward", "forward", "" (none)
     link: str            # "interconnect" or "network"
     group: int           # ranks in the collective
+    link_share: float = 1.0  # of the link's bandwidth the group reaches (NVLink mesh)
 
 
 def ring_bytes(kind: str, buffer: float, n: int) -> float:
@@ -59,6 +67,23 @@ def ring_bytes(kind: str, buffer: float, n: int) -> float:
         return 0.0
     share = (n - 1) / n * buffer
     return 2 * share if kind == "all-reduce" else share
+
+
+def node_size(job: Job, gpu: GPU) -> int:
+    """GPUs per node: the job's own where it says so, else the catalog's for `gpu`."""
+    par = job.parallel
+    return par.gpus_per_node if "gpus_per_node" in par.model_fields_set else gpu.gpus_per_node
+
+
+def mesh_share(gpu: GPU, per_node: int, group: int) -> float:
+    """Of its NVLink bandwidth, what one GPU reaches in a group of `group` ranks inside a
+    node of `per_node`: 1 behind an NVSwitch (or over PCIe), (g - 1) / (m - 1) on a
+    switchless full mesh, where only the links to the group's own peers carry its data."""
+    if "nvlink" not in gpu.interconnect.lower() or per_node > nvlink_mesh_max_gpus():
+        return 1.0
+    if group >= per_node or per_node <= 1:
+        return 1.0
+    return (group - 1) / (per_node - 1)
 
 
 def _block_linear_params(arch: Architecture) -> int:
@@ -76,7 +101,7 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
     share = stage.layer_share
     tp, cp, dp = par.tensor_parallel, par.context_parallel, par.data_parallel
     grads = params.gradients / tp  # bytes of gradients per model-parallel rank
-    per_node = gpu.gpus_per_node
+    per_node = node_size(job, gpu)
     out: list[Collective] = []
 
     def link(group: int, stride: int) -> str:
@@ -149,7 +174,9 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
         chunks = par.pipeline_chunks if par.pipeline_schedule == "interleaved" else 1
         boundary = job.batch_size * shapes.stack_seq[-1] * arch.stacks[-1].hidden_size * (
             dt.compute) / (tp * cp)
+        # point to point: one neighbour's links carry it, whatever the number of stages
         out.append(Collective("activation send / gradient receive (pipeline)",
                               2 * chunks * boundary, "micro-batch", "",
-                              link(pp, tp * cp * dp), pp))
-    return out
+                              link(pp, tp * cp * dp), pp, mesh_share(gpu, per_node, 2)))
+    return [dataclasses.replace(c, link_share=mesh_share(gpu, per_node, c.group))
+            if c.link == "interconnect" and "pipeline" not in c.name else c for c in out]

@@ -126,9 +126,9 @@ def _work(job: Job, arch: Architecture):
 
 def _collectives(job: Job, arch: Architecture, gpu: GPU):
     """collectives(), memoised with the job's work: they depend on the GPU only through
-    how many GPUs share a node."""
+    how many GPUs share a node and how they are joined."""
     memo = _work(job, arch)[2]
-    key = gpu.gpus_per_node
+    key = (gpu.gpus_per_node, gpu.interconnect)
     if key not in memo:
         memo[key] = collectives(job, arch, gpu)
     return memo[key]
@@ -207,11 +207,14 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
     comms = []
     for c in _collectives(job, arch, gpu):
         rate = gpu.interconnect_bytes_s if c.link == "interconnect" else gpu.network_bytes_s
-        comms.append(CollectiveTerms(c.name, c.bytes_per_gpu / rate,
+        comms.append(CollectiveTerms(c.name, c.bytes_per_gpu / (rate * c.link_share),
                                      job.grad_accum if c.per == "micro-batch" else 1,
                                      c.overlaps, c.link == "network"))
         if c.link == "network":
             notes.append(f"{c.name} crosses nodes: {gpu.network_bytes_s / 1e9:g} GB/s per GPU")
+        elif c.link_share < 1:
+            notes.append(f"{c.name}: {c.group} GPUs of a switchless NVLink node reach "
+                         f"{c.link_share:.2g} of its bandwidth")
     return StepTerms(tuple(phases), tuple(comms), job.attention == "sdpa", peak, dtype,
                      tokens_per_step=unit["tokens_per_step"],
                      samples_per_step=unit["samples_per_step"],
