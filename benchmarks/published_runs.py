@@ -244,7 +244,8 @@ def case(row: dict) -> Case:
               optimizer_impl="fused" if group != "llm-foundry" else "foreach",
               parallel={"strategy": strategy, "num_gpus": n, "tensor_parallel": tp,
                         "gpus_per_node": int(row.get("gpus_per_node") or 8),
-                        "pipeline_parallel": pp, "context_parallel": cp, **pipeline})
+                        "pipeline_parallel": pp, "context_parallel": cp,
+                        "async_tp": "--tp-comm-overlap" in str(tech.get("other")), **pipeline})
     measured = _measured(row, seq)
     if not math.isfinite(measured) or measured <= 0:
         return Case(row["id"], group, None, _gpu(row), 0.0, assumed, skipped="no throughput")

@@ -85,6 +85,45 @@ def test_the_jobs_own_node_size_decides_what_crosses_the_network():
     assert {c.link for c in collectives(four, arch, h200)} == {"network"}
 
 
+def test_a_ring_across_nodes_uses_the_nics_of_its_gpus_in_each_node():
+    # FSDP over 16 H100 (2 nodes of 8): each of NCCL's rings crosses a node through another
+    # GPU's NIC, so the 8 GPUs of a node move the ring at 8 x 50 = 400 GB/s (under NVLink's 450)
+    arch = load_architecture("llama-3.2-1b")
+    job = _job(parallel=Parallel(strategy="fsdp", num_gpus=16))
+    gather = collectives(job, arch, H100)[0]
+    assert (gather.link, gather.nics) == ("network", 8)
+    assert step_terms(job, H100, arch).collectives[0].link_s == gather.bytes_per_gpu / 400e9
+    # with TP 4 inside each node, a data-parallel group has 2 ranks per node: 2 x 50 GB/s
+    tp4 = job.with_changes(parallel=Parallel(strategy="fsdp", num_gpus=16, tensor_parallel=4))
+    gather4 = collectives(tp4, arch, H100)[0]
+    assert gather4.nics == 2
+    assert step_terms(tp4, H100, arch).collectives[0].link_s == gather4.bytes_per_gpu / 100e9
+    # a pipeline's point-to-point send uses one GPU's NIC
+    pp = job.with_changes(parallel=Parallel(num_gpus=16, pipeline_parallel=2,
+                                            strategy="fsdp"), grad_accum=4)
+    send = [c for c in collectives(pp, arch, H100) if "pipeline" in c.name][0]
+    assert (send.link, send.nics) == ("network", 1)
+
+
+def test_async_tensor_parallel_hides_its_collectives_behind_compute():
+    arch = load_architecture("llama-3.2-1b")
+    job = _job(parallel=Parallel(tensor_parallel=2, num_gpus=2))
+    assert collectives(job, arch, H100)[0].overlaps == ""        # on the critical path
+    overlapped = job.with_changes(parallel=Parallel(tensor_parallel=2, num_gpus=2,
+                                                    async_tp=True))
+    assert collectives(overlapped, arch, H100)[0].overlaps == "both"
+    assert predict(overlapped, H100).step_time_s < predict(job, H100).step_time_s
+
+
+def test_fp8_attention_runs_at_the_16_bit_rate():
+    # float8 converts the linears; flash attention stays bf16: its time is FLOPs / bf16 peak
+    arch = load_architecture("llama-3.2-1b")
+    bf16 = {p.phase: p for p in step_terms(_job(), H100, arch).phases}
+    fp8 = {p.phase: p for p in step_terms(_job(precision="fp8"), H100, arch).phases}
+    assert fp8["forward"].attention_s == bf16["forward"].attention_s > 0
+    assert fp8["forward"].matmul_s < bf16["forward"].matmul_s
+
+
 def test_fp8_runs_at_the_fp8_rate_only_where_the_gpu_has_fp8():
     bf16, fp8 = _job(), _job(precision="fp8")
     assert predict(fp8, H100).compute_dtype == "fp8"

@@ -5,6 +5,12 @@ Ring collectives over n ranks (NCCL's ring algorithm; NCCL docs, "Performance: b
 each rank sends (n - 1) / n of the buffer for a reduce-scatter or an all-gather, and twice
 that for an all-reduce. A group that fits in one node runs over the GPU interconnect
 (NVLink / PCIe); a group that spans nodes is limited by the network share of each GPU.
+Across nodes NCCL runs one ring per channel, each crossing a node boundary through another
+GPU's NIC (NCCL docs, NCCL_CROSS_NIC; nccl-tests doc/PERFORMANCE.md: a multi-node
+all-reduce's bus bandwidth is that of the node's NICs together), so a group with k ranks
+in each node moves its ring traffic at k x one GPU's network share (at most the NVLink
+rate); point-to-point sends (pipeline, the context-parallel ring) use one GPU's NIC.
+
 The node is the job's `parallel.gpus_per_node` where the job sets it, else the GPU
 catalog's. An NVLink node of at most 4 GPUs has no NVSwitch (HGX 4-GPU boards, NVL 4-way
 bridges: a full mesh, each GPU's links split evenly among its peers), so a group of g of
@@ -21,7 +27,8 @@ its m GPUs reaches only (g - 1) / (m - 1) of the GPU's NVLink bandwidth
   hybrid      fsdp inside a node, plus an all-reduce of the gradient shards between nodes
   tensor par. 2 all-reduces of the activations per block in forward, 2 in backward (and
               the forward's 2 again when full checkpointing recomputes the block)
-              (Megatron-LM), on the critical path
+              (Megatron-LM), on the critical path; with parallel.async_tp (torchtitan's
+              async TP, Megatron's --tp-comm-overlap) overlapped with forward and backward
   context     ring attention: each rank passes its k and v chunk around the ring,
               forward and (with their gradients) backward, overlapped with attention
   pipeline    per micro-batch, each stage sends its output activation forward and the
@@ -59,6 +66,7 @@ class Collective:
     link: str            # "interconnect" or "network"
     group: int           # ranks in the collective
     link_share: float = 1.0  # of the link's bandwidth the group reaches (NVLink mesh)
+    nics: int = 1        # network: the group's GPUs per node, whose NICs its rings share
 
 
 def ring_bytes(kind: str, buffer: float, n: int) -> float:
@@ -108,6 +116,10 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
         # ranks of a group sit `stride` apart; the group stays in a node if it fits there
         return "interconnect" if group * stride <= per_node else "network"
 
+    def in_node(group: int, stride: int) -> int:
+        # the group's ranks in one node: NCCL's rings cross the network through each one's NIC
+        return max(1, min(group, per_node // stride))
+
     model_parallel = tp * cp
     pp = par.pipeline_parallel
     if dp > 1:
@@ -115,15 +127,16 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
         dp_link = link(dp, model_parallel)
         if strategy == "ddp":
             out.append(Collective("gradient all-reduce (ddp)", ring_bytes("all-reduce", grads, dp),
-                                  "step", "backward", dp_link, dp))
+                                  "step", "backward", dp_link, dp,
+                                  nics=in_node(dp, model_parallel)))
         elif strategy in ("zero1", "zero2"):
             weights16 = params.trainable * dtypes_for(job).compute / tp
             out.append(Collective(f"gradient reduce-scatter ({strategy})",
                                   ring_bytes("reduce-scatter", grads, dp), "step", "backward",
-                                  dp_link, dp))
+                                  dp_link, dp, nics=in_node(dp, model_parallel)))
             out.append(Collective(f"parameter all-gather ({strategy})",
                                   ring_bytes("all-gather", weights16, dp), "step", "", dp_link,
-                                  dp))
+                                  dp, nics=in_node(dp, model_parallel)))
         else:  # zero3, fsdp, hybrid-shard: the whole model is gathered per micro-batch
             shard = par.shard_degree
             gathered = params.total * dtypes_for(job).compute / tp
@@ -137,15 +150,18 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
             for phase in ("forward", "backward"):
                 out.append(Collective(f"parameter all-gather, {phase} ({strategy})",
                                       ring_bytes("all-gather", gathered, shard), "micro-batch",
-                                      phase, shard_link, shard))
+                                      phase, shard_link, shard,
+                                      nics=in_node(shard, model_parallel)))
             out.append(Collective(f"gradient reduce-scatter ({strategy})",
                                   ring_bytes("reduce-scatter", grads, shard), "micro-batch",
-                                  "backward", shard_link, shard))
+                                  "backward", shard_link, shard,
+                                  nics=in_node(shard, model_parallel)))
             replicas = dp // shard
             if replicas > 1:
                 out.append(Collective("gradient all-reduce between replicas (hybrid)",
                                       ring_bytes("all-reduce", grads / shard, replicas), "step",
-                                      "backward", "network", replicas))
+                                      "backward", "network", replicas,
+                                      nics=in_node(replicas, shard * model_parallel)))
     if tp > 1:
         dt = _activation_dtypes(job)
         shapes = _shapes(job, arch, task)
@@ -156,8 +172,9 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
                                   * dt.compute for s, seq in zip(arch.stacks, shapes.stack_seq)
                                   ) / cp
         out.append(Collective("activation all-reduces (tensor parallel)",
-                              ring_bytes("all-reduce", activations, tp), "micro-batch", "",
-                              link(tp, 1), tp))
+                              ring_bytes("all-reduce", activations, tp), "micro-batch",
+                              "both" if par.async_tp else "", link(tp, 1), tp,
+                              nics=in_node(tp, 1)))
     if cp > 1:
         dt = _activation_dtypes(job)
         shapes = _shapes(job, arch, task)
