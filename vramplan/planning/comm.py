@@ -5,11 +5,12 @@ Ring collectives over n ranks (NCCL's ring algorithm; NCCL docs, "Performance: b
 each rank sends (n - 1) / n of the buffer for a reduce-scatter or an all-gather, and twice
 that for an all-reduce. A group that fits in one node runs over the GPU interconnect
 (NVLink / PCIe); a group that spans nodes is limited by the network share of each GPU.
-Across nodes NCCL runs one ring per channel, each crossing a node boundary through another
-GPU's NIC (NCCL docs, NCCL_CROSS_NIC; nccl-tests doc/PERFORMANCE.md: a multi-node
-all-reduce's bus bandwidth is that of the node's NICs together), so a group with k ranks
-in each node moves its ring traffic at k x one GPU's network share (at most the NVLink
-rate); point-to-point sends (pipeline, the context-parallel ring) use one GPU's NIC.
+Across nodes NCCL runs one ring per channel and spreads the channels' node crossings over
+the NICs of the node's GPUs (NCCL docs, NCCL_CROSS_NIC), and a collective's bus bandwidth is
+that of its bottleneck link (nccl-tests doc/PERFORMANCE.md): so a group with k ranks in
+each node moves its ring traffic at k x one GPU's network share, at most the NVLink rate
+(our reading of both, checked on the published runs: benchmarks/published_accuracy.py);
+point-to-point sends (pipeline, the context-parallel ring) use one GPU's NIC.
 
 The node is the job's `parallel.gpus_per_node` where the job sets it, else the GPU
 catalog's. An NVLink node of at most 4 GPUs has no NVSwitch (HGX 4-GPU boards, NVL 4-way
