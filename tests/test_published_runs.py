@@ -67,3 +67,14 @@ def test_kempnerforge_rows_match_the_report_s_own_counts(rows):
         step = rows[row_id]["also_reported"]["step_time_s"]
         total = rows[row_id]["also_reported"]["tokens_per_s_total"]
         assert tokens / step == pytest.approx(total, rel=0.01)
+
+
+def test_a_rows_own_node_size_and_tp_overlap_reach_the_job(rows):
+    # KempnerForge states 4 H200 per node; NeMo's GB200 rows state none: the catalog's
+    # 72-GPU NVLink domain stays; Megatron's --tp-comm-overlap rows overlap TP
+    kempner = published_runs.case(rows["kempnerforge_07_7b_8xh200_tp4_fsdp2"]).job.parallel
+    assert kempner.gpus_per_node == 4 and "gpus_per_node" in kempner.model_fields_set
+    gb200 = published_runs.case(rows["mbridge2511_llama370b_64xgb200_fp8cs"]).job.parallel
+    assert "gpus_per_node" not in gb200.model_fields_set
+    assert published_runs.case(rows["megatron_h100_weak_gpt_16b_192gpu"]).job.parallel.async_tp
+    assert not kempner.async_tp
