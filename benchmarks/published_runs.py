@@ -337,8 +337,11 @@ def case(row: dict) -> Case:
               precision=precision, checkpointing=checkpointing, peft=peft,
               optimizer_impl="fused" if group != "llm-foundry" else "foreach",
               parallel={"strategy": strategy, "num_gpus": n, "tensor_parallel": tp,
-                        "gpus_per_node": int(row.get("gpus_per_node") or 8),
-                        "pipeline_parallel": pp, "context_parallel": cp, **pipeline})
+                        "pipeline_parallel": pp, "context_parallel": cp,
+                        "async_tp": "--tp-comm-overlap" in str(tech.get("other")), **pipeline,
+                        # a row's own node size where it states one, else the catalog GPU's
+                        **({"gpus_per_node": int(row["gpus_per_node"])}
+                           if row.get("gpus_per_node") else {})})
     measured = _measured(row, seq)
     if not math.isfinite(measured) or measured <= 0:
         return Case(row["id"], group, None, _gpu(row), 0.0, assumed, skipped="no throughput")

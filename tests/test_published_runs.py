@@ -139,3 +139,14 @@ def test_llama3_rows_derive_tokens_from_the_table_s_tflops(rows):
     # 16M tokens = 128 sequences of 128k over 8 data-parallel ranks at the assumed micro-batch 1
     assert case.job.grad_accum == 16 and "micro-batch 1" in case.assumed
     assert par.strategy == "zero2"
+
+
+def test_a_rows_own_node_size_and_tp_overlap_reach_the_job(rows):
+    # KempnerForge states 4 H200 per node; NeMo's GB200 rows state none: the catalog's
+    # 72-GPU NVLink domain stays; Megatron's --tp-comm-overlap rows overlap TP
+    kempner = published_runs.case(rows["kempnerforge_07_7b_8xh200_tp4_fsdp2"]).job.parallel
+    assert kempner.gpus_per_node == 4 and "gpus_per_node" in kempner.model_fields_set
+    gb200 = published_runs.case(rows["mbridge2511_llama370b_64xgb200_fp8cs"]).job.parallel
+    assert "gpus_per_node" not in gb200.model_fields_set
+    assert published_runs.case(rows["megatron_h100_weak_gpt_16b_192gpu"]).job.parallel.async_tp
+    assert not kempner.async_tp

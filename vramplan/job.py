@@ -140,6 +140,9 @@ class Parallel(_Strict):
     pipeline_parallel: int = Field(1, ge=1, le=1024)
     pipeline_schedule: PipelineSchedule = "1f1b"
     pipeline_chunks: int = Field(2, ge=2, le=64)  # interleaved: model chunks per GPU
+    # tensor-parallel collectives overlapped with the GEMMs beside them (torchtitan's async
+    # TP, Megatron-LM's --tp-comm-overlap); False: on the critical path (planning/comm.py)
+    async_tp: bool = False
     # FSDP/ZeRO shard over data-parallel x context-parallel ranks, as torchtitan's dp_shard_cp
     # mesh does (distributed/parallel_dims.py); False: over data-parallel ranks only
     shard_over_context_parallel: bool = False
