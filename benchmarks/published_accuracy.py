@@ -52,9 +52,23 @@ TRITON_ATTENTION_SLOWDOWN = 1.8
 # (HF Trainer, torchtune, torchtitan, Lightning, plain PyTorch) are eager-PyTorch stacks, so
 # efficiency.toml ships the "pytorch" stack's shares; the Megatron-Core stack (Megatron-LM,
 # NeMo: Transformer Engine kernels, cuDNN attention) is scored here for the hardware model.
+# the software stack of each source: a fold fits only on the other sources of its stack.
+# llm.c (C/CUDA kernels, no PyTorch) is closest to an eager stack of fused kernels; the
+# Llama 3 paper's 4D-parallel stack is Megatron-like (TP/CP/PP with overlapped collectives).
 STACK = {"llm-foundry": "pytorch", "vramplan-h200": "pytorch", "kempnerforge": "pytorch",
-         "megatron-lm": "megatron-core",
-         "nemo": "megatron-core"}
+         "lambda-bert": "pytorch", "olmo-core": "pytorch", "flash-attention": "pytorch",
+         "llm.c": "pytorch",
+         "megatron-lm": "megatron-core", "nemo": "megatron-core",
+         "bigscience": "megatron-core", "llama3-paper": "megatron-core"}
+# the calibration set handed over with the project (shared/calibration/): issue 16's target
+CALIBRATION_SET = ("llm-foundry", "megatron-lm", "nemo")
+# the sources the shares are fitted on (LLM pre-training and our own runs). The other rows we
+# collected came after the model was built; they are a held-out test, scored with the fit of
+# their stack, never fitted on. (Fitting on them too moved the shares to the bounds: memory
+# 1.0, overlap 0.15, and the calibration set's out-of-sample median from 6% to 11%, because
+# fp16 BERT with eager attention and 2022's BLOOM stack are not the kernels of today's LLM
+# stacks; their own figures are in the table either way.)
+FITTED = (*CALIBRATION_SET, "kempnerforge", "vramplan-h200")
 SHARES = ("matmul_share", "attention_share", "memory", "kernel_us", "overlap")
 START = {"matmul_share": 0.83, "attention_share": 0.7, "memory": 0.656, "kernel_us": 65.3,
          "overlap": 0.8}
@@ -162,6 +176,10 @@ def _summary(errors: list[float]) -> dict:
             "median_signed": statistics.median(errors)}
 
 
+def _share(flags: list[bool]) -> float:
+    return sum(flags) / len(flags) if flags else float("nan")
+
+
 def _scale(n: int) -> str:
     return "1" if n == 1 else "2-8" if n <= 8 else "9-128" if n <= 128 else ">128"
 
@@ -193,33 +211,38 @@ def main() -> None:
     runs, skipped = load()
     sources = sorted({r["source"] for r in runs})
     rounds = 2 if QUICK else 4
-    shipped = fit([r for r in runs if STACK[r["source"]] == "pytorch"], rounds=rounds)
+    fitted = [r for r in runs if r["source"] in FITTED]
+    shipped = fit([r for r in fitted if STACK[r["source"]] == "pytorch"], rounds=rounds)
+    stack_fits = {stack: shipped if stack == "pytorch" else fit(
+        [r for r in fitted if STACK[r["source"]] == stack], start=shipped, rounds=rounds)
+        for stack in sorted(set(STACK.values()))}
     folds = {}
     for source in sources:
-        train = [r for r in runs if r["source"] != source
-                 and STACK[r["source"]] == STACK[source]]
-        if QUICK:
-            train = train[::8]
-        # the eager-PyTorch folds start from the defaults; other stacks from its fit
-        start = None if STACK[source] == "pytorch" else shipped
-        folds[source] = fit(train, start=start, rounds=rounds)
+        if source not in FITTED:  # a held-out test source: its stack's fit never saw it
+            folds[source] = stack_fits[STACK[source]]
+        else:
+            train = [r for r in fitted if r["source"] != source
+                     and STACK[r["source"]] == STACK[source]]
+            if QUICK:
+                train = train[::8]
+            # the eager-PyTorch folds start from the defaults; other stacks from its fit
+            start = None if STACK[source] == "pytorch" else shipped
+            folds[source] = fit(train, start=start, rounds=rounds)
         for r in runs:
             if r["source"] == source:
                 r["loso_tps_gpu"] = predicted_tps_gpu(r, folds[source])
                 r["loso_error"] = r["loso_tps_gpu"] / r["measured_tps_gpu"] - 1
-    stack_fits = {stack: shipped if stack == "pytorch" else fit(
-        [r for r in runs if STACK[r["source"]] == stack], start=shipped, rounds=rounds)
-        for stack in sorted(set(STACK.values()))}
     all_fit = stack_fits["pytorch"]
     for r in runs:
         r["in_sample_error"] = (predicted_tps_gpu(r, stack_fits[STACK[r["source"]]])
                                 / r["measured_tps_gpu"] - 1)
         r["rule_035_error"] = _rule(r, 0.35) / r["measured_tps_gpu"] - 1
         r["rule_045_error"] = _rule(r, 0.45) / r["measured_tps_gpu"] - 1
-    # the 80% interval for a source: 10th-90th percentile of the other sources' log errors
+    # the 80% interval for a source: 10th-90th percentile of the other fitted sources'
+    # out-of-sample log errors (a held-out source's: all fitted sources')
     covered, covered_by = [], {}
     for source in sources:
-        others = [math.log1p(r["loso_error"]) for r in runs if r["source"] != source]
+        others = [math.log1p(r["loso_error"]) for r in fitted if r["source"] != source]
         lo, hi = _quantile(others, 0.1), _quantile(others, 0.9)
         for r in runs:
             if r["source"] == source:
@@ -228,7 +251,7 @@ def main() -> None:
                 r["in_interval"] = lo <= x <= hi
                 covered.append(r["in_interval"])
                 covered_by.setdefault(source, []).append(r["in_interval"])
-    logs = [math.log1p(r["loso_error"]) for r in runs]
+    logs = [math.log1p(r["loso_error"]) for r in fitted]
     published = [r for r in runs if r["source"] != "vramplan-h200"]
 
     def block(rows: list[dict]) -> dict:
@@ -244,6 +267,8 @@ def main() -> None:
         "fit_per_left_out_source": folds,
         "all_rows": block(runs),
         "published_rows": block(published),
+        "calibration_set": block([r for r in runs if r["source"] in CALIBRATION_SET]),
+        "collected_rows": block([r for r in published if r["source"] not in CALIBRATION_SET]),
         "by_source": {s: block([r for r in runs if r["source"] == s]) for s in sources},
         "by_architecture": {a: block([r for r in published if r["arch"] == a])
                             for a in sorted({r["arch"] for r in published})},
@@ -251,6 +276,10 @@ def main() -> None:
                                if _scale(r["job"].parallel.num_gpus) == s])
                      for s in ("1", "2-8", "9-128", ">128")},
         "interval_80": {"log_low": _quantile(logs, 0.1), "log_high": _quantile(logs, 0.9),
+                        "coverage_calibration_set": _share([r["in_interval"] for r in runs
+                                                            if r["source"] in CALIBRATION_SET]),
+                        "coverage_published_rows": _share([r["in_interval"]
+                                                           for r in published]),
                         "coverage_leave_one_source_out": sum(covered) / len(covered),
                         "coverage_by_source": {s: sum(v) / len(v)
                                                for s, v in covered_by.items()}},
@@ -309,6 +338,8 @@ def markdown(result: dict) -> str:
                      f"{_cell(b['in_sample'])} | {_cell(b['rule_035'])} | "
                      f"{_cell(b['rule_045'])} |")
 
+    row("calibration set (shared/calibration)", result["calibration_set"])
+    row("published rows we collected, held out (never fitted)", result["collected_rows"])
     row("all published rows", result["published_rows"])
     row("all rows (with our H200 runs)", result["all_rows"])
     for s, b in result["by_source"].items():
@@ -321,7 +352,9 @@ def markdown(result: dict) -> str:
     iv = result["interval_80"]
     lines += ["", f"80% interval: measured within x{math.exp(-iv['log_high']):.2f} to "
               f"x{math.exp(-iv['log_low']):.2f} of the prediction; coverage, leave one source "
-              f"out: {100 * iv['coverage_leave_one_source_out']:.0f}% (by source: "
+              f"out: {100 * iv['coverage_leave_one_source_out']:.0f}% of all rows, "
+              f"{100 * iv['coverage_calibration_set']:.0f}% of the calibration set, "
+              f"{100 * iv['coverage_published_rows']:.0f}% of the published rows (by source: "
               + ", ".join(f"{s} {100 * c:.0f}%" for s, c in iv.get(
                   "coverage_by_source", {}).items())
               + "). Each source's interval is the 10th-90th percentile of the other sources' "

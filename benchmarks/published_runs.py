@@ -42,6 +42,7 @@ FLOPs per token.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -107,9 +108,12 @@ def load_rows() -> list[dict]:
 
 
 def _config(name: str, config: dict) -> str:
-    path = _CONFIGS / name
+    # the name carries a digest of the config: two sources' models of the same shape family
+    # (KempnerForge's and OLMo-core's Llama-3 8B) may differ in a key and must not share a file
+    text = json.dumps(config, sort_keys=True)
+    path = _CONFIGS / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
     path.mkdir(exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config))
+    (path / "config.json").write_text(text)
     return str(path)
 
 

@@ -150,3 +150,14 @@ def test_a_rows_own_node_size_and_tp_overlap_reach_the_job(rows):
     assert "gpus_per_node" not in gb200.model_fields_set
     assert published_runs.case(rows["megatron_h100_weak_gpt_16b_192gpu"]).job.parallel.async_tp
     assert not kempner.async_tp
+
+
+def test_two_sources_models_of_one_name_keep_their_own_config(rows):
+    # KempnerForge's and OLMo-core's Llama-3 8B share layers, hidden and ffn (the config's
+    # name) but not every key: each row must read its own config.json
+    configs = {}
+    for row in rows.values():
+        case = published_runs.case(row)
+        if case.job is not None and case.job.model.startswith("/"):
+            text = (Path(case.job.model) / "config.json").read_text()
+            assert configs.setdefault(case.job.model, text) == text, row["id"]
