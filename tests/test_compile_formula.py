@@ -1,5 +1,5 @@
 """The formula's model of a compiled step (engines/activations.py
-compiled_block_saved_tensors, formula._loss_buffers) against the trace, which compiles the
+compiled_block_saved_tensors, formula/loss.py loss_buffers) against the trace, which compiles the
 real model (training/compiled.py)."""
 
 import pytest
@@ -7,6 +7,8 @@ from tiny_configs import LLAMA
 
 from vramplan.api import estimate
 from vramplan.engines import activations as act
+from vramplan.engines import step as step_desc
+from vramplan.engines.formula import loss, saved
 from vramplan.engines.precision import dtypes_for
 from vramplan.errors import JobError
 from vramplan.job import Job, Peft
@@ -65,13 +67,12 @@ def test_compiled_lora_dropout_keeps_each_adapters_input_and_mask():
 
 @pytest.mark.parametrize("precision, c", [("bf16-mixed", 2), ("fp32", 4)])
 def test_compiled_loss_keeps_the_logits_and_two_floats_per_token(precision, c):
-    from vramplan.engines import formula
 
     job = Job(model="llama-3.2-1b", batch_size=4, seq_len=256, precision=precision,
               compile=True)
     arch = load_architecture(job.model)
-    shapes = formula._shapes(job, arch, "causal-lm")
-    forward, backward = formula._loss_buffers(job, arch, shapes, formula._activation_dtypes(job),
+    shapes = step_desc.shapes_of(job, arch, "causal-lm")
+    forward, backward = loss.loss_buffers(job, arch, shapes, saved.activation_dtypes(job),
                                               "causal-lm")
     t = 4 * 256  # logits for every position (the last one's label is ignored, not cut)
     tv = t * 128256
@@ -158,12 +159,11 @@ LLM_VOCAB = 128256  # Llama-3's vocabulary: the logits decide the peak
 
 
 def _loss_buffers(**fields):
-    from vramplan.engines import formula
 
     job = Job(model="llama-3.2-1b", batch_size=1, seq_len=2048, compile=True, **fields)
     arch = load_architecture(job.model)
-    return formula._loss_buffers(job, arch, formula._shapes(job, arch, "causal-lm"),
-                                 formula._activation_dtypes(job), "causal-lm")
+    return loss.loss_buffers(job, arch, step_desc.shapes_of(job, arch, "causal-lm"),
+                                 saved.activation_dtypes(job), "causal-lm")
 
 
 def test_compiling_the_blocks_only_leaves_the_eager_loss():

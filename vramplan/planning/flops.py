@@ -28,7 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vramplan.engines.formula import CLASSIFIER_TASKS, _attention_impl, _shapes, _task
+from vramplan.engines.formula.saved import attention_impl
+from vramplan.engines.param_memory import CLASSIFIER_TASKS
+from vramplan.engines.step import shapes_of, task_of
 from vramplan.errors import JobError
 from vramplan.job import Job
 from vramplan.models import Architecture, Stack, load_architecture
@@ -89,14 +91,14 @@ def step_flops(job: Job, arch: Architecture | None = None, *,
     if arch.kind == "cnn":
         raise JobError(f"{arch.name}: step time is not modelled for CNNs yet (their "
                        "convolutions are not in the architecture); use a transformer model")
-    task = _task(job, arch)
-    shapes = _shapes(job, arch, task)
+    task = task_of(job, arch)
+    shapes = shapes_of(job, arch, task)
     out = StepFlops(samples=job.batch_size,
                     tokens=job.batch_size * shapes.tokens_per_sample)
     full_ft = job.peft is None
     adapters = _adapter_targets(job, arch)
     rank = job.peft.rank if job.peft else 0
-    attention = _attention_impl(job, arch)
+    attention = attention_impl(job, arch)
     b = job.batch_size
 
     # the frontend (patch / audio convolutions) trains with the body in full fine-tuning

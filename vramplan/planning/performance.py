@@ -27,8 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.engines import pipeline
-from vramplan.engines.formula import _param_memory, _task
+from vramplan.engines.param_memory import param_memory
 from vramplan.engines.report import Performance, PhaseTime
+from vramplan.engines.step import task_of
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job
 from vramplan.models import Architecture, load_architecture
@@ -156,7 +157,7 @@ def _per_gpu_work(job: Job, arch: Architecture) -> dict:
             phases.append((phase, mm, attention, moved, share * traffic.kernels[phase],
                            share * traffic.modules[phase]))
     shards = par.tensor_parallel * par.shard_degree
-    trainable = (_param_memory(job, arch, _task(job, arch)).trainable / shards
+    trainable = (param_memory(job, arch, task_of(job, arch)).trainable / shards
                  * share if job.offload.optimizer else 0.0)
     dp = par.data_parallel
     memo["unit"] = unit = dict(

@@ -36,16 +36,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vramplan.engines.formula import (
-    _activation_dtypes,
-    _activation_name,
-    _attention_impl,
-    _norms_per_block,
-    _param_memory,
-    _shapes,
-    _task,
+from vramplan.engines.formula.saved import (
+    activation_dtypes,
+    activation_name,
+    attention_impl,
+    norms_per_block,
 )
+from vramplan.engines.param_memory import param_memory
 from vramplan.engines.precision import dtypes_for
+from vramplan.engines.step import shapes_of, task_of
 from vramplan.job import Job
 from vramplan.models import Architecture, Stack, load_architecture
 from vramplan.models.families import STACKED_EXPERTS, uses_rotary
@@ -99,12 +98,12 @@ class Traffic:
 def step_traffic(job: Job, arch: Architecture | None = None) -> Traffic:
     """Bytes moved by the non-matmul work of one micro-batch (and of one optimizer step)."""
     arch = arch or load_architecture(job.model)
-    task = _task(job, arch)
-    shapes = _shapes(job, arch, task)
-    dt = _activation_dtypes(job)
-    params = _param_memory(job, arch, task)
+    task = task_of(job, arch)
+    shapes = shapes_of(job, arch, task)
+    dt = activation_dtypes(job)
+    params = param_memory(job, arch, task)
     t = Traffic()
-    attention = _attention_impl(job, arch)
+    attention = attention_impl(job, arch)
     recompute = job.checkpointing != "none"
     for stack, seq in zip(arch.stacks, shapes.stack_seq):
         fwd, kernels = _block_forward(job, arch, stack, seq, dt, attention)
@@ -116,7 +115,7 @@ def step_traffic(job: Job, arch: Architecture | None = None) -> Traffic:
                 t.add(op, "recompute", n * nbytes, 0)
         linear_fwd, linear_bwd = _linear_kernels(job, arch, stack, dt)
         if job.peft is None:  # norm weights (and biases): their gradients' AccumulateGrad
-            linear_bwd += _norms_per_block(arch, stack) * (2 if stack.norm == "layernorm" else 1)
+            linear_bwd += norms_per_block(arch, stack) * (2 if stack.norm == "layernorm" else 1)
         t.kernels["forward"] += stack.num_layers * (kernels + linear_fwd)
         t.kernels["backward"] += stack.num_layers * (kernels * BACKWARD_OVER_FORWARD
                                                      + linear_bwd)
@@ -147,7 +146,7 @@ def block_modules(job: Job, arch: Architecture, stack: Stack) -> float:
         targets = set(job.peft.target_modules)
         adapted = sum(ln.count for ln in stack.linears
                       if "all-linear" in targets or ln.name in targets)
-    return linears + _norms_per_block(arch, stack) + 1 + dropouts + 3 + 3 * adapted
+    return linears + norms_per_block(arch, stack) + 1 + dropouts + 3 + 3 * adapted
 
 
 def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, attention: str):
@@ -166,8 +165,8 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
         ops[op] = ops.get(op, 0.0) + nbytes
         kernels += launches
 
-    norms = _norms_per_block(arch, stack)
-    if job.compiles_blocks:  # Llama-style blocks only (formula._check_compiled)
+    norms = norms_per_block(arch, stack)
+    if job.compiles_blocks:  # Llama-style blocks only (formula/checks.py, check_compiled)
         add("norm", norms * n_h * (r + c), norms)
         add("rotary", 2 * c * (n_q + n_kv), 1)
         add("attention io", c * (2 * n_q + 2 * n_kv), 1)
@@ -202,7 +201,7 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
     if stack.mlp == "gated":
         add("activation", n_f * 5 * c, 2)  # act(gate) r c w c; * up: r 2c w c
     else:
-        act = _activation_name(arch)
+        act = activation_name(arch)
         passes = 16 if act == "gelu_new" else 2   # gelu_new: 8 Python-level kernels
         add("activation", n_f * passes * c, passes // 2)
     if arch.hidden_dropout > 0:
@@ -320,7 +319,7 @@ def _trainable_tensors(job: Job, arch: Architecture) -> int:
     per_layer = []
     for s in arch.stacks:
         if job.peft is None:  # weights, biases, norm weights
-            n = sum(1 + ln.bias for ln in s.linears) + _norms_per_block(arch, s)
+            n = sum(1 + ln.bias for ln in s.linears) + norms_per_block(arch, s)
         else:  # lora_A and lora_B of each adapted linear
             n = sum(2 for ln in s.linears if "all-linear" in targets or ln.name in targets)
         per_layer.append(s.num_layers * n)
