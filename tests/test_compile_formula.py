@@ -8,7 +8,7 @@ from tiny_configs import LLAMA
 from vramplan.api import estimate
 from vramplan.engines import activations as act
 from vramplan.engines import step as step_desc
-from vramplan.engines.formula import loss, saved
+from vramplan.engines.formula import loss
 from vramplan.engines.precision import dtypes_for
 from vramplan.errors import JobError
 from vramplan.job import Job, Peft
@@ -72,7 +72,7 @@ def test_compiled_loss_keeps_the_logits_and_two_floats_per_token(precision, c):
               compile=True)
     arch = load_architecture(job.model)
     shapes = step_desc.shapes_of(job, arch, "causal-lm")
-    forward, backward = loss.loss_buffers(job, arch, shapes, saved.activation_dtypes(job),
+    forward, backward = loss.loss_buffers(job, arch, shapes, step_desc.activation_dtypes(job),
                                               "causal-lm")
     t = 4 * 256  # logits for every position (the last one's label is ignored, not cut)
     tv = t * 128256
@@ -163,7 +163,7 @@ def _loss_buffers(**fields):
     job = Job(model="llama-3.2-1b", batch_size=1, seq_len=2048, compile=True, **fields)
     arch = load_architecture(job.model)
     return loss.loss_buffers(job, arch, step_desc.shapes_of(job, arch, "causal-lm"),
-                                 saved.activation_dtypes(job), "causal-lm")
+                                 step_desc.activation_dtypes(job), "causal-lm")
 
 
 def test_compiling_the_blocks_only_leaves_the_eager_loss():

@@ -59,7 +59,7 @@ def formula_saved_bytes(config: dict, task: str, precision: str, attention: str,
     arch = architecture_from_config(config, "tiny")
     job = Job(batch_size=b, seq_len=s, precision=precision, attention=attention)
     shapes = step_desc.shapes_of(job, arch, task)
-    dt = saved.activation_dtypes(job)
+    dt = step_desc.activation_dtypes(job)
     layers, _ = saved.stack_activations(job, arch, shapes, dt)
     outside = saved.outside_block_activations(job, arch, shapes, dt, task)
     params = param_memory.param_memory(job, arch, task)

@@ -135,7 +135,7 @@ def test_torchtitan_op_policy_with_bias_and_lora_counts_only_plain_mms():
 def _stack_activations(**fields):
     job = Job(model=MODEL, seq_len=128, precision="bf16-mixed", **fields)
     shapes = step_desc.shapes_of(job, ARCH, "causal-lm")
-    return saved.stack_activations(job, ARCH, shapes, saved.activation_dtypes(job))[0]
+    return saved.stack_activations(job, ARCH, shapes, step_desc.activation_dtypes(job))[0]
 
 
 def test_selective_policies_against_each_other():
@@ -251,7 +251,7 @@ def test_cpu_offloaded_optimizer_step_has_no_gpu_temporaries():
 
 def test_torchtune_linear_cross_entropy_buffers():
     job = Job(model=MODEL, seq_len=64, framework="torchtune", checkpointing="none")
-    dt = saved.activation_dtypes(job)
+    dt = step_desc.activation_dtypes(job)
     forward, backward = loss.loss_buffers(job, ARCH, step_desc.shapes_of(job, ARCH,
                                                                          "causal-lm"),
                                               dt, "causal-lm")
@@ -269,7 +269,7 @@ def test_torchtune_linear_cross_entropy_buffers():
 def test_torchtune_offload_leaves_no_block_input_with_full_checkpointing():
     base = dict(model=MODEL, seq_len=128, framework="torchtune")
     job = Job(**base, activation_offload=True)
-    dt = saved.activation_dtypes(job)
+    dt = step_desc.activation_dtypes(job)
     shapes = step_desc.shapes_of(job, ARCH, "causal-lm")
     on_gpu = saved.offloaded_activations(job, ARCH, shapes, dt, "causal-lm",
                                             pipeline.WHOLE,

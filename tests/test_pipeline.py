@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from vramplan.engines import formula, param_memory, pipeline
-from vramplan.engines import step as step_desc
+from vramplan.engines import formula, pipeline
 from vramplan.engines.formula import phases, saved
+from vramplan.engines.step import describe_step
 from vramplan.errors import EngineError, JobError
 from vramplan.hardware import get_gpu
 from vramplan.job import Job, Parallel
@@ -24,13 +24,9 @@ def _job(pp: int, m: int, schedule: str = "1f1b", **changes) -> Job:
 
 
 def _stage_reports(job: Job):
-    task = step_desc.task_of(job, ARCH)
-    shapes = step_desc.shapes_of(job, ARCH, task)
-    whole = param_memory.param_memory(job, ARCH, task)
-    dt = saved.activation_dtypes(job)
-    return {s.name: phases.stage_report(job, ARCH, task, shapes, None, whole, dt, s)
-            for s in pipeline.stages(job, ARCH)}, saved.stack_activations(job, ARCH,
-                                                                             shapes, dt)[0]
+    step = describe_step(job, ARCH)
+    return {s.name: phases.stage_report(step, None, s) for s in step.stages}, \
+        saved.stack_activations(job, ARCH, step.shapes, step.activations)[0]
 
 
 def test_in_flight_micro_batches_per_schedule():

@@ -1,16 +1,26 @@
-"""The step description: what one training step of a Job on an Architecture feeds through
-the model (task, shapes), derived once and read by the memory formula and the performance
-model alike.
+"""The step description: one training step of a Job on an Architecture, derived once
+(describe_step) and read by the memory formula (engines/formula/) and the performance
+model (planning/flops.py, traffic.py, comm.py, performance.py) alike.
+
+    >>> step = describe_step(Job(model="llama-3.2-1b", seq_len=1024), load_architecture(...))
+    >>> step.task, step.shapes.stack_seq, step.params.trainable, step.attention
+
+It holds the task, the token shapes per stack, the dtypes as stored and as activations see
+them, the attention kernel run, the whole model's parameter memory and the pipeline stages
+whose memory can be the largest.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vramplan.engines import pipeline
+from vramplan.engines.param_memory import ParamMemory, param_memory, stage_params
+from vramplan.engines.precision import Dtypes, dtypes_for
 from vramplan.errors import JobError
 from vramplan.job import Job
 from vramplan.models import Architecture
-from vramplan.models.families import text_len
+from vramplan.models.families import EAGER_ONLY, text_len
 
 
 @dataclass(frozen=True)
@@ -26,6 +36,35 @@ class Shapes:
     # dropped, so backward holds only the inputs the model saved (ids, pixels, features)
     label_bytes: int = 0
 
+
+@dataclass(frozen=True)
+class Step:
+    """One training step of `job` on `arch`, before it is split over GPUs."""
+
+    job: Job
+    arch: Architecture
+    task: str
+    shapes: Shapes
+    dtypes: Dtypes        # weights, gradients and compute as stored (precision.dtypes_for)
+    activations: Dtypes   # as activations see them (a 16-bit base keeps a 16-bit residual)
+    attention: str        # the attention kernel the step runs (the job's, or eager)
+    params: ParamMemory   # the whole model's parameter memory
+    stages: tuple[pipeline.Stage, ...]  # the first and last stage, or the whole model
+
+    def stage_params(self, stage: pipeline.Stage) -> ParamMemory:
+        """The parameter memory `stage` holds (the whole model's without a pipeline)."""
+        return stage_params(self.job, self.arch, self.task, self.params, stage)
+
+
+def describe_step(job: Job, arch: Architecture) -> Step:
+    """The step description of `job` on `arch`; refuses a task, an input or a pipeline the
+    model does not have, in one line."""
+    task = task_of(job, arch)
+    shapes = shapes_of(job, arch, task)
+    params = param_memory(job, arch, task)
+    pipeline.check_pipeline(job, arch)
+    return Step(job, arch, task, shapes, dtypes_for(job), activation_dtypes(job),
+                attention_impl(job, arch), params, pipeline.stages(job, arch))
 
 
 def task_of(job: Job, arch: Architecture) -> str:
@@ -101,3 +140,21 @@ def float_bytes(job: Job) -> int:
 def text_length(requested: int | None, arch: Architecture, field: str, notes: list[str]) -> int:
     return text_len(requested, arch.max_positions, arch.model_type, arch.name, field, notes)
 
+
+
+def activation_dtypes(job: Job) -> Dtypes:
+    """The dtypes activations see: a 16-bit base (PEFT, FSDP mixed precision) keeps the
+    residual stream in 16-bit even under autocast."""
+    dt = dtypes_for(job)
+    sixteen_bit_base = job.peft is not None or job.parallel.strategy in (
+        "zero3", "fsdp", "hybrid-shard")
+    if dt.autocast and sixteen_bit_base:
+        return Dtypes(dt.weight, dt.grad, dt.compute, residual=2, autocast=True,
+                      linear_saved=dt.linear_saved)
+    return dt
+
+
+def attention_impl(job: Job, arch: Architecture) -> str:
+    # Gemma-2 soft-caps the scores: transformers runs its attention eagerly whatever the
+    # job asks.
+    return "eager" if arch.model_type in EAGER_ONLY else job.attention

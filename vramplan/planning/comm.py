@@ -29,11 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vramplan.engines import pipeline
-from vramplan.engines.formula.saved import activation_dtypes
-from vramplan.engines.param_memory import param_memory, stage_params
 from vramplan.engines.precision import dtypes_for
-from vramplan.engines.step import shapes_of, task_of
+from vramplan.engines.step import Step, describe_step
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job
 from vramplan.models import Architecture
@@ -62,13 +59,15 @@ def _block_linear_params(arch: Architecture) -> int:
                for s in arch.stacks for ln in s.linears)
 
 
-def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
+def collectives(job: Job, arch: Architecture, gpu: GPU, *,
+                step: Step | None = None) -> list[Collective]:
     """Every collective of one step of `job` on GPUs of kind `gpu`."""
     par = job.parallel
-    task = task_of(job, arch)
+    step = step or describe_step(job, arch)
+    dt, shapes = step.activations, step.shapes
     # with a pipeline, the last stage (its blocks and the head) is the busiest
-    stage = pipeline.stages(job, arch)[-1]
-    params = stage_params(job, arch, task, param_memory(job, arch, task), stage)
+    stage = step.stages[-1]
+    params = step.stage_params(stage)
     share = stage.layer_share
     tp, cp, dp = par.tensor_parallel, par.context_parallel, par.data_parallel
     grads = params.gradients / tp  # bytes of gradients per model-parallel rank
@@ -118,8 +117,6 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
                                       ring_bytes("all-reduce", grads / shard, replicas), "step",
                                       "backward", "network", replicas))
     if tp > 1:
-        dt = activation_dtypes(job)
-        shapes = shapes_of(job, arch, task)
         # 2 all-reduces (or all-gather + reduce-scatter with sequence parallelism) per block
         # forward, 2 backward; full checkpointing runs the forward's 2 again in recomputation
         per_block = 4 + (2 if job.checkpointing == "full" else 0)
@@ -130,8 +127,6 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
                               ring_bytes("all-reduce", activations, tp), "micro-batch", "",
                               link(tp, 1), tp))
     if cp > 1:
-        dt = activation_dtypes(job)
-        shapes = shapes_of(job, arch, task)
         # each rank's k and v chunk goes round the ring (cp - 1 hops) forward; backward
         # sends k, v and their gradients: 3x the forward volume in all
         kv = share * sum(s.num_layers * 2 * job.batch_size * seq / cp * s.num_kv_heads
@@ -140,8 +135,6 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
         out.append(Collective("k/v ring exchange (context parallel)", 3 * (cp - 1) * kv / tp,
                               "micro-batch", "both", link(cp, tp), cp))
     if pp > 1:
-        dt = activation_dtypes(job)
-        shapes = shapes_of(job, arch, task)
         chunks = par.pipeline_chunks if par.pipeline_schedule == "interleaved" else 1
         boundary = job.batch_size * shapes.stack_seq[-1] * arch.stacks[-1].hidden_size * (
             dt.compute) / (tp * cp)

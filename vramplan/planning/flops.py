@@ -28,9 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vramplan.engines.formula.saved import attention_impl
 from vramplan.engines.param_memory import CLASSIFIER_TASKS
-from vramplan.engines.step import shapes_of, task_of
+from vramplan.engines.step import Step, describe_step
 from vramplan.errors import JobError
 from vramplan.job import Job
 from vramplan.models import Architecture, Stack, load_architecture
@@ -80,25 +79,30 @@ class StepFlops:
         return self.phase("forward") + self.phase("backward")
 
 
-def step_flops(job: Job, arch: Architecture | None = None, *,
-               dense_attention: bool = False) -> StepFlops:
+def check_timed(arch: Architecture) -> None:
+    """Step time is modelled for transformers: refuse a CNN in one line."""
+    if arch.kind == "cnn":
+        raise JobError(f"{arch.name}: step time is not modelled for CNNs yet (their "
+                       "convolutions are not in the architecture); use a transformer model")
+
+
+def step_flops(job: Job, arch: Architecture | None = None, *, dense_attention: bool = False,
+               step: Step | None = None) -> StepFlops:
     """FLOPs of one micro-batch of `job` (one replica, before TP/CP sharding).
 
     >>> flops = step_flops(Job(model="llama-3.2-1b", batch_size=4, seq_len=2048))
     >>> round(flops.model_flops / 1e12)  # about 6 x 1.24e9 params x 8192 tokens + attention
     """
     arch = arch or load_architecture(job.model)
-    if arch.kind == "cnn":
-        raise JobError(f"{arch.name}: step time is not modelled for CNNs yet (their "
-                       "convolutions are not in the architecture); use a transformer model")
-    task = task_of(job, arch)
-    shapes = shapes_of(job, arch, task)
+    check_timed(arch)
+    step = step or describe_step(job, arch)
+    task, shapes = step.task, step.shapes
     out = StepFlops(samples=job.batch_size,
                     tokens=job.batch_size * shapes.tokens_per_sample)
     full_ft = job.peft is None
     adapters = _adapter_targets(job, arch)
     rank = job.peft.rank if job.peft else 0
-    attention = attention_impl(job, arch)
+    attention = step.attention
     b = job.batch_size
 
     # the frontend (patch / audio convolutions) trains with the body in full fine-tuning

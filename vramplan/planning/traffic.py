@@ -37,14 +37,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vramplan.engines.formula.saved import (
-    activation_dtypes,
     activation_name,
-    attention_impl,
     norms_per_block,
 )
-from vramplan.engines.param_memory import param_memory
 from vramplan.engines.precision import dtypes_for
-from vramplan.engines.step import shapes_of, task_of
+from vramplan.engines.step import Step, describe_step
 from vramplan.job import Job
 from vramplan.models import Architecture, Stack, load_architecture
 from vramplan.models.families import STACKED_EXPERTS, uses_rotary
@@ -95,15 +92,14 @@ class Traffic:
         self.by_op[op] = self.by_op.get(op, 0.0) + nbytes
 
 
-def step_traffic(job: Job, arch: Architecture | None = None) -> Traffic:
+def step_traffic(job: Job, arch: Architecture | None = None, *,
+                 step: Step | None = None) -> Traffic:
     """Bytes moved by the non-matmul work of one micro-batch (and of one optimizer step)."""
     arch = arch or load_architecture(job.model)
-    task = task_of(job, arch)
-    shapes = shapes_of(job, arch, task)
-    dt = activation_dtypes(job)
-    params = param_memory(job, arch, task)
+    step = step or describe_step(job, arch)
+    task, shapes, dt, params = step.task, step.shapes, step.activations, step.params
     t = Traffic()
-    attention = attention_impl(job, arch)
+    attention = step.attention
     recompute = job.checkpointing != "none"
     for stack, seq in zip(arch.stacks, shapes.stack_seq):
         fwd, kernels = _block_forward(job, arch, stack, seq, dt, attention)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from vramplan.engines import activations as act
 from vramplan.engines import pipeline
-from vramplan.engines.formula.saved import adapters_of, attention_impl, norms_per_block
+from vramplan.engines.formula.saved import adapters_of, norms_per_block
 from vramplan.engines.precision import Dtypes
-from vramplan.engines.step import Shapes
+from vramplan.engines.step import Shapes, attention_impl
 from vramplan.errors import EngineError, JobError
 from vramplan.job import Job
 from vramplan.models import Architecture

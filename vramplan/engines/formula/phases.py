@@ -13,20 +13,15 @@ from vramplan.engines.formula.loss import loss_buffers
 from vramplan.engines.formula.notes import framework_notes, prequantized_note, technique_notes
 from vramplan.engines.formula.per_gpu import per_gpu_params
 from vramplan.engines.formula.saved import (
-    activation_dtypes,
     offloaded_activations,
     outside_block_activations,
     stack_activations,
 )
 from vramplan.engines.param_memory import (
-    ParamMemory,
     hidden_size,
     largest_trainable_bytes,
-    param_memory,
-    stage_params,
     unified_state_bytes,
 )
-from vramplan.engines.precision import Dtypes
 from vramplan.engines.report import CATEGORIES, MemoryReport
 from vramplan.engines.runtime import (
     check_precision_supported,
@@ -34,7 +29,7 @@ from vramplan.engines.runtime import (
     runtime_context_bytes,
     workspaces_bytes,
 )
-from vramplan.engines.step import Shapes, shapes_of, task_of
+from vramplan.engines.step import Step, describe_step, task_of
 from vramplan.hardware import get_gpu, list_gpus
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job
@@ -55,32 +50,28 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None,
     arch = (architecture_from_config(model_config, job.model) if model_config is not None
             else load_architecture(job.model))
     prequantized_note(job, arch)
-    task = task_of(job, arch)
     if job.compile:
-        check_compiled(job, arch, task)
-    shapes = shapes_of(job, arch, task)
+        check_compiled(job, arch, task_of(job, arch))
+    step = describe_step(job, arch)
     runtime_gpu = get_gpu(job.gpu) if job.gpu else None
     if runtime_gpu:
         check_precision_supported(job, runtime_gpu)
-    whole = param_memory(job, arch, task)
-    dt = activation_dtypes(job)
-    check_mxfp8_inputs(job, dt)
+    check_mxfp8_inputs(job, step.activations)
     check_parallel(job, arch)
-    check_context_parallel_split(job, shapes)
+    check_context_parallel_split(job, step.shapes)
     # with pipeline stages, the first (most activations) or the last (the head) is largest
-    reports = [stage_report(job, arch, task, shapes, runtime_gpu, whole, dt, stage)
-               for stage in pipeline.stages(job, arch)]
+    reports = [stage_report(step, runtime_gpu, stage) for stage in step.stages]
     report = max(reports, key=lambda r: r.device_total)
     catalog = gpus if gpus is not None else ([runtime_gpu] if runtime_gpu else list_gpus())
     return report.model_copy(update={"fits": fit_table(report, job.runtime, catalog,
                                                        runtime_gpu)})
 
 
-def stage_report(job: Job, arch: Architecture, task: str, shapes: Shapes,
-                  runtime_gpu: GPU | None, whole: ParamMemory, dt: Dtypes,
-                  stage: pipeline.Stage) -> MemoryReport:
+def stage_report(step: Step, runtime_gpu: GPU | None, stage: pipeline.Stage) -> MemoryReport:
     """The report of one pipeline stage (the whole model without a pipeline)."""
-    params = stage_params(job, arch, task, whole, stage)
+    job, arch, task, shapes = step.job, step.arch, step.task, step.shapes
+    whole, dt = step.params, step.activations
+    params = step.stage_params(stage)
     tp, cp = job.parallel.tensor_parallel, job.parallel.context_parallel
     layer_acts, block_acts = stack_activations(job, arch, shapes, dt)
     layer_acts *= stage.layer_share * stage.in_flight

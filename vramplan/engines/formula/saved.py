@@ -6,11 +6,10 @@ from __future__ import annotations
 from vramplan.engines import activations as act
 from vramplan.engines import pipeline
 from vramplan.engines.precision import Dtypes, adapter_bytes, dtypes_for
-from vramplan.engines.step import Shapes
+from vramplan.engines.step import Shapes, attention_impl
 from vramplan.job import Job
 from vramplan.models import Architecture, Stack
 from vramplan.models.families import (
-    EAGER_ONLY,
     SDPA_QUERY_CONTIGUOUS,
     TRAINED_ATTENTION_BIAS,
     uses_rotary,
@@ -22,18 +21,6 @@ DEFAULT_ACTIVATION = {"gpt2": "gelu_new", "t5": "relu", "gemma2": "gelu_pytorch_
 # Families whose eager attention computes the softmax in fp32 (softmax(..., dtype=float32))
 UPCAST_SOFTMAX = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3", "qwen3",
                   "qwen3_moe", "olmo2", "gemma3_text")
-
-
-def activation_dtypes(job: Job) -> Dtypes:
-    """The dtypes activations see: a 16-bit base (PEFT, FSDP mixed precision) keeps the
-    residual stream in 16-bit even under autocast."""
-    dt = dtypes_for(job)
-    sixteen_bit_base = job.peft is not None or job.parallel.strategy in (
-        "zero3", "fsdp", "hybrid-shard")
-    if dt.autocast and sixteen_bit_base:
-        return Dtypes(dt.weight, dt.grad, dt.compute, residual=2, autocast=True,
-                      linear_saved=dt.linear_saved)
-    return dt
 
 
 def adapters_of(job: Job) -> act.Adapters:
@@ -100,12 +87,6 @@ def stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
             and not job.activation_offload:
         return total, recomputed
     return total, largest
-
-
-def attention_impl(job: Job, arch: Architecture) -> str:
-    # Gemma-2 soft-caps the scores: transformers runs its attention eagerly whatever the
-    # job asks.
-    return "eager" if arch.model_type in EAGER_ONLY else job.attention
 
 
 def activation_name(arch: Architecture) -> str:
