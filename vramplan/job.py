@@ -494,7 +494,7 @@ def yaml_problem(error: yaml.YAMLError) -> tuple[str, str]:
             getattr(error, "problem", None) or str(error))
 
 
-class _BoundedYamlLoader(yaml.SafeLoader):
+class BoundedYamlLoader(yaml.SafeLoader):
     """yaml.SafeLoader that refuses more than MAX_YAML_ALIASES alias references."""
 
     def __init__(self, stream: str):
@@ -510,7 +510,7 @@ class _BoundedYamlLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-def _check_size(data: Any, path: Path) -> None:
+def check_size(data: Any, path: Path) -> None:
     """Count nodes as they expand (a shared alias counts each time), stopping at the cap."""
     stack, seen = [data], 0
     while stack:
@@ -554,7 +554,7 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
         elif path.suffix == ".json":
             data = json.loads(text)
         else:
-            data = yaml.load(text, Loader=_BoundedYamlLoader)  # noqa: S506 (a SafeLoader)
+            data = yaml.load(text, Loader=BoundedYamlLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as error:
         line, problem = yaml_problem(error)
         raise JobFileError(f"{path}:{line} is not valid YAML: {problem}") from None
@@ -568,7 +568,7 @@ def load_job_file(path: str | Path) -> dict[str, Any]:
         raise JobFileError(f"{path}: nested too deeply to be a job file") from None
     if data is None:
         return {}
-    _check_size(data, path)
+    check_size(data, path)
     if not isinstance(data, dict):
         raise JobFileError(f"{path}: a job file holds a mapping of keys (model, batch_size, "
                            f"...), not a {type(data).__name__}")

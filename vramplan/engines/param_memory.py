@@ -23,7 +23,6 @@ from vramplan.engines.precision import (
 from vramplan.errors import JobError
 from vramplan.job import Job
 from vramplan.models import Architecture, Stack
-from vramplan.models.families import PEFT_EXPERT_TARGETS, STACKED_EXPERTS
 
 CLASSIFIER_TASKS = ("seq-classification", "image-classification")
 # Param-sized temporaries of a per-parameter optimizer step (loop implementation), seen in
@@ -188,8 +187,8 @@ def block_base_bytes(job: Job, arch: Architecture, stack: Stack, base: int) -> f
 
 def nf4_params(arch: Architecture, stack: Stack) -> int:
     """Weights of one block that QLoRA stores in NF4: its nn.Linear weights (not stacked
-    experts, families.STACKED_EXPERTS)."""
-    stacked = arch.model_type in STACKED_EXPERTS
+    experts, Traits.stacked_experts)."""
+    stacked = arch.traits.stacked_experts
     return sum(ln.in_features * ln.out_features * ln.count for ln in stack.linears
                if not (stacked and ln.count > 1))
 
@@ -210,7 +209,7 @@ def largest_tensor(arch: Architecture) -> int:
 
 def adapter_params(job: Job, arch: Architecture) -> int:
     targets = set(job.peft.target_modules)
-    on_experts = targets & PEFT_EXPERT_TARGETS.get(arch.model_type, frozenset())
+    on_experts = targets & arch.traits.peft_expert_targets
     if on_experts:
         raise JobError(f"LoRA target_modules {sorted(on_experts)}: on {arch.model_type} peft "
                        "puts these adapters on the routed experts' stacked parameters and the "

@@ -20,7 +20,7 @@ from vramplan.engines.precision import Dtypes, dtypes_for
 from vramplan.errors import JobError
 from vramplan.job import Job
 from vramplan.models import Architecture
-from vramplan.models.families import EAGER_ONLY, text_len
+from vramplan.models.families import text_len
 
 
 @dataclass(frozen=True)
@@ -157,4 +157,4 @@ def activation_dtypes(job: Job) -> Dtypes:
 def attention_impl(job: Job, arch: Architecture) -> str:
     # Gemma-2 soft-caps the scores: transformers runs its attention eagerly whatever the
     # job asks.
-    return "eager" if arch.model_type in EAGER_ONLY else job.attention
+    return "eager" if arch.traits.eager_attention_only else job.attention

@@ -39,8 +39,6 @@ from vramplan.models.arch import Linear
 # (FlashAttention-2 forward: kBlockM = 128; flash_fwd_launch_template.h), so a causal mask
 # saves (1 - tile / s) / 2 of the dense FLOPs.
 CAUSAL_TILE = 128
-# families with a norm after the MLP, which saves the MLP's output
-POST_NORMS = frozenset({"gemma2"})
 OP_CLASSES = ("linear", "lora", "attention", "head", "frontend")
 
 
@@ -137,7 +135,7 @@ def step_flops(job: Job, arch: Architecture | None = None, *, dense_attention: b
             grad_flows = grad_out
         if job.checkpointing == "full":
             out.by_class["linear"].recompute -= stack.num_layers * _early_stop(
-                stack, b * seq, adapters, post_norms=arch.model_type in POST_NORMS)
+                stack, b * seq, adapters, post_norms=arch.traits.post_norms)
     _head(job, arch, task, shapes, full_ft, grad_flows, out.by_class["head"])
     return out
 

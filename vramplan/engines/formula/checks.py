@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from vramplan.engines import activations as act
 from vramplan.engines import pipeline
-from vramplan.engines.formula.saved import adapters_of, norms_per_block
+from vramplan.engines.formula.saved import adapters_of
 from vramplan.engines.precision import Dtypes
 from vramplan.engines.step import Shapes, attention_impl
 from vramplan.errors import EngineError, JobError
 from vramplan.job import Job
 from vramplan.models import Architecture
-from vramplan.models.families import uses_rotary
 
 
 def check_compiled(job: Job, arch: Architecture, task: str) -> None:
@@ -32,8 +31,8 @@ def check_compiled(job: Job, arch: Architecture, task: str) -> None:
             reason = act.compiled_block_unsupported(
                 stack, attention=attention_impl(job, arch), adapters=adapters_of(job),
                 dropout=max(arch.hidden_dropout, arch.attention_dropout),
-                norms_per_block=norms_per_block(arch, stack),
-                rotary=uses_rotary(arch))
+                norms_per_block=arch.norms_per_block(stack),
+                rotary=arch.traits.rotary)
             if reason:
                 why.append(reason)
     if why:

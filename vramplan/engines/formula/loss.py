@@ -46,7 +46,7 @@ def loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task:
         # gradient (measured on an H200: benchmarks/results/gpu_runtime_probe.json)
         forward = 2 * c * tv + 4 * tv
         backward = (c + 8) * tv
-    if arch.extra.get("final_logit_softcapping"):  # Gemma-2 keeps tanh(logits / cap)
+    if arch.traits.final_logit_softcap:  # Gemma-2 keeps tanh(logits / cap)
         forward, backward = forward + c * tv, backward + c * tv
     return forward, backward
 

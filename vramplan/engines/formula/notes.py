@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vramplan.job import Job
 from vramplan.models import Architecture
-from vramplan.models.families import EAGER_IN_TRANSFORMERS, EAGER_ONLY, prequantized
+from vramplan.models.families import prequantized
 from vramplan.units import format_bytes
 
 
@@ -18,12 +18,12 @@ def technique_notes(job: Job, arch: Architecture) -> list[str]:
     if arch.shapes_from != "config":
         notes.append(f"{arch.model_type}: the formula has no table entry for this family; its "
                      f"shapes were read from the {arch.shapes_from}")
-    if job.attention != "eager" and arch.model_type in EAGER_IN_TRANSFORMERS:
+    if job.attention != "eager" and arch.traits.eager_in_transformers:
         notes.append(f"{arch.model_type}: {job.attention} attention is modelled, as the "
                      "family's own trainer runs it (llm-foundry: FlashAttention); transformers' "
                      "class has eager attention only, which the trace runs (compare with "
                      "--attention eager)")
-    if job.attention == "sdpa" and arch.model_type in EAGER_ONLY:
+    if job.attention == "sdpa" and arch.traits.eager_attention_only:
         notes.append(f"transformers runs {arch.model_type} attention eagerly (it changes the "
                      "scores before the softmax), so memory is that of eager attention")
     if job.checkpointing != "none" and arch.stacks:

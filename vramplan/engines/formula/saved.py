@@ -8,19 +8,7 @@ from vramplan.engines import pipeline
 from vramplan.engines.precision import Dtypes, adapter_bytes, dtypes_for
 from vramplan.engines.step import Shapes, attention_impl
 from vramplan.job import Job
-from vramplan.models import Architecture, Stack
-from vramplan.models.families import (
-    SDPA_QUERY_CONTIGUOUS,
-    TRAINED_ATTENTION_BIAS,
-    uses_rotary,
-)
-
-# transformers' config defaults, for configs that leave the activation out
-DEFAULT_ACTIVATION = {"gpt2": "gelu_new", "t5": "relu", "gemma2": "gelu_pytorch_tanh",
-                      "gemma3_text": "gelu_pytorch_tanh"}
-# Families whose eager attention computes the softmax in fp32 (softmax(..., dtype=float32))
-UPCAST_SOFTMAX = ("llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3", "qwen3",
-                  "qwen3_moe", "olmo2", "gemma3_text")
+from vramplan.models import Architecture
 
 
 def adapters_of(job: Job) -> act.Adapters:
@@ -41,6 +29,7 @@ def stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
     if job.peft and "all-linear" in job.peft.target_modules:
         adapters = act.Adapters(frozenset(ln.name for s in arch.stacks for ln in s.linears),
                                 adapters.rank, adapters.dropout, False, adapters.upcast_bytes)
+    traits = arch.traits
     for stack, seq in zip(arch.stacks, shapes.stack_seq):
         encoder_seq = shapes.stack_seq[0] if stack.cross_attention else 0
         saved = act.compiled_block_saved_tensors(
@@ -49,14 +38,12 @@ def stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
             act.block_saved_tensors(
             stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
             attention=attention_impl(job, arch), hidden_dropout=arch.hidden_dropout,
-            attention_dropout=arch.attention_dropout, activation=activation_name(arch),
-            adapters=adapters, norms_per_block=norms_per_block(arch, stack),
-            upcast_softmax=arch.model_type in UPCAST_SOFTMAX,
-            score_softcap=bool(arch.extra.get("attn_logit_softcapping")),
-            norm_scales_input=arch.model_type == "t5",
-            trained_bias=arch.model_type in TRAINED_ATTENTION_BIAS,
-            rotary=uses_rotary(arch),
-            sdpa_query_contiguous=arch.model_type in SDPA_QUERY_CONTIGUOUS)
+            attention_dropout=arch.attention_dropout, activation=traits.activation,
+            adapters=adapters, norms_per_block=arch.norms_per_block(stack),
+            upcast_softmax=traits.upcast_softmax, score_softcap=bool(traits.attention_softcap),
+            norm_scales_input=traits.norm_scales_input,
+            trained_bias=traits.trained_attention_bias, rotary=traits.rotary,
+            sdpa_query_contiguous=traits.sdpa_query_contiguous)
         block = sum(b for _, b in saved)
         largest = max(largest, block)
         if job.checkpointing == "full":
@@ -87,19 +74,6 @@ def stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
             and not job.activation_offload:
         return total, recomputed
     return total, largest
-
-
-def activation_name(arch: Architecture) -> str:
-    cfg = arch.extra
-    name = (cfg.get("hidden_act") or cfg.get("activation_function")
-            or cfg.get("hidden_activation") or cfg.get("feed_forward_proj")
-            or DEFAULT_ACTIVATION.get(arch.model_type, "gelu"))
-    return name.removeprefix("gated-")
-
-
-def norms_per_block(arch: Architecture, stack: Stack) -> int:
-    base = 3 if stack.cross_attention else 2
-    return base + (2 if arch.model_type in ("gemma2", "gemma3_text") else 0)
 
 
 def outside_block_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes,

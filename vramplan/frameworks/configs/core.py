@@ -25,7 +25,7 @@ import yaml
 from vramplan.errors import JobFileError
 
 # the job files' caps and alias-counting loader: one set of limits for every file we read
-from vramplan.job import MAX_JOB_FILE_BYTES, _BoundedYamlLoader, _check_size, yaml_problem
+from vramplan.job import MAX_JOB_FILE_BYTES, BoundedYamlLoader, check_size, yaml_problem
 
 MAX_CONFIG_BYTES = MAX_JOB_FILE_BYTES  # a training config is a few hundred lines
 
@@ -69,7 +69,7 @@ def parse_text(text: str, path: Path) -> tuple[dict[str, Any], str]:
             try:
                 data, syntax = json.loads(text), "json"
             except json.JSONDecodeError:
-                data, syntax = yaml.load(text, Loader=_BoundedYamlLoader), "yaml"  # noqa: S506
+                data, syntax = yaml.load(text, Loader=BoundedYamlLoader), "yaml"  # noqa: S506
     except yaml.YAMLError as error:
         line, problem = yaml_problem(error)
         raise ConfigError(f"{path}:{line} is not valid YAML or JSON: {problem}") from None
@@ -81,7 +81,7 @@ def parse_text(text: str, path: Path) -> tuple[dict[str, Any], str]:
         raise ConfigError(f"{path}: nested too deeply to be a training config") from None
     if data is None:
         data = {}
-    _check_size(data, path)
+    check_size(data, path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a training config holds a mapping of keys, not a "
                           f"{type(data).__name__}")
