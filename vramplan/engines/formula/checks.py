@@ -1,13 +1,12 @@
-"""What the formula refuses: compiled blocks it does not model, parallel layouts the model
-cannot be split into, inputs its block model does not follow."""
+"""What the formula refuses beyond what every engine refuses (engines/checks.py): compiled
+blocks it does not model, inputs its block model does not follow."""
 
 from __future__ import annotations
 
 from vramplan.engines import activations as act
-from vramplan.engines import pipeline
 from vramplan.engines.formula.saved import adapters_of
 from vramplan.engines.precision import Dtypes
-from vramplan.engines.step import Shapes, attention_impl
+from vramplan.engines.step import attention_impl
 from vramplan.errors import EngineError, JobError
 from vramplan.job import Job
 from vramplan.models import Architecture
@@ -41,32 +40,6 @@ def check_compiled(job: Job, arch: Architecture, task: str) -> None:
                        f"the causal-LM loss; this job has {'; '.join(why)}: use "
                        "--engine trace, which compiles the real model (or "
                        "compile_components=loss to compile the loss only)")
-
-
-def check_parallel(job: Job, arch: Architecture) -> None:
-    pipeline.check_pipeline(job, arch)
-    tp = job.parallel.tensor_parallel
-    for stack in arch.stacks:
-        if stack.num_heads % tp or stack.num_kv_heads % tp and stack.num_kv_heads >= tp:
-            raise JobError(f"tensor_parallel={tp} must divide {arch.name}'s {stack.num_heads} "
-                           f"attention heads ({stack.num_kv_heads} key/value heads)")
-    if job.parallel.context_parallel > 1 and arch.kind not in ("decoder",):
-        raise JobError("context_parallel is supported for decoder-only language models only")
-    if arch.kind == "cnn" and (tp > 1):
-        raise JobError("tensor_parallel is not supported for CNNs: use ddp or fsdp")
-
-
-def check_context_parallel_split(job: Job, shapes: Shapes) -> None:
-    """torch's context parallelism balances causal attention by cutting the sequence into
-    2 x cp chunks (head and tail per rank: _context_parallel/_load_balancer.py), and refuses
-    a length that does not divide."""
-    cp = job.parallel.context_parallel
-    if cp > 1 and shapes.stack_seq and shapes.stack_seq[0] % (2 * cp):
-        raise JobError(f"context_parallel={cp} splits the sequence into {2 * cp} equal "
-                       f"chunks: seq_len {shapes.stack_seq[0]} is not a multiple of {2 * cp}; "
-                       f"use a multiple, e.g. {shapes.stack_seq[0] // (2 * cp) * 2 * cp or 2 * cp}")
-
-
 
 
 def check_mxfp8_inputs(job: Job, dt: Dtypes) -> None:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from vramplan.engines import pipeline
+from vramplan.engines.checks import check_job
 from vramplan.engines.formula.checks import (
     check_compiled,
-    check_context_parallel_split,
     check_mxfp8_inputs,
-    check_parallel,
 )
 from vramplan.engines.formula.loss import loss_buffers
-from vramplan.engines.formula.notes import framework_notes, prequantized_note, technique_notes
+from vramplan.engines.formula.notes import framework_notes, technique_notes
 from vramplan.engines.formula.per_gpu import per_gpu_params
 from vramplan.engines.formula.saved import (
     offloaded_activations,
@@ -24,7 +23,6 @@ from vramplan.engines.param_memory import (
 )
 from vramplan.engines.report import CATEGORIES, MemoryReport
 from vramplan.engines.runtime import (
-    check_precision_supported,
     fit_table,
     runtime_context_bytes,
     workspaces_bytes,
@@ -49,16 +47,12 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None,
     # uploaded config.json in the web app; the trace and measure engines take it too)
     arch = (architecture_from_config(model_config, job.model) if model_config is not None
             else load_architecture(job.model))
-    prequantized_note(job, arch)
+    runtime_gpu = get_gpu(job.gpu) if job.gpu else None
+    check_job(job, arch, runtime_gpu)  # what every engine refuses
     if job.compile:
         check_compiled(job, arch, task_of(job, arch))
     step = describe_step(job, arch)
-    runtime_gpu = get_gpu(job.gpu) if job.gpu else None
-    if runtime_gpu:
-        check_precision_supported(job, runtime_gpu)
     check_mxfp8_inputs(job, step.activations)
-    check_parallel(job, arch)
-    check_context_parallel_split(job, step.shapes)
     # with pipeline stages, the first (most activations) or the last (the head) is largest
     reports = [stage_report(step, runtime_gpu, stage) for stage in step.stages]
     report = max(reports, key=lambda r: r.device_total)
