@@ -24,6 +24,7 @@ from vramplan.errors import JobError
 from vramplan.job import Job
 from vramplan.models import Architecture, Stack
 
+# tasks whose head is new: it trains (beside LoRA adapters too, as peft's modules_to_save)
 CLASSIFIER_TASKS = ("seq-classification", "image-classification")
 # Param-sized temporaries of a per-parameter optimizer step (loop implementation), seen in
 # the trace: torch's _single_tensor_adam makes exp_avg_sq.sqrt() and its division by the
@@ -54,39 +55,6 @@ class ParamMemory:
     notes: tuple[str, ...] = ()
     # FSDP float8 all-gather: the largest block as FSDP2 gathers it (0: in param dtype)
     fp8_gathered_block: float = 0.0
-
-
-
-def stage_params(job: Job, arch: Architecture, task: str, whole: ParamMemory,
-                  stage: pipeline.Stage) -> ParamMemory:
-    """The parameter memory a pipeline stage holds: its share of the blocks and its part
-    of what lies outside them (engines/pipeline.py)."""
-    if stage is pipeline.WHOLE:
-        return whole
-    in_blocks = sum(s.num_layers * s.params_per_layer for s in arch.stacks)
-    outside = whole.total - in_blocks
-    here = pipeline.outside_params(arch, task, stage)
-    outside_bytes = whole.outside_blocks * here / outside if outside else 0.0
-    weights = stage.layer_share * (whole.weights - whole.outside_blocks) + outside_bytes
-    if job.peft is None:
-        trained = (stage.layer_share * in_blocks + here) / whole.total
-    else:  # adapters sit in the blocks; a classifier head trains on the last stage
-        head = arch.head_params[task] if task in CLASSIFIER_TASKS else 0
-        trained = (stage.layer_share * (whole.trainable - head)
-                   + (head if stage.head else 0)) / max(whole.trainable, 1)
-    qlora = job.peft is not None and job.peft.method == "qlora"
-    return replace(
-        whole, total=round(stage.layer_share * in_blocks + here),
-        trainable=round(whole.trainable * trained), weights=weights,
-        gradients=whole.gradients * trained, optimizer=whole.optimizer * trained,
-        step_temp=whole.step_temp * trained,
-        cast_copies=whole.cast_copies * stage.layer_share,
-        # the head's 16-bit copy lives with the head; QLoRA's is one dequantised weight
-        cast_head=whole.cast_head if (stage.head or qlora) else 0.0,
-        tied_grad_transient=whole.tied_grad_transient if stage.head else 0.0,
-        outside_blocks=outside_bytes)
-
-
 
 
 def param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
@@ -161,6 +129,36 @@ def param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
     return ParamMemory(total, trainable, weights, grads, optimizer, cast, step_temp,
                        block_bytes, cast_head, tied, outside_blocks=outside, notes=tuple(notes),
                        fp8_gathered_block=fp8_gathered_block(job, arch))
+
+
+def stage_params(job: Job, arch: Architecture, task: str, whole: ParamMemory,
+                 stage: pipeline.Stage) -> ParamMemory:
+    """The parameter memory a pipeline stage holds: its share of the blocks and its part
+    of what lies outside them (engines/pipeline.py)."""
+    if stage is pipeline.WHOLE:
+        return whole
+    in_blocks = sum(s.num_layers * s.params_per_layer for s in arch.stacks)
+    outside = whole.total - in_blocks
+    here = pipeline.outside_params(arch, task, stage)
+    outside_bytes = whole.outside_blocks * here / outside if outside else 0.0
+    weights = stage.layer_share * (whole.weights - whole.outside_blocks) + outside_bytes
+    if job.peft is None:
+        trained = (stage.layer_share * in_blocks + here) / whole.total
+    else:  # adapters sit in the blocks; a classifier head trains on the last stage
+        head = arch.head_params[task] if task in CLASSIFIER_TASKS else 0
+        trained = (stage.layer_share * (whole.trainable - head)
+                   + (head if stage.head else 0)) / max(whole.trainable, 1)
+    qlora = job.peft is not None and job.peft.method == "qlora"
+    return replace(
+        whole, total=round(stage.layer_share * in_blocks + here),
+        trainable=round(whole.trainable * trained), weights=weights,
+        gradients=whole.gradients * trained, optimizer=whole.optimizer * trained,
+        step_temp=whole.step_temp * trained,
+        cast_copies=whole.cast_copies * stage.layer_share,
+        # the head's 16-bit copy lives with the head; QLoRA's is one dequantised weight
+        cast_head=whole.cast_head if (stage.head or qlora) else 0.0,
+        tied_grad_transient=whole.tied_grad_transient if stage.head else 0.0,
+        outside_blocks=outside_bytes)
 
 
 def fp8_gathered_block(job: Job, arch: Architecture) -> float:
@@ -262,7 +260,6 @@ def adafactor_bytes(job: Job, arch: Architecture, trainable: int, state_bytes: i
     return (factored + (trainable - matrices)) * state_bytes
 
 
-
 def trainable_tensors(job: Job, arch: Architecture, task: str) -> opt_states.Tensors:
     if job.peft is None:
         return opt_states.full_model_tensors(arch, task)
@@ -285,4 +282,3 @@ def unified_state_bytes(job: Job, arch: Architecture, task: str) -> float:
     _, unified = opt_states.split_state_bytes(job.optimizer, trainable_tensors(job, arch, task),
                                               per)
     return unified
-

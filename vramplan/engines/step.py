@@ -141,7 +141,6 @@ def text_length(requested: int | None, arch: Architecture, field: str, notes: li
     return text_len(requested, arch.max_positions, arch.model_type, arch.name, field, notes)
 
 
-
 def activation_dtypes(job: Job) -> Dtypes:
     """The dtypes activations see: a 16-bit base (PEFT, FSDP mixed precision) keeps the
     residual stream in 16-bit even under autocast."""

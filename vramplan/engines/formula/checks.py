@@ -51,5 +51,3 @@ def check_mxfp8_inputs(job: Job, dt: Dtypes) -> None:
                           "inputs: under FSDP (strategy fsdp or hybrid-shard, bf16 params as "
                           "torchtitan runs it) or with LoRA; on fp32 weights under autocast "
                           "torchao's MXFP8Linear keeps fp32 activations: use --engine trace")
-
-

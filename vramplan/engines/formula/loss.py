@@ -51,9 +51,6 @@ def loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task:
     return forward, backward
 
 
-
-# --- framework behaviours (docs/frameworks.md) ------------------------------------------
-
 # torchtune's chunked losses split the scored tokens into 8 (num_output_chunks = 8)
 TORCHTUNE_LOSS_CHUNKS = 8
 
@@ -89,4 +86,3 @@ def torchtune_loss_buffers(job: Job, t: float, vocab: float, h: int, dt: Dtypes)
         remaining = 4 * (TORCHTUNE_LOSS_CHUNKS - 2) * tc * vocab
         backward = max(backward, remaining + 3 * vocab * h * dt.grad)
     return forward, backward
-

@@ -63,8 +63,6 @@ def fp8_note(job: Job) -> str:
     return note + "; no autocast weight copies for them; the rest as bf16-mixed"
 
 
-
-
 def framework_notes(job: Job, unified: float) -> list[str]:
     notes = []
     if job.framework != "plain":

@@ -53,4 +53,3 @@ def per_gpu_params(job: Job, params: ParamMemory):
         notes.append("paged optimizer states live in unified memory: under memory pressure "
                      "they page to the CPU instead of failing")
     return w, g, o, cast, gathered, root, comm, notes
-

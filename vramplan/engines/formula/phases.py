@@ -164,7 +164,6 @@ def stage_report(step: Step, runtime_gpu: GPU | None, stage: pipeline.Stage) -> 
     return report
 
 
-
 # (activations + temporaries), by checkpointing mode: recomputation frees and reallocates
 # blocks of many sizes. Medians of 19 H200 runs (benchmarks/results/gpu_validation.json:
 # 6.4%, 13%, 33%) and 29 trace replays (formula_vs_trace.json: 5.7%, 10%, 29%).
@@ -177,7 +176,7 @@ RECOMPUTE_PHASES = ("backward", "backward_recompute", "backward_gather")
 
 
 def allocator_overhead(job: Job, arch: Architecture, phase: str, allocated: float,
-                        parts: dict[str, float]) -> float:
+                       parts: dict[str, float]) -> float:
     if job.runtime.allocator_overhead is not None:
         return allocated * job.runtime.allocator_overhead
     # checkpointing is ignored on a model without blocks (ResNet), and outside backward
@@ -187,11 +186,9 @@ def allocator_overhead(job: Job, arch: Architecture, phase: str, allocated: floa
     return (parts["activations"] + parts["temporary"]) * ALLOCATOR_OVERHEAD[mode]
 
 
-
 def checkpointed_share(job: Job, arch: Architecture) -> float:
     """Share of the blocks whose saved tensors are recomputed (so hold no weight copies)."""
     if job.checkpointing != "selective:every-2nd-layer":
         return 1.0
     layers = sum(st.num_layers for st in arch.stacks)
     return sum(st.num_layers // 2 for st in arch.stacks) / max(layers, 1)
-

@@ -77,7 +77,7 @@ def stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
 
 
 def outside_block_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes,
-                               task: str, stage: pipeline.Stage = pipeline.WHOLE) -> float:
+                              task: str, stage: pipeline.Stage = pipeline.WHOLE) -> float:
     """Embeddings, final norm, task head input, vision/audio frontends (of a pipeline
     stage: the embedding's on the first, for each micro-batch in flight; the rest on the
     last)."""
@@ -120,9 +120,8 @@ def outside_block_activations(job: Job, arch: Architecture, shapes: Shapes, dt: 
 TORCHTUNE_OFFLOAD_STASH = 5
 
 
-
 def offloaded_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes,
-                           task: str, stage: pipeline.Stage, layer_acts: float) -> float:
+                          task: str, stage: pipeline.Stage, layer_acts: float) -> float:
     """Activations left on the GPU at the end of the forward under torchtune's
     OffloadActivations (rules and source in vramplan/training/offload.py): every tensor
     its hooks see goes to the host, and the forward stash keeps only the last
@@ -143,4 +142,3 @@ def offloaded_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtyp
     if job.checkpointing != "none" and job.peft is not None:
         on_gpu += block_inputs[0] + block_inputs[-1]
     return on_gpu + outside_block_activations(job, arch, shapes, dt, task, stage)
-
