@@ -32,13 +32,13 @@ def test_compiled_llama_block_saves_what_the_partitioner_keeps():
 def _lora_block_bytes(peft: Peft) -> int:
     """Bytes a compiled Llama-3.2-1B block saves for LoRA `peft` (fp32 adapters,
     bf16-mixed, batch 2 x 512)."""
-    from vramplan.engines.formula import _activation_dtypes
+    from vramplan.engines.step import activation_dtypes
 
     job = Job(model="llama-3.2-1b", batch_size=2, seq_len=512, compile=True, peft=peft)
     adapters = act.Adapters(frozenset(peft.target_modules), peft.rank, peft.dropout,
                             base_trainable=False)
     saved = act.compiled_block_saved_tensors(load_architecture(job.model).stacks[0],
-                                             act.BlockShape(2, 512), _activation_dtypes(job),
+                                             act.BlockShape(2, 512), activation_dtypes(job),
                                              adapters, fp32_adapters=True)
     return sum(b for _, b in saved)
 
