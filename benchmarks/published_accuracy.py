@@ -13,6 +13,10 @@ percentile of the other sources' out-of-sample errors).
 
     PYTHONPATH=. python benchmarks/published_accuracy.py          # score, write results
     PYTHONPATH=. python benchmarks/published_accuracy.py --fit    # also print the shares
+    PYTHONPATH=. python benchmarks/published_accuracy.py --write-interval  # ship the interval
+
+The shipped interval (efficiency.toml [interval]) is the 10th-90th percentile of every row's
+leave-one-source-out error; --write-interval writes this run's into efficiency.toml.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -180,6 +185,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--fit", action="store_true", help="print the all-sources fit")
+    parser.add_argument("--write-interval", action="store_true",
+                        help="write the 80%% interval into vramplan/planning/efficiency.toml")
     args = parser.parse_args()
     out = args.out or results_dir()
     started = time.perf_counter()
@@ -210,7 +217,7 @@ def main() -> None:
         r["rule_035_error"] = _rule(r, 0.35) / r["measured_tps_gpu"] - 1
         r["rule_045_error"] = _rule(r, 0.45) / r["measured_tps_gpu"] - 1
     # the 80% interval for a source: 10th-90th percentile of the other sources' log errors
-    covered = []
+    covered, covered_by = [], {}
     for source in sources:
         others = [math.log1p(r["loso_error"]) for r in runs if r["source"] != source]
         lo, hi = _quantile(others, 0.1), _quantile(others, 0.9)
@@ -220,6 +227,7 @@ def main() -> None:
                 x = math.log(r["loso_tps_gpu"] / r["measured_tps_gpu"])
                 r["in_interval"] = lo <= x <= hi
                 covered.append(r["in_interval"])
+                covered_by.setdefault(source, []).append(r["in_interval"])
     logs = [math.log1p(r["loso_error"]) for r in runs]
     published = [r for r in runs if r["source"] != "vramplan-h200"]
 
@@ -243,7 +251,9 @@ def main() -> None:
                                if _scale(r["job"].parallel.num_gpus) == s])
                      for s in ("1", "2-8", "9-128", ">128")},
         "interval_80": {"log_low": _quantile(logs, 0.1), "log_high": _quantile(logs, 0.9),
-                        "coverage_leave_one_source_out": sum(covered) / len(covered)},
+                        "coverage_leave_one_source_out": sum(covered) / len(covered),
+                        "coverage_by_source": {s: sum(v) / len(v)
+                                               for s, v in covered_by.items()}},
         "skipped": skipped,
         "seconds": time.perf_counter() - started,
         "quick": QUICK,
@@ -261,6 +271,22 @@ def main() -> None:
     print(markdown(result).split("\n| id")[0])
     if args.fit:
         print("fit on all sources (ship in efficiency.toml [training]):", all_fit)
+    if args.write_interval and not QUICK:
+        write_interval(result["interval_80"])
+
+
+EFFICIENCY = Path(__file__).parent.parent / "vramplan" / "planning" / "efficiency.toml"
+
+
+def write_interval(interval: dict) -> None:
+    """Put this run's interval into efficiency.toml's [interval] (its two numbers only)."""
+    text = EFFICIENCY.read_text()
+    for key in ("log_low", "log_high"):
+        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {interval[key]:.4f}", text)
+        assert n == 1, f"efficiency.toml has {n} '{key} =' lines, expected 1"
+    EFFICIENCY.write_text(text)
+    print(f"efficiency.toml [interval]: log_low {interval['log_low']:.4f}, "
+          f"log_high {interval['log_high']:.4f}")
 
 
 def _cell(s: dict) -> str:
@@ -295,7 +321,11 @@ def markdown(result: dict) -> str:
     iv = result["interval_80"]
     lines += ["", f"80% interval: measured within x{math.exp(-iv['log_high']):.2f} to "
               f"x{math.exp(-iv['log_low']):.2f} of the prediction; coverage, leave one source "
-              f"out: {100 * iv['coverage_leave_one_source_out']:.0f}%.", "",
+              f"out: {100 * iv['coverage_leave_one_source_out']:.0f}% (by source: "
+              + ", ".join(f"{s} {100 * c:.0f}%" for s, c in iv.get(
+                  "coverage_by_source", {}).items())
+              + "). Each source's interval is the 10th-90th percentile of the other sources' "
+              "out-of-sample errors; the shipped one is that of all rows.", "",
               "Shares fitted on all sources (in sample, shipped): "
               + ", ".join(f"{k} {v:.3g}" for k, v in result["fit_all_sources_in_sample"].items()),
               "", f"Rows vramplan cannot express: {len(result['skipped'])}"

@@ -20,8 +20,24 @@ every row of that source:
   * Megatron-LM and NeMo run fused kernels (Transformer Engine, Apex): their memory-bound
     work is timed as vramplan times compiled blocks (`compile`: one kernel per fused chain).
 
-Measured tokens/s per GPU: as published where the row gives it; for rows that give MFU
-(Megatron-LM), the published TFLOP/s per GPU divided by that source's own FLOPs per token.
+Rows we collected ourselves (lambda-bert, olmo-core, bigscience, flash-attention, llm.c,
+llama3-paper; see `_COLLECTED` below) state their GPU as a catalog name (`catalog_gpu`) or a
+family here, and:
+
+  * Lambda's BERT-large SQuAD: the catalog bert-large-uncased with its sequence-classification
+    head (the QA head, 2 logits per token, is as small); the 2019 BERT code: eager attention;
+  * fused-kernel stacks (Megatron-DeepSpeed, flash-attention's fused MLP / dropout-add-LN,
+    llm.c's CUDA kernels) are timed as compiled blocks, as Megatron-LM and NeMo are;
+  * BLOOM's Megatron-DeepSpeed of 2022 predates FlashAttention in it: eager attention;
+  * Llama 3 405B (its paper's Table 4): FSDP that keeps parameters gathered after forward is
+    ZeRO-2; fused kernels; micro-batch 1 and plain 1F1B where the table is silent;
+  * OLMo-core's 32B checkpoints only the MLP of each block: full checkpointing (the MLP is
+    ~80% of its block's FLOPs); llm.c's GeLU-only recompute: none.
+
+Measured tokens/s per GPU: as published where the row gives it; sequences/s (Lambda) times the
+sequence over the GPUs; a step time (BLOOM, llm.c) as global batch x sequence / step / GPUs;
+for rows that give MFU (Megatron-LM), the published TFLOP/s per GPU divided by that source's own
+FLOPs per token.
 """
 
 from __future__ import annotations
@@ -48,6 +64,19 @@ CATALOG = {"LLAMA38B": "llama-3.1-8b", "LLAMA370B": "llama-3.1-70b",
            "LLAMA31405B": "llama-3.1-405b", "LLAMA27B": "llama-2-7b", "LLAMA270B": "llama-2-70b"}
 
 
+# the files we collected from other public sources (README.md of that folder)
+COLLECTED_FILES = ("lambda_bert_squad.jsonl", "olmocore_throughput.jsonl",
+                   "bigscience_bloom.jsonl", "flashattention_gpt3.jsonl", "llmc_gpt2.jsonl",
+                   "llama3_paper.jsonl")
+# their source groups: which ran fused kernels (timed as compiled blocks) and which attention
+_COLLECTED = {"lambda-bert": {"fused": False, "attention": "eager"},
+              "olmo-core": {"fused": False, "attention": "sdpa"},
+              "bigscience": {"fused": True, "attention": "eager"},
+              "flash-attention": {"fused": True, "attention": "sdpa"},
+              "llm.c": {"fused": True, "attention": "sdpa"},
+              "llama3-paper": {"fused": True, "attention": "sdpa"}}
+
+
 def _catalog_name(model: str) -> str | None:
     return CATALOG.get(re.sub(r"[-_.]", "", model.upper()))
 
@@ -67,7 +96,8 @@ class Case:
 def load_rows() -> list[dict]:
     """Every row once (the full llm-foundry file repeats 36 rows of the dev file)."""
     rows: dict[str, dict] = {}
-    for name in ("throughput_dev.jsonl", "llmfoundry_mpt_full.jsonl", "kempnerforge_mfu.jsonl"):
+    for name in ("throughput_dev.jsonl", "llmfoundry_mpt_full.jsonl", "kempnerforge_mfu.jsonl",
+                 *COLLECTED_FILES):
         for line in (DATA / name).read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
@@ -124,6 +154,44 @@ def _mpt(mc: dict, seq: int) -> str:
     return _config(f"mpt-{mc['n_layers']}-{mc['d_model']}-{seq}", cfg)
 
 
+def _olmo2(mc: dict, seq: int) -> str:
+    """OLMo 2 (transformers' Olmo2Config: Llama block, norms after attention and MLP, QK-norm)
+    from OLMo-core's TransformerConfig.olmo2_* shapes."""
+    cfg = {"model_type": "olmo2", "num_hidden_layers": mc["layers"], "hidden_size": mc["hidden"],
+           "num_attention_heads": mc["heads"], "num_key_value_heads": mc["kv_heads"],
+           "intermediate_size": mc["ffn"], "vocab_size": mc["vocab"],
+           "max_position_embeddings": max(seq, 4096), "rope_theta": 500000.0,
+           "tie_word_embeddings": False, "hidden_act": "silu", "rms_norm_eps": 1e-6}
+    return _config(f"olmo2-{mc['layers']}-{mc['hidden']}-{mc['ffn']}", cfg)
+
+
+def _collected_model(row: dict, seq: int) -> str:
+    """The model of a row we collected: a catalog name or a config.json from its shapes."""
+    group, mc = row["source_group"], row["model_config"]
+    if group == "lambda-bert":
+        return "bert-large-uncased"
+    if group == "llama3-paper":
+        return "llama-3.1-405b"
+    if group == "olmo-core":
+        return _olmo2(mc, seq) if mc["arch"] == "olmo2" else _llama(mc, seq)
+    # BLOOM (ALiBi instead of learned positions: 0.02% of its parameters), flash-attention's
+    # GPT-3 sizes and llm.c's GPT-2: GPT-2 blocks
+    return _gpt(mc["layers"], mc["hidden"], mc["heads"], mc["vocab"], seq)
+
+
+def _collected_strategy(row: dict, dp: int) -> str:
+    """Data parallelism as each collected source states it."""
+    group, par = row["source_group"], row.get("parallelism") or {}
+    if dp == 1:
+        return "none"
+    if group == "olmo-core":  # HSDP sharding within a node; the 32B shards over 32 GPUs
+        return "hybrid-shard" if "one replica per node" in str(par.get("fsdp_strategy")) else "fsdp"
+    optimizer = str((row.get("techniques") or {}).get("optimizer"))
+    if "without resharding" in optimizer:  # Llama 3: parameters stay gathered after forward
+        return "zero2"
+    return "zero1" if "ZeRO-1" in optimizer else "ddp"
+
+
 # Megatron-LM 2021 (Narayanan et al. 2021, Table 1): heads and layers by hidden size
 _MEGATRON_2021 = {2304: (24, 24), 3072: (32, 30), 4096: (32, 36), 6144: (48, 40),
                   8192: (64, 48), 10240: (80, 60), 12288: (96, 80), 16384: (128, 96),
@@ -132,6 +200,8 @@ _NEMO_GPT = {"GPT3-5B": (24, 4096, 32), "GPT3-175B": (96, 12288, 96)}
 
 
 def _gpu(row: dict) -> str:
+    if row.get("catalog_gpu"):
+        return row["catalog_gpu"]
     family, text = row["gpu_family"], row["gpu"]
     if family == "A100":
         return GPUS["A100-40" if "40GB" in text else "A100-80"]
@@ -141,6 +211,10 @@ def _gpu(row: dict) -> str:
 def _measured(row: dict, seq: int) -> float:
     if row["metric"] == "tokens_per_s_per_gpu":
         return float(row["value"])
+    if row["metric"] == "samples_per_s":
+        return float(row["value"]) * seq / int(row["num_gpus"])
+    if row["metric"] == "step_time_s":
+        return int(row["global_batch"]) * seq / float(row["value"]) / int(row["num_gpus"])
     mc = row["model_config"]
     tflops = (row.get("also_reported") or {}).get("model_tflops_per_gpu") or (
         row.get("also_reported") or {}).get("achieved_tflops_per_gpu")
@@ -155,6 +229,15 @@ def _measured(row: dict, seq: int) -> float:
         # 12 l h^2 (6 + s/h + V/(2 l h)) per token
         per_token = 12 * layers * h * h * (6 + seq / h + vocab / (2 * layers * h))
     return tflops * 1e12 / per_token
+
+
+def _collected_kernels(row: dict, assumed: list[str]) -> tuple[bool, str]:
+    """(compiled, attention) of a collected row: fused-kernel stacks time as compiled blocks."""
+    kind = _COLLECTED[row["source_group"]]
+    if kind["fused"]:
+        assumed.append("the source's fused kernels timed as compiled blocks")
+    compiled = kind["fused"] or bool((row.get("techniques") or {}).get("compile"))
+    return compiled, kind["attention"]
 
 
 def case(row: dict) -> Case:
@@ -192,12 +275,17 @@ def case(row: dict) -> Case:
     grad_accum = max(1, round(int(row["global_batch"]) / (micro * dp)))
     ckpt_text = str(tech.get("checkpointing"))
     checkpointing = "full" if ckpt_text.startswith("full") else "none"
+    if group == "olmo-core" and ckpt_text.startswith("selective"):
+        checkpointing = "full"
+        assumed.append("full checkpointing (the source checkpoints each block's MLP only)")
     if "not stated" in ckpt_text:
         assumed.append("no checkpointing")
     if group == "llm-foundry":
         strategy = "zero2" if par.get("fsdp_strategy") == "SHARD_GRAD_OP" else "fsdp"
     elif group == "kempnerforge":
         strategy = "fsdp" if par.get("fsdp") else "none"
+    elif group in _COLLECTED:
+        strategy = _collected_strategy(row, dp)
     elif dp > 1:
         strategy = "zero1"
         assumed.append("distributed optimizer (zero1)")
@@ -206,6 +294,8 @@ def case(row: dict) -> Case:
     peft = None
     if group == "kempnerforge":
         model = _llama(row["model_config"], seq)
+    elif group in _COLLECTED:
+        model = _collected_model(row, seq)
     elif row["model"].startswith("MPT"):
         model = _mpt(row["model_config"], seq)
     elif _catalog_name(row["model"]):
@@ -238,13 +328,20 @@ def case(row: dict) -> Case:
     attention = "eager" if "WITH recomputation" in str(row.get("unit")) else "sdpa"
     if fused:
         assumed.append("Transformer Engine / Megatron fused kernels timed as compiled blocks")
+    task = None
+    if group in _COLLECTED:
+        compiled, attention = _collected_kernels(row, assumed)
+        task = "seq-classification" if group == "lambda-bert" else None
     job = Job(model=model, batch_size=micro, grad_accum=grad_accum, seq_len=seq, compile=compiled,
-              attention=attention,
+              attention=attention, task=task,
               precision=precision, checkpointing=checkpointing, peft=peft,
               optimizer_impl="fused" if group != "llm-foundry" else "foreach",
               parallel={"strategy": strategy, "num_gpus": n, "tensor_parallel": tp,
-                        "gpus_per_node": int(row.get("gpus_per_node") or 8),
-                        "pipeline_parallel": pp, "context_parallel": cp, **pipeline})
+                        "pipeline_parallel": pp, "context_parallel": cp,
+                        "async_tp": "--tp-comm-overlap" in str(tech.get("other")), **pipeline,
+                        # a row's own node size where it states one, else the catalog GPU's
+                        **({"gpus_per_node": int(row["gpus_per_node"])}
+                           if row.get("gpus_per_node") else {})})
     measured = _measured(row, seq)
     if not math.isfinite(measured) or measured <= 0:
         return Case(row["id"], group, None, _gpu(row), 0.0, assumed, skipped="no throughput")

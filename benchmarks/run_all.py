@@ -35,6 +35,7 @@ BENCHMARKS: list[tuple[list[str], bool]] = [
     (["mutation_check.py"], True),                  # quick: 1 mutant
     (["time_accuracy.py"], True),                   # quick: 2 leave-one-out folds
     (["published_accuracy.py"], True),              # quick: a subsample per fold
+    (["gemm_shape_fit.py"], True),                  # 6 s: a grid over two constants
     (["plan_speed.py"], True),
     (["web_fuzz.py"], True),                        # schemathesis against the web API
     (["web_load.py"], True),                        # 20 clients x 5000 estimates

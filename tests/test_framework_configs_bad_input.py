@@ -112,6 +112,16 @@ def test_huge_file_is_refused_before_reading(tmp_path, monkeypatch):
     huge = tmp_path / "huge.yaml"
     with huge.open("wb") as f:
         f.truncate(100 * 1024 * 1024)
-    monkeypatch.setattr(Path, "read_text", lambda *a, **k: pytest.fail("read the file"))
+    monkeypatch.setattr(Path, "open", lambda *a, **k: pytest.fail("read the file"))
     with pytest.raises(ConfigError, match="too large"):
         read_config(huge)
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_a_config_that_never_ends_is_read_only_up_to_the_cap():
+    """/dev/zero reports size 0: the reader stops one byte past the cap, as for job files."""
+    from vramplan.files import MAX_FILE_BYTES
+    from vramplan.frameworks.configs import ConfigError, read_config
+
+    with pytest.raises(ConfigError, match=f"more than {MAX_FILE_BYTES:,} bytes is too large"):
+        read_config(Path("/dev/zero"))

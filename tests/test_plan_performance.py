@@ -15,7 +15,7 @@ from vramplan.models import load_architecture
 from vramplan.planning.amount import TrainingAmount
 from vramplan.planning.comm import collectives, ring_bytes
 from vramplan.planning.flops import step_flops
-from vramplan.planning.performance import predict
+from vramplan.planning.performance import predict, step_terms
 
 LLAMA_1B_PARAMS = 1_235_814_400  # llama-3.2-1b with its tied head (tests/test_models.py)
 H100 = get_gpu("H100-SXM")
@@ -59,6 +59,69 @@ def test_tensor_parallel_all_reduces_activations_four_times_per_block():
     (c,) = collectives(job, load_architecture(job.model), H100)
     # 16 blocks x 4 all-reduces (2 forward, 2 backward) of b*s*h bf16 = 1*2048*2048*2 bytes
     assert c.bytes_per_gpu == 2 * 1 / 2 * 16 * 4 * 2048 * 2048 * 2
+
+
+def test_a_switchless_4_gpu_nvlink_node_gives_a_pair_a_third_of_the_links():
+    # H200 on 4-GPU boards (no NVSwitch): each GPU's NVLink is split among 3 peers, so TP 2
+    # reaches 1/3 of 450 GB/s; TP 4 uses every link; the catalog's 8-GPU NVSwitch node 1
+    arch, h200 = load_architecture("llama-3.2-1b"), get_gpu("H200")
+    pair = _job(batch_size=1, parallel=Parallel(tensor_parallel=2, num_gpus=2, gpus_per_node=4))
+    (c,) = collectives(pair, arch, h200)
+    assert (c.link, c.link_share) == ("interconnect", 1 / 3)
+    (terms,) = step_terms(pair, h200, arch).collectives
+    assert terms.link_s == c.bytes_per_gpu / (450e9 / 3)
+    quad = pair.with_changes(parallel=Parallel(tensor_parallel=4, num_gpus=4, gpus_per_node=4))
+    assert collectives(quad, arch, h200)[0].link_share == 1.0
+    switched = pair.with_changes(parallel=Parallel(tensor_parallel=2, num_gpus=2))
+    assert collectives(switched, arch, h200)[0].link_share == 1.0
+
+
+def test_the_jobs_own_node_size_decides_what_crosses_the_network():
+    # 8 FSDP ranks: one node of the catalog's 8 H200, but two of the job's 4-GPU nodes
+    arch, h200 = load_architecture("llama-3.2-1b"), get_gpu("H200")
+    job = _job(parallel=Parallel(strategy="fsdp", num_gpus=8))
+    assert {c.link for c in collectives(job, arch, h200)} == {"interconnect"}
+    four = job.with_changes(parallel=Parallel(strategy="fsdp", num_gpus=8, gpus_per_node=4))
+    assert {c.link for c in collectives(four, arch, h200)} == {"network"}
+
+
+def test_a_ring_across_nodes_uses_the_nics_of_its_gpus_in_each_node():
+    # FSDP over 16 H100 (2 nodes of 8): each of NCCL's rings crosses a node through another
+    # GPU's NIC, so the 8 GPUs of a node move the ring at 8 x 50 = 400 GB/s (under NVLink's 450)
+    arch = load_architecture("llama-3.2-1b")
+    job = _job(parallel=Parallel(strategy="fsdp", num_gpus=16))
+    gather = collectives(job, arch, H100)[0]
+    assert (gather.link, gather.nics) == ("network", 8)
+    assert step_terms(job, H100, arch).collectives[0].link_s == gather.bytes_per_gpu / 400e9
+    # with TP 4 inside each node, a data-parallel group has 2 ranks per node: 2 x 50 GB/s
+    tp4 = job.with_changes(parallel=Parallel(strategy="fsdp", num_gpus=16, tensor_parallel=4))
+    gather4 = collectives(tp4, arch, H100)[0]
+    assert gather4.nics == 2
+    assert step_terms(tp4, H100, arch).collectives[0].link_s == gather4.bytes_per_gpu / 100e9
+    # a pipeline's point-to-point send uses one GPU's NIC
+    pp = job.with_changes(parallel=Parallel(num_gpus=16, pipeline_parallel=2,
+                                            strategy="fsdp"), grad_accum=4)
+    send = [c for c in collectives(pp, arch, H100) if "pipeline" in c.name][0]
+    assert (send.link, send.nics) == ("network", 1)
+
+
+def test_async_tensor_parallel_hides_its_collectives_behind_compute():
+    arch = load_architecture("llama-3.2-1b")
+    job = _job(parallel=Parallel(tensor_parallel=2, num_gpus=2))
+    assert collectives(job, arch, H100)[0].overlaps == ""        # on the critical path
+    overlapped = job.with_changes(parallel=Parallel(tensor_parallel=2, num_gpus=2,
+                                                    async_tp=True))
+    assert collectives(overlapped, arch, H100)[0].overlaps == "both"
+    assert predict(overlapped, H100).step_time_s < predict(job, H100).step_time_s
+
+
+def test_fp8_attention_runs_at_the_16_bit_rate():
+    # float8 converts the linears; flash attention stays bf16: its time is FLOPs / bf16 peak
+    arch = load_architecture("llama-3.2-1b")
+    bf16 = {p.phase: p for p in step_terms(_job(), H100, arch).phases}
+    fp8 = {p.phase: p for p in step_terms(_job(precision="fp8"), H100, arch).phases}
+    assert fp8["forward"].attention_s == bf16["forward"].attention_s > 0
+    assert fp8["forward"].matmul_s < bf16["forward"].matmul_s
 
 
 def test_fp8_runs_at_the_fp8_rate_only_where_the_gpu_has_fp8():

@@ -139,6 +139,15 @@ def test_models_and_gpus(client):
     assert gpus["L4"]["usable_bytes"] == vramplan.hardware.get_gpu("L4").usable_bytes
 
 
+def test_allow_lists_every_plan_allow_name_with_its_techniques(client):
+    from vramplan.planning.techniques import TECHNIQUES
+
+    allow = client.get("/api/v1/allow").json()
+    assert list(allow) == [*sorted({t.allow for t in TECHNIQUES if t.allow}), "global-batch"]
+    assert allow["offload"] == "optimizer offload / activation offload"
+    assert allow["bf16-pure"] == "bf16 weights"
+
+
 def test_search_equals_the_library(client):
     job = {"model": "gpt2", "seq_len": 512, "gpu": "L4"}
     r = client.post("/api/v1/search", json={"job": job})

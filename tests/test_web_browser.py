@@ -335,3 +335,24 @@ def test_usable_at_390_px(browser, server):
                   for s in ("#job-form", "main"))
     context.close()
     assert width <= 392 and form > 300 and main > 300
+
+
+def test_plan_allow_boxes_come_from_the_techniques_table_and_global_batch_is_sent(page, server):
+    from vramplan.planning.options import ALLOW
+
+    page.goto(server.url + "?model=llama-3.2-1b&view=plan&plan_max_gpus=8&plan_gpus=L4"
+              "&plan_global_batch_tokens=4M&plan_allow=global-batch")
+    page.wait_for_selector("#chart-plan svg", timeout=60_000)
+    boxes = page.query_selector_all(".plan-allow")
+    assert [b.get_attribute("value") for b in boxes] == list(ALLOW)
+    assert [b.get_attribute("value") for b in boxes if b.is_checked()] == ["global-batch"]
+    expected = api(server, "plan", {"job": {"model": "llama-3.2-1b"}, "tokens": 10**9,
+                                    "max_gpus": 8, "gpus": ["L4"], "allow": ["global-batch"],
+                                    "global_batch_tokens": 4_000_000})["plan"]
+    rows = page.query_selector_all("#plan-table tbody tr")
+    assert len(rows) == len(expected["candidates"]) > 0
+    assert page.problems == []
+    page.fill("#plan-global-batch-tokens", "-5")  # refused: the message sits beside the field
+    page.click("#run-plan")
+    page.wait_for_function(
+        "() => document.getElementById('err-global_batch_tokens').textContent !== ''")

@@ -7,15 +7,13 @@ Validation collects every problem and reports them together, each saying what is
 from __future__ import annotations
 
 import difflib
-import json
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vramplan.errors import JobError, JobFileError
+from vramplan.files import parse_mapping, read_capped_text
 from vramplan.units import parse_bytes
 
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -142,6 +140,9 @@ class Parallel(_Strict):
     pipeline_parallel: int = Field(1, ge=1, le=1024)
     pipeline_schedule: PipelineSchedule = "1f1b"
     pipeline_chunks: int = Field(2, ge=2, le=64)  # interleaved: model chunks per GPU
+    # tensor-parallel collectives overlapped with the GEMMs beside them (torchtitan's async
+    # TP, Megatron-LM's --tp-comm-overlap); False: on the critical path (planning/comm.py)
+    async_tp: bool = False
     # FSDP/ZeRO shard over data-parallel x context-parallel ranks, as torchtitan's dp_shard_cp
     # mesh does (distributed/parallel_dims.py); False: over data-parallel ranks only
     shard_over_context_parallel: bool = False
@@ -479,100 +480,11 @@ def _model_at(path: tuple, root: type[BaseModel]) -> type[BaseModel] | None:
     return model
 
 
-# A job file is a few dozen lines. These caps keep a hostile or mistaken file from taking
-# minutes or gigabytes: a "billion laughs" YAML nests aliases to expand 1 KB into billions
-# of nodes.
-MAX_JOB_FILE_BYTES = 1_000_000
-MAX_YAML_ALIASES = 100
-MAX_JOB_NODES = 100_000
-
-
-def yaml_problem(error: yaml.YAMLError) -> tuple[str, str]:
-    """(" line N" or "", what is wrong) of a YAML error, for one-line messages."""
-    mark = getattr(error, "problem_mark", None)
-    return (f" line {mark.line + 1}" if mark else "",
-            getattr(error, "problem", None) or str(error))
-
-
-class BoundedYamlLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses more than MAX_YAML_ALIASES alias references."""
-
-    def __init__(self, stream: str):
-        super().__init__(stream)
-        self.aliases = 0
-
-    def compose_node(self, parent, index):  # noqa: ANN001 (PyYAML's signature)
-        if self.check_event(yaml.events.AliasEvent):
-            self.aliases += 1
-            if self.aliases > MAX_YAML_ALIASES:
-                raise JobFileError(f"more than {MAX_YAML_ALIASES} YAML aliases (*name): a job "
-                                   "file needs none; write the values out")
-        return super().compose_node(parent, index)
-
-
-def check_size(data: Any, path: Path) -> None:
-    """Count nodes as they expand (a shared alias counts each time), stopping at the cap."""
-    stack, seen = [data], 0
-    while stack:
-        node = stack.pop()
-        seen += 1
-        if seen > MAX_JOB_NODES:
-            raise JobFileError(f"{path}: expands to more than {MAX_JOB_NODES:,} values; a job "
-                               "file holds a few dozen")
-        if isinstance(node, dict):
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-
-
 def load_job_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML, TOML or JSON job file into a dict; errors name the file and line."""
     path = Path(path)
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise JobFileError(f"job file {str(path)!r} does not exist") from None
-    except (OSError, ValueError) as error:
-        raise JobFileError(f"cannot read job file {str(path)[:200]!r}: {error}") from None
-    if size > MAX_JOB_FILE_BYTES:
-        raise JobFileError(f"{path}: {size:,} bytes is too large for a job file (at most "
-                           f"{MAX_JOB_FILE_BYTES:,}); a job file holds a few dozen lines")
-    try:  # read at most the cap: /dev/zero or a pipe reports size 0 and never ends
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_JOB_FILE_BYTES + 1)
-        if len(raw) > MAX_JOB_FILE_BYTES:
-            raise JobFileError(f"{path}: more than {MAX_JOB_FILE_BYTES:,} bytes is too large "
-                               "for a job file; a job file holds a few dozen lines")
-        text = raw.decode()
-    except FileNotFoundError:
-        raise JobFileError(f"job file {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise JobFileError(f"cannot read job file {str(path)!r}: {error}") from None
-    try:
-        if path.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            data = yaml.load(text, Loader=BoundedYamlLoader)  # noqa: S506 (a SafeLoader)
-    except yaml.YAMLError as error:
-        line, problem = yaml_problem(error)
-        raise JobFileError(f"{path}:{line} is not valid YAML: {problem}") from None
-    except tomllib.TOMLDecodeError as error:
-        raise JobFileError(f"{path}: is not valid TOML: {error}") from None
-    except json.JSONDecodeError as error:
-        raise JobFileError(f"{path}: line {error.lineno} is not valid JSON: {error.msg}") from None
-    except JobFileError as error:  # the alias cap
-        raise JobFileError(f"{path}: {error}") from None
-    except RecursionError:
-        raise JobFileError(f"{path}: nested too deeply to be a job file") from None
-    if data is None:
-        return {}
-    check_size(data, path)
-    if not isinstance(data, dict):
-        raise JobFileError(f"{path}: a job file holds a mapping of keys (model, batch_size, "
-                           f"...), not a {type(data).__name__}")
-    return data
+    text = read_capped_text(path, "job file", JobFileError, "a job file holds a few dozen lines")
+    return parse_mapping(text, path, "job file", JobFileError)[0]
 
 
 def merge_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

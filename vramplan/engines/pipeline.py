@@ -93,13 +93,15 @@ def stages(job: Job, arch: Architecture) -> tuple[Stage, ...]:
 
 
 def bubble_fraction(job: Job) -> float:
-    """Share of the step the pipeline's GPUs sit idle: (p - 1) / (m + p - 1), / v."""
+    """Share of the step the pipeline's GPUs sit idle: (p - 1) / (v m + p - 1), i.e. an idle
+    time of (p - 1) / (v m) of the busy time (Narayanan et al. 2021, sec. 2.2: 1F1B's bubble
+    (p - 1) / m, the interleaved schedule's v times smaller)."""
     par = job.parallel
     p, m = par.pipeline_parallel, job.grad_accum
     if p == 1:
         return 0.0
     v = par.pipeline_chunks if par.pipeline_schedule == "interleaved" else 1
-    return (p - 1) / (m + p - 1) / v
+    return (p - 1) / (v * m + p - 1)
 
 
 def outside_params(arch: Architecture, task: str, stage: Stage) -> int:

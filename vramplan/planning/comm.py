@@ -5,6 +5,18 @@ Ring collectives over n ranks (NCCL's ring algorithm; NCCL docs, "Performance: b
 each rank sends (n - 1) / n of the buffer for a reduce-scatter or an all-gather, and twice
 that for an all-reduce. A group that fits in one node runs over the GPU interconnect
 (NVLink / PCIe); a group that spans nodes is limited by the network share of each GPU.
+Across nodes NCCL runs one ring per channel and spreads the channels' node crossings over
+the NICs of the node's GPUs (NCCL docs, NCCL_CROSS_NIC), and a collective's bus bandwidth is
+that of its bottleneck link (nccl-tests doc/PERFORMANCE.md): so a group with k ranks in
+each node moves its ring traffic at k x one GPU's network share, at most the NVLink rate
+(our reading of both, checked on the published runs: benchmarks/published_accuracy.py);
+point-to-point sends (pipeline, the context-parallel ring) use one GPU's NIC.
+
+The node is the job's `parallel.gpus_per_node` where the job sets it, else the GPU
+catalog's. An NVLink node of at most 4 GPUs has no NVSwitch (HGX 4-GPU boards, NVL 4-way
+bridges: a full mesh, each GPU's links split evenly among its peers), so a group of g of
+its m GPUs reaches only (g - 1) / (m - 1) of the GPU's NVLink bandwidth
+(efficiency.toml [topology]).
 
   ddp         all-reduce of the gradients once per optimizer step (no_sync while
               accumulating), overlapped with the last micro-batch's backward (buckets)
@@ -16,7 +28,8 @@ that for an all-reduce. A group that fits in one node runs over the GPU intercon
   hybrid      fsdp inside a node, plus an all-reduce of the gradient shards between nodes
   tensor par. 2 all-reduces of the activations per block in forward, 2 in backward (and
               the forward's 2 again when full checkpointing recomputes the block)
-              (Megatron-LM), on the critical path
+              (Megatron-LM), on the critical path; with parallel.async_tp (torchtitan's
+              async TP, Megatron's --tp-comm-overlap) overlapped with forward and backward
   context     ring attention: each rank passes its k and v chunk around the ring,
               forward and (with their gradients) backward, overlapped with attention
   pipeline    per micro-batch, each stage sends its output activation forward and the
@@ -27,6 +40,7 @@ that for an all-reduce. A group that fits in one node runs over the GPU intercon
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from vramplan.engines.precision import dtypes_for
@@ -34,6 +48,7 @@ from vramplan.engines.step import Step, describe_step
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job
 from vramplan.models import Architecture
+from vramplan.planning.efficiency import nvlink_mesh_max_gpus
 
 
 @dataclass(frozen=True)
@@ -44,6 +59,8 @@ class Collective:
     overlaps: str        # the phase it can hide behind: "backward", "forward", "" (none)
     link: str            # "interconnect" or "network"
     group: int           # ranks in the collective
+    link_share: float = 1.0  # of the link's bandwidth the group reaches (NVLink mesh)
+    nics: int = 1        # network: the group's GPUs per node, whose NICs its rings share
 
 
 def ring_bytes(kind: str, buffer: float, n: int) -> float:
@@ -52,6 +69,23 @@ def ring_bytes(kind: str, buffer: float, n: int) -> float:
         return 0.0
     share = (n - 1) / n * buffer
     return 2 * share if kind == "all-reduce" else share
+
+
+def node_size(job: Job, gpu: GPU) -> int:
+    """GPUs per node: the job's own where it says so, else the catalog's for `gpu`."""
+    par = job.parallel
+    return par.gpus_per_node if "gpus_per_node" in par.model_fields_set else gpu.gpus_per_node
+
+
+def mesh_share(gpu: GPU, per_node: int, group: int) -> float:
+    """Of its NVLink bandwidth, what one GPU reaches in a group of `group` ranks inside a
+    node of `per_node`: 1 behind an NVSwitch (or over PCIe), (g - 1) / (m - 1) on a
+    switchless full mesh, where only the links to the group's own peers carry its data."""
+    if "nvlink" not in gpu.interconnect.lower() or per_node > nvlink_mesh_max_gpus():
+        return 1.0
+    if group >= per_node or per_node <= 1:
+        return 1.0
+    return (group - 1) / (per_node - 1)
 
 
 def _block_linear_params(arch: Architecture) -> int:
@@ -71,12 +105,16 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
     share = stage.layer_share
     tp, cp, dp = par.tensor_parallel, par.context_parallel, par.data_parallel
     grads = params.gradients / tp  # bytes of gradients per model-parallel rank
-    per_node = gpu.gpus_per_node
+    per_node = node_size(job, gpu)
     out: list[Collective] = []
 
     def link(group: int, stride: int) -> str:
         # ranks of a group sit `stride` apart; the group stays in a node if it fits there
         return "interconnect" if group * stride <= per_node else "network"
+
+    def in_node(group: int, stride: int) -> int:
+        # the group's ranks in one node: NCCL's rings cross the network through each one's NIC
+        return max(1, min(group, per_node // stride))
 
     model_parallel = tp * cp
     pp = par.pipeline_parallel
@@ -85,15 +123,16 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
         dp_link = link(dp, model_parallel)
         if strategy == "ddp":
             out.append(Collective("gradient all-reduce (ddp)", ring_bytes("all-reduce", grads, dp),
-                                  "step", "backward", dp_link, dp))
+                                  "step", "backward", dp_link, dp,
+                                  nics=in_node(dp, model_parallel)))
         elif strategy in ("zero1", "zero2"):
             weights16 = params.trainable * dtypes_for(job).compute / tp
             out.append(Collective(f"gradient reduce-scatter ({strategy})",
                                   ring_bytes("reduce-scatter", grads, dp), "step", "backward",
-                                  dp_link, dp))
+                                  dp_link, dp, nics=in_node(dp, model_parallel)))
             out.append(Collective(f"parameter all-gather ({strategy})",
                                   ring_bytes("all-gather", weights16, dp), "step", "", dp_link,
-                                  dp))
+                                  dp, nics=in_node(dp, model_parallel)))
         else:  # zero3, fsdp, hybrid-shard: the whole model is gathered per micro-batch
             shard = par.shard_degree
             gathered = params.total * dtypes_for(job).compute / tp
@@ -107,15 +146,18 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
             for phase in ("forward", "backward"):
                 out.append(Collective(f"parameter all-gather, {phase} ({strategy})",
                                       ring_bytes("all-gather", gathered, shard), "micro-batch",
-                                      phase, shard_link, shard))
+                                      phase, shard_link, shard,
+                                      nics=in_node(shard, model_parallel)))
             out.append(Collective(f"gradient reduce-scatter ({strategy})",
                                   ring_bytes("reduce-scatter", grads, shard), "micro-batch",
-                                  "backward", shard_link, shard))
+                                  "backward", shard_link, shard,
+                                  nics=in_node(shard, model_parallel)))
             replicas = dp // shard
             if replicas > 1:
                 out.append(Collective("gradient all-reduce between replicas (hybrid)",
                                       ring_bytes("all-reduce", grads / shard, replicas), "step",
-                                      "backward", "network", replicas))
+                                      "backward", "network", replicas,
+                                      nics=in_node(replicas, shard * model_parallel)))
     if tp > 1:
         # 2 all-reduces (or all-gather + reduce-scatter with sequence parallelism) per block
         # forward, 2 backward; full checkpointing runs the forward's 2 again in recomputation
@@ -124,8 +166,9 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
                                   * dt.compute for s, seq in zip(arch.stacks, shapes.stack_seq)
                                   ) / cp
         out.append(Collective("activation all-reduces (tensor parallel)",
-                              ring_bytes("all-reduce", activations, tp), "micro-batch", "",
-                              link(tp, 1), tp))
+                              ring_bytes("all-reduce", activations, tp), "micro-batch",
+                              "both" if par.async_tp else "", link(tp, 1), tp,
+                              nics=in_node(tp, 1)))
     if cp > 1:
         # each rank's k and v chunk goes round the ring (cp - 1 hops) forward; backward
         # sends k, v and their gradients: 3x the forward volume in all
@@ -138,7 +181,9 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
         chunks = par.pipeline_chunks if par.pipeline_schedule == "interleaved" else 1
         boundary = job.batch_size * shapes.stack_seq[-1] * arch.stacks[-1].hidden_size * (
             dt.compute) / (tp * cp)
+        # point to point: one neighbour's links carry it, whatever the number of stages
         out.append(Collective("activation send / gradient receive (pipeline)",
                               2 * chunks * boundary, "micro-batch", "",
-                              link(pp, tp * cp * dp), pp))
-    return out
+                              link(pp, tp * cp * dp), pp, mesh_share(gpu, per_node, 2)))
+    return [dataclasses.replace(c, link_share=mesh_share(gpu, per_node, c.group))
+            if c.link == "interconnect" and "pipeline" not in c.name else c for c in out]

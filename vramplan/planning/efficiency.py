@@ -72,6 +72,11 @@ def interval() -> tuple[float, float]:
     return math.exp(iv["log_low"]), math.exp(iv["log_high"])
 
 
+def nvlink_mesh_max_gpus() -> int:
+    """The largest NVLink node without an NVSwitch: a full mesh ([topology])."""
+    return int(_data()["topology"]["nvlink_mesh_max_gpus"])
+
+
 def sm_count(gpu: GPU) -> int | None:
     """Streaming multiprocessors of `gpu` ([sm_count]); None when not listed."""
     return _data()["sm_count"].get(gpu.name)

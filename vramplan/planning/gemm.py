@@ -9,11 +9,11 @@ A GEMM of M x K @ K x N runs as output tiles spread over the streaming multiproc
     of K, so time grows as (K + k0) / K;
   * a fixed cost per GEMM (`overhead_us`: launch ramp and tail on the device).
 
-The three constants were fitted on measured H100 GEMM rates by shape (benchmarks/data/
-gemm_sm90_xla.csv, 153 shapes from 256 to 4096 per side; benchmarks/gemm_shape_fit.py):
-median |error| 12% per shape. The result is relative to the reference shape at which a GPU's
-best rate (MAMF, efficiency.toml) was measured, so a large square GEMM has a factor near 1
-and a batch-1 LoRA GEMM of rank 16 one near 0.1.
+The constants are checked on measured H100 GEMM rates by shape (benchmarks/data/
+gemm_sm90_xla.csv, 148 shapes from 256 to 4096 per side; benchmarks/gemm_shape_fit.py, which
+also refits them): median |error| 9.8% per shape. The result is relative to the reference
+shape at which a GPU's best rate (MAMF, efficiency.toml) was measured, so a large square
+GEMM has a factor near 1 and a batch-1 LoRA GEMM of rank 16 one near 0.1.
 
 Each GEMM of a step is counted in its three passes (forward M x N x K, input gradient
 M x K x N, weight gradient K x N x M), with tensor parallelism's split of N (column-

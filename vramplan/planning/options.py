@@ -22,11 +22,18 @@ from pydantic import (
 
 from vramplan.errors import JobError
 from vramplan.fit import MAX_MARGIN, SAFETY_MARGIN
-from vramplan.planning.techniques import ALLOW_NAMES, PLANNER_ALLOW
+from vramplan.planning.techniques import ALLOW_NAMES, PLANNER_ALLOW, TECHNIQUES
 
 DEFAULT_MAX_GPUS = 512
 MAX_GPUS = 65536  # the largest count the planner may try (the counts double up to it)
 ALLOW = (*ALLOW_NAMES, PLANNER_ALLOW)
+
+
+def allow_choices() -> dict[str, str]:
+    """Each --allow name with what it accepts, as the web page's check boxes show them."""
+    choices = {name: " / ".join(t.name for t in TECHNIQUES if t.allow == name)
+               for name in ALLOW_NAMES}
+    return {**choices, PLANNER_ALLOW: "the planner picks the global batch"}
 
 
 def _known(name: str) -> str:

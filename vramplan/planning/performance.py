@@ -129,9 +129,9 @@ def _work(job: Job, arch: Architecture):
 
 def _collectives(job: Job, arch: Architecture, gpu: GPU):
     """collectives(), memoised with the job's work: they depend on the GPU only through
-    how many GPUs share a node."""
+    how many GPUs share a node and how they are joined."""
     memo = _work(job, arch)[2]
-    key = gpu.gpus_per_node
+    key = (gpu.gpus_per_node, gpu.interconnect)
     if key not in memo:
         memo[key] = collectives(job, arch, gpu, step=_work(job, arch)[3])
     return memo[key]
@@ -191,9 +191,13 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
     bandwidth = gpu.bandwidth_bytes_s
     unit = _per_gpu_work(job, arch)
     shape = _shape(job, arch, gpu, peak)
+    attention_peak = peak
     if dtype == "fp8":  # fp8 GEMMs reach a smaller share of their (doubled) peak
         shape *= fp8_ratio(gpu)
-    phases = [PhaseTerms(phase, job.grad_accum, mm / (peak * shape), attention / peak,
+        # float8 training converts the linears only: attention runs in 16-bit (torchao's
+        # float8 and Transformer Engine's recipes leave SDPA / flash attention in bf16)
+        attention_peak = gpu.tflops["bf16" if "bf16" in gpu.tflops else "fp16"] * 1e12
+    phases = [PhaseTerms(phase, job.grad_accum, mm / (peak * shape), attention / attention_peak,
                          moved / bandwidth,
                          kernels, mm + attention, moved, modules=modules)
               for phase, mm, attention, moved, kernels, modules in unit["phases"]]
@@ -209,12 +213,18 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
                                  unit["optimizer_kernels"], bytes=unit["optimizer_bytes"]))
     comms = []
     for c in _collectives(job, arch, gpu):
-        rate = gpu.interconnect_bytes_s if c.link == "interconnect" else gpu.network_bytes_s
-        comms.append(CollectiveTerms(c.name, c.bytes_per_gpu / rate,
+        rate = gpu.interconnect_bytes_s if c.link == "interconnect" else min(
+            gpu.network_bytes_s * c.nics, gpu.interconnect_bytes_s)
+        comms.append(CollectiveTerms(c.name, c.bytes_per_gpu / (rate * c.link_share),
                                      job.grad_accum if c.per == "micro-batch" else 1,
                                      c.overlaps, c.link == "network"))
         if c.link == "network":
-            notes.append(f"{c.name} crosses nodes: {gpu.network_bytes_s / 1e9:g} GB/s per GPU")
+            notes.append(f"{c.name} crosses nodes: {gpu.network_bytes_s / 1e9:g} GB/s per GPU"
+                         + (f", {rate / 1e9:g} GB/s over its {c.nics} GPUs' NICs per node"
+                            if c.nics > 1 else ""))
+        elif c.link_share < 1:
+            notes.append(f"{c.name}: {c.group} GPUs of a switchless NVLink node reach "
+                         f"{c.link_share:.2g} of its bandwidth")
     return StepTerms(tuple(phases), tuple(comms), job.attention == "sdpa", peak, dtype,
                      tokens_per_step=unit["tokens_per_step"],
                      samples_per_step=unit["samples_per_step"],

@@ -77,6 +77,13 @@ def create_app(*, max_queued_traces: int = 3, trace_grace_s: float = 30.0) -> Fa
                  "tflops": g.tflops, "price_per_hour": g.price_per_hour,
                  "price_date": g.price_date} for g in list_gpus()]
 
+    @app.get(f"{API}/allow")
+    def allow() -> dict[str, str]:
+        """The plan's `allow` names (changes to the maths of training) and what each accepts."""
+        from vramplan.planning.options import allow_choices
+
+        return allow_choices()
+
     @app.post(f"{API}/estimate", responses=errors)
     def estimate(body: schemas.EstimateRequest, format: Format = "json") -> Response:
         """The formula engine's MemoryReport (instant), with the command that reproduces it;

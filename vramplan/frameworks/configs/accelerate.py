@@ -5,15 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramplan.frameworks.configs import deepspeed
-from vramplan.frameworks.configs.core import (
-    ConfigError,
-    Mapping,
-    copy_data,
-    flatten,
-    load_table,
-    map_keys,
-)
+from vramplan.frameworks.configs import core, deepspeed
+from vramplan.frameworks.configs.core import ConfigError, Mapping
 
 NAME = "accelerate"
 
@@ -23,20 +16,18 @@ def detect(content: dict[str, Any], syntax: str) -> bool:
 
 
 def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    if overrides:
-        raise ConfigError("an accelerate config takes no overrides here; use vramplan's "
-                          "flags (--strategy, -n, -p)")
-    return copy_data(content)
+    return core.no_overrides(content, overrides, "an accelerate config takes no overrides "
+                             "here; use vramplan's flags (--strategy, -n, -p)")
 
 
 def read(content: dict[str, Any], ctx) -> Mapping:
-    table = load_table(NAME)
-    flat = flatten(content)
+    table = core.load_table(NAME)
+    flat = core.flatten(content)
     mapping = Mapping(table)
     key = "deepspeed_config.deepspeed_config_file"
     if key in flat:
         deepspeed.include(mapping, flat[key], key, ctx)
-    map_keys(table, flat, mapping, handled={key})
+    core.map_keys(table, flat, mapping, handled={key})
     kind = flat.get("distributed_type")
     if kind == "FSDP" and any(k.startswith("deepspeed_config.") for k in flat):
         raise ConfigError("conflicting settings in this accelerate config: distributed_type "

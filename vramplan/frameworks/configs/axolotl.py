@@ -5,16 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramplan.frameworks.configs import deepspeed
-from vramplan.frameworks.configs.core import (
-    ConfigError,
-    Mapping,
-    check_type,
-    dashed_overrides,
-    flatten,
-    load_table,
-    map_keys,
-)
+from vramplan.frameworks.configs import core, deepspeed
+from vramplan.frameworks.configs.core import ConfigError, Mapping
 from vramplan.frameworks.configs.hf import check_adapter
 
 NAME = "axolotl"
@@ -27,15 +19,15 @@ def detect(content: dict[str, Any], syntax: str) -> bool:
 
 def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """`--key=value`, as `axolotl train FILE --micro_batch_size=2` takes them."""
-    return dashed_overrides(content, overrides, "Axolotl")
+    return core.dashed_overrides(content, overrides, "Axolotl")
 
 
 def read(content: dict[str, Any], ctx) -> Mapping:
-    table = load_table(NAME)
+    table = core.load_table(NAME)
     content = {k: v for k, v in content.items() if k != "datasets"}  # a list of sources
     had_deepspeed = "deepspeed" in content
     ds_config = content.pop("deepspeed", None)  # a path, or the DeepSpeed config itself
-    flat = flatten(content)
+    flat = core.flatten(content)
     mapping = Mapping(table)
     mapping.ignored.append("datasets")
     if flat.get("base_model") is not None:
@@ -54,7 +46,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
                              "4-bit for qlora; modelled as QLoRA")
     targets = flat.get("lora_target_modules")
     if targets is not None:
-        check_type(table, table.entries["lora_target_modules"], targets)
+        core.check_type(table, table.entries["lora_target_modules"], targets)
         mapping.mapped.append("lora_target_modules")
         mapping.assign("peft.target_modules", tuple([targets] if isinstance(targets, str)
                                                     else targets), "lora_target_modules")
@@ -62,7 +54,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
         deepspeed.include(mapping, ds_config, "deepspeed", ctx)
     elif had_deepspeed:
         mapping.ignored.append("deepspeed")  # null or empty: no DeepSpeed
-    map_keys(table, flat, mapping, handled={"base_model", "lora_target_modules", "deepspeed",
+    core.map_keys(table, flat, mapping, handled={"base_model", "lora_target_modules", "deepspeed",
                                             "load_in_4bit", "load_in_8bit"})
     for key in ("load_in_4bit", "load_in_8bit"):
         if key in flat:

@@ -11,7 +11,6 @@ conflict and refused, never resolved by a guess. Torch-free.
 
 from __future__ import annotations
 
-import json
 import tomllib
 from dataclasses import dataclass
 from dataclasses import field as _field
@@ -25,9 +24,9 @@ import yaml
 from vramplan.errors import JobFileError
 
 # the job files' caps and alias-counting loader: one set of limits for every file we read
-from vramplan.job import MAX_JOB_FILE_BYTES, BoundedYamlLoader, check_size, yaml_problem
+from vramplan.files import MAX_FILE_BYTES, parse_mapping, read_capped_text
 
-MAX_CONFIG_BYTES = MAX_JOB_FILE_BYTES  # a training config is a few hundred lines
+MAX_CONFIG_BYTES = MAX_FILE_BYTES  # a training config is a few hundred lines
 
 
 class ConfigError(JobFileError):
@@ -38,54 +37,15 @@ class ConfigError(JobFileError):
 
 
 def read_text(path: Path) -> str:
-    """The file's text, refusing directories, missing files and files over the cap before
-    reading a byte of them."""
-    shown = str(path)[:200]
-    try:
-        if path.is_dir():
-            raise ConfigError(f"{shown} is a folder; --config takes a file (a recipe YAML, "
-                              "a TOML job config, a JSON ...)")
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise ConfigError(f"config file {shown!r} does not exist") from None
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"cannot read config file {shown!r}: {error}") from None
-    if size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{shown}: {size:,} bytes is too large for a training config (at "
-                          f"most {MAX_CONFIG_BYTES:,})")
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"cannot read config file {shown!r}: {error}") from None
+    """The file's text, refusing folders, missing files and files over the cap."""
+    return read_capped_text(path, "training config", ConfigError,
+                            "--config takes a recipe YAML, a TOML job config, a JSON ...")
 
 
 def parse_text(text: str, path: Path) -> tuple[dict[str, Any], str]:
     """(content, syntax) where syntax is toml, json or yaml; TOML by suffix, else JSON when
     it parses as JSON, else YAML (with the job files' alias and node caps)."""
-    try:
-        if path.suffix == ".toml":
-            data, syntax = tomllib.loads(text), "toml"
-        else:
-            try:
-                data, syntax = json.loads(text), "json"
-            except json.JSONDecodeError:
-                data, syntax = yaml.load(text, Loader=BoundedYamlLoader), "yaml"  # noqa: S506
-    except yaml.YAMLError as error:
-        line, problem = yaml_problem(error)
-        raise ConfigError(f"{path}:{line} is not valid YAML or JSON: {problem}") from None
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path}: is not valid TOML: {error}") from None
-    except JobFileError as error:  # the alias cap
-        raise ConfigError(f"{path}: {error}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: nested too deeply to be a training config") from None
-    if data is None:
-        data = {}
-    check_size(data, path)
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a training config holds a mapping of keys, not a "
-                          f"{type(data).__name__}")
-    return data, syntax
+    return parse_mapping(text, path, "training config", ConfigError, json_without_suffix=True)
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -98,6 +58,13 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[dotted] = value
     return flat
+
+
+def no_overrides(content: dict[str, Any], overrides: list[str], refusal: str) -> dict[str, Any]:
+    """A copy of the content of a format whose tool takes no command-line overrides."""
+    if overrides:
+        raise ConfigError(refusal)
+    return copy_data(content)
 
 
 def copy_data(data: Any) -> Any:

@@ -6,16 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from vramplan.frameworks.configs.core import (
-    ConfigError,
-    Mapping,
-    copy_data,
-    flatten,
-    load_table,
-    map_keys,
-    parse_text,
-    read_text,
-)
+from vramplan.frameworks.configs import core
+from vramplan.frameworks.configs.core import ConfigError, Mapping
 
 NAME = "deepspeed"
 _MARKERS = {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size",
@@ -27,14 +19,12 @@ def detect(content: dict[str, Any], syntax: str) -> bool:
 
 
 def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    if overrides:
-        raise ConfigError("a DeepSpeed JSON takes no overrides on the command line; use "
-                          "vramplan's flags (--strategy, -b, --grad-accum)")
-    return copy_data(content)
+    return core.no_overrides(content, overrides, "a DeepSpeed JSON takes no overrides on the "
+                             "command line; use vramplan's flags (--strategy, -b, --grad-accum)")
 
 
 def read(content: dict[str, Any], ctx) -> Mapping:
-    return map_keys(load_table(NAME), flatten(content))
+    return core.map_keys(core.load_table(NAME), core.flatten(content))
 
 
 def include(parent: Mapping, value: Any, key: str, ctx) -> None:
@@ -46,7 +36,7 @@ def include(parent: Mapping, value: Any, key: str, ctx) -> None:
             parent.not_understood.append(f"{key}={value} (file not found next to the config "
                                          "or in the working directory)")
             return
-        content, _ = parse_text(read_text(path), path)
+        content, _ = core.parse_text(core.read_text(path), path)
     elif isinstance(value, dict):
         content = value
     else:

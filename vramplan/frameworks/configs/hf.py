@@ -6,16 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramplan.frameworks.configs import deepspeed
-from vramplan.frameworks.configs.core import (
-    ConfigError,
-    Mapping,
-    check_type,
-    dashed_overrides,
-    flatten,
-    load_table,
-    map_keys,
-)
+from vramplan.frameworks.configs import core, deepspeed
+from vramplan.frameworks.configs.core import ConfigError, Mapping
 
 NAME = "hf-trainer"
 _MARKERS = {"per_device_train_batch_size", "gradient_accumulation_steps", "peft_type",
@@ -31,11 +23,11 @@ def detect(content: dict[str, Any], syntax: str) -> bool:
 
 def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """`--key value` / `--key=value`, as HfArgumentParser takes them."""
-    return dashed_overrides(content, overrides, "HF TrainingArguments")
+    return core.dashed_overrides(content, overrides, "HF TrainingArguments")
 
 
 def read(content: dict[str, Any], ctx) -> Mapping:
-    table = load_table(NAME)
+    table = core.load_table(NAME)
     content = dict(content)
     peft_config = content.pop("peft_config", None)
     if isinstance(peft_config, dict):  # a LoraConfig's keys, as if at the top
@@ -43,7 +35,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
         content.setdefault("peft_type", "LORA")
     had_deepspeed = "deepspeed" in content
     ds_config = content.pop("deepspeed", None)  # a path, or the DeepSpeed config itself
-    flat = flatten(content)
+    flat = core.flatten(content)
     mapping = Mapping(table)
     handled = {"model_name_or_path", "fsdp", "deepspeed", "lora_target_modules",
                "target_modules", "load_in_8bit"}
@@ -58,7 +50,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
                                   ("peft.dropout", 0.05)):
                 mapping.assign(dotted, value, "trl ModelConfig default", weak=True)
     if flat.get("model_name_or_path") is not None:
-        check_type(table, table.entries["model_name_or_path"], flat["model_name_or_path"])
+        core.check_type(table, table.entries["model_name_or_path"], flat["model_name_or_path"])
         mapping.mapped.append("model_name_or_path")
         model = ctx.resolve_model(flat["model_name_or_path"], "model_name_or_path", mapping)
         if model:
@@ -72,7 +64,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
     if flat.get("load_in_8bit"):
         raise ConfigError("load_in_8bit: an 8-bit base model is not modelled by vramplan; "
                           "use load_in_4bit (QLoRA) or a 16-bit base")
-    map_keys(table, flat, mapping, handled=handled)
+    core.map_keys(table, flat, mapping, handled=handled)
     check_adapter(flat.get("load_in_4bit"), bool(flat.get("use_peft")) or "peft_type" in flat,
                   mapping, "load_in_4bit", "use_peft: true")
     return mapping
@@ -92,7 +84,7 @@ def _fsdp(flat: dict[str, Any], table, mapping: Mapping) -> None:
         if "fsdp" in flat:
             mapping.ignored.append("fsdp")  # '' or []: no FSDP
         return
-    check_type(table, table.entries["fsdp"], value)
+    core.check_type(table, table.entries["fsdp"], value)
     words = value.split() if isinstance(value, str) else [str(v) for v in value]
     mapping.mapped.append("fsdp")
     for word in words:
@@ -110,7 +102,7 @@ def _targets(flat: dict[str, Any], table, mapping: Mapping) -> None:
         value = flat.get(key)
         if value is None:
             continue
-        check_type(table, table.entries[key], value)
+        core.check_type(table, table.entries[key], value)
         mapping.mapped.append(key)
         # peft keeps target_modules as a set (adapter_config.json lists it in any order)
         targets = ("all-linear",) if value == "all-linear" else tuple(

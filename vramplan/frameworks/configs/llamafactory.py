@@ -5,16 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramplan.frameworks.configs import deepspeed, hf
-from vramplan.frameworks.configs.core import (
-    ConfigError,
-    Mapping,
-    check_type,
-    flatten,
-    key_value_overrides,
-    load_table,
-    map_keys,
-)
+from vramplan.frameworks.configs import core, deepspeed, hf
+from vramplan.frameworks.configs.core import ConfigError, Mapping
 
 NAME = "llama-factory"
 
@@ -25,15 +17,15 @@ def detect(content: dict[str, Any], syntax: str) -> bool:
 
 def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """`key=value`, as `llamafactory-cli train FILE key=value` takes them."""
-    return key_value_overrides(content, overrides, "LLaMA-Factory")
+    return core.key_value_overrides(content, overrides, "LLaMA-Factory")
 
 
 def read(content: dict[str, Any], ctx) -> Mapping:
-    table, hf_table = load_table(NAME), load_table(hf.NAME)
+    table, hf_table = core.load_table(NAME), core.load_table(hf.NAME)
     content = dict(content)
     had_deepspeed = "deepspeed" in content
     ds_config = content.pop("deepspeed", None)  # a path, or the DeepSpeed config itself
-    flat = flatten(content)
+    flat = core.flatten(content)
     mapping = Mapping(table)
     stage = flat.get("stage", "sft")
     if stage not in ("sft", "pt"):
@@ -58,7 +50,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
             mapping.assign("peft.alpha", 2.0 * rank, "lora_alpha (None: 2 x lora_rank)")
         target = flat.get("lora_target")
         if target is not None:
-            check_type(table, table.entries["lora_target"], target)
+            core.check_type(table, table.entries["lora_target"], target)
             mapping.mapped.append("lora_target")
             mapping.assign("peft.target_modules", ("all-linear",) if target == "all" else
                            tuple(t.strip() for t in target.split(",")), "lora_target")
@@ -69,8 +61,8 @@ def read(content: dict[str, Any], ctx) -> Mapping:
     own = {k: v for k, v in flat.items() if k in table.entries or k in table.ignored}
     rest = {k: v for k, v in flat.items() if k not in own}
     handled = {"model_name_or_path", "lora_target", "deepspeed"}
-    map_keys(table, own, mapping, handled=handled)
-    hf_mapping = map_keys(hf_table, rest, handled=handled)
+    core.map_keys(table, own, mapping, handled=handled)
+    hf_mapping = core.map_keys(hf_table, rest, handled=handled)
     for dotted, (value, source, weak) in hf_mapping.assigned.items():
         mapping.assign(dotted, value, source, weak=weak)
     mapping.mapped += hf_mapping.mapped

@@ -6,15 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from vramplan.frameworks.configs.core import (
-    ConfigError,
-    Mapping,
-    check_type,
-    dashed_overrides,
-    flatten,
-    load_table,
-    map_keys,
-)
+from vramplan.frameworks.configs import core
+from vramplan.frameworks.configs.core import ConfigError, Mapping
 
 NAME = "torchtitan"
 _SECTIONS = {"training", "parallelism", "activation_checkpoint", "model", "optimizer"}
@@ -28,7 +21,7 @@ def detect(content: dict[str, Any], syntax: str) -> bool:
 
 def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """`--training.local_batch_size=2` or `--training.local_batch_size 2`."""
-    content = dashed_overrides(content, overrides, "torchtitan")
+    content = core.dashed_overrides(content, overrides, "torchtitan")
     converters = content.get("model", {}).get("converters") if isinstance(
         content.get("model"), dict) else None
     if isinstance(converters, str):  # --model.converters=float8,mx
@@ -37,20 +30,20 @@ def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, 
 
 
 def read(content: dict[str, Any], ctx) -> Mapping:
-    table = load_table(NAME)
-    flat = flatten(content)
+    table = core.load_table(NAME)
+    flat = core.flatten(content)
     mapping = Mapping(table)
     handled = {"model.name", "model.flavor", "activation_checkpoint.mode",
                "activation_checkpoint.selective_ac_option", "model.converters",
                "parallelism.data_parallel_replicate_degree",
                "parallelism.data_parallel_shard_degree", "training.global_batch_size"}
     for key in handled & set(flat):
-        check_type(table, table.entries[key], flat[key])
+        core.check_type(table, table.entries[key], flat[key])
         mapping.mapped.append(key)
     for kind in ("tensor", "context", "pipeline"):  # read by _parallel too: typed first
         key = f"parallelism.{kind}_parallel_degree"
         if flat.get(key) is not None:
-            check_type(table, table.entries[key], flat[key])
+            core.check_type(table, table.entries[key], flat[key])
     _model(flat, table, mapping, ctx)
     _checkpointing(flat, mapping)
     _parallel(flat, mapping)
@@ -65,7 +58,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
     if "float8" not in converters:  # float8 options of a job that does not convert
         handled |= {k for k in flat if k.startswith("quantize.linear.float8.")}
         mapping.ignored += [k for k in flat if k.startswith("quantize.linear.float8.")]
-    return map_keys(table, flat, mapping, handled=handled)
+    return core.map_keys(table, flat, mapping, handled=handled)
 
 
 def _model(flat: dict[str, Any], table, mapping: Mapping, ctx) -> None:

@@ -5,15 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramplan.frameworks.configs.core import (
-    ConfigError,
-    Mapping,
-    check_type,
-    flatten,
-    key_value_overrides,
-    load_table,
-    map_keys,
-)
+from vramplan.frameworks.configs import core
+from vramplan.frameworks.configs.core import ConfigError, Mapping
 
 NAME = "torchtune"
 
@@ -24,17 +17,17 @@ def detect(content: dict[str, Any], syntax: str) -> bool:
 
 def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """`key=value` as `tune run` takes them (values read as YAML scalars); `~key` drops one."""
-    return key_value_overrides(content, overrides, "torchtune")
+    return core.key_value_overrides(content, overrides, "torchtune")
 
 
 def read(content: dict[str, Any], ctx) -> Mapping:
-    table = load_table(NAME)
-    flat = flatten(content)
+    table = core.load_table(NAME)
+    flat = core.flatten(content)
     mapping = Mapping(table)
     builder = flat.get("model._component_")
     if builder is not None:
         _read_model(builder, flat, table, mapping, ctx)
-    map_keys(table, flat, mapping, handled={
+    core.map_keys(table, flat, mapping, handled={
         "model._component_", "model.lora_attn_modules", "model.apply_lora_to_mlp",
         "model.apply_lora_to_output"})
     if "tokenizer.max_seq_len" not in mapping.mapped:
@@ -45,7 +38,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
 
 
 def _read_model(builder: Any, flat: dict[str, Any], table, mapping: Mapping, ctx) -> None:
-    check_type(table, table.entries["model._component_"], builder)
+    core.check_type(table, table.entries["model._component_"], builder)
     short = builder.rpartition(".")[2]
     method = None
     for prefix, peft in (("qlora_", "qlora"), ("lora_", "lora")):
@@ -65,7 +58,7 @@ def _read_model(builder: Any, flat: dict[str, Any], table, mapping: Mapping, ctx
     mapping.assign("peft.method", method, f"model._component_={builder}")
     names = table.extra["lora_names"]
     modules = flat.get("model.lora_attn_modules", [])
-    check_type(table, table.entries["model.lora_attn_modules"], modules)
+    core.check_type(table, table.entries["model.lora_attn_modules"], modules)
     targets: list[str] = []
     for module in modules:
         if module not in names or module == "mlp":
@@ -73,7 +66,7 @@ def _read_model(builder: Any, flat: dict[str, Any], table, mapping: Mapping, ctx
             continue
         targets += names[module]
     mlp = flat.get("model.apply_lora_to_mlp", False)
-    check_type(table, table.entries["model.apply_lora_to_mlp"], mlp)
+    core.check_type(table, table.entries["model.apply_lora_to_mlp"], mlp)
     if mlp:
         targets += names["mlp"]
     mapping.mapped += ["model.lora_attn_modules", "model.apply_lora_to_mlp"]
