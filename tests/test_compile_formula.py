@@ -1,5 +1,5 @@
 """The formula's model of a compiled step (engines/activations.py
-compiled_block_saved_tensors, formula._loss_buffers) against the trace, which compiles the
+compiled_block_saved_tensors, formula/loss.py loss_buffers) against the trace, which compiles the
 real model (training/compiled.py)."""
 
 import pytest
@@ -7,6 +7,8 @@ from tiny_configs import LLAMA
 
 from vramplan.api import estimate
 from vramplan.engines import activations as act
+from vramplan.engines import step as step_desc
+from vramplan.engines.formula import loss
 from vramplan.engines.precision import dtypes_for
 from vramplan.errors import JobError
 from vramplan.job import Job, Peft
@@ -30,13 +32,13 @@ def test_compiled_llama_block_saves_what_the_partitioner_keeps():
 def _lora_block_bytes(peft: Peft) -> int:
     """Bytes a compiled Llama-3.2-1B block saves for LoRA `peft` (fp32 adapters,
     bf16-mixed, batch 2 x 512)."""
-    from vramplan.engines.formula import _activation_dtypes
+    from vramplan.engines.step import activation_dtypes
 
     job = Job(model="llama-3.2-1b", batch_size=2, seq_len=512, compile=True, peft=peft)
     adapters = act.Adapters(frozenset(peft.target_modules), peft.rank, peft.dropout,
                             base_trainable=False)
     saved = act.compiled_block_saved_tensors(load_architecture(job.model).stacks[0],
-                                             act.BlockShape(2, 512), _activation_dtypes(job),
+                                             act.BlockShape(2, 512), activation_dtypes(job),
                                              adapters, fp32_adapters=True)
     return sum(b for _, b in saved)
 
@@ -65,13 +67,12 @@ def test_compiled_lora_dropout_keeps_each_adapters_input_and_mask():
 
 @pytest.mark.parametrize("precision, c", [("bf16-mixed", 2), ("fp32", 4)])
 def test_compiled_loss_keeps_the_logits_and_two_floats_per_token(precision, c):
-    from vramplan.engines import formula
 
     job = Job(model="llama-3.2-1b", batch_size=4, seq_len=256, precision=precision,
               compile=True)
     arch = load_architecture(job.model)
-    shapes = formula._shapes(job, arch, "causal-lm")
-    forward, backward = formula._loss_buffers(job, arch, shapes, formula._activation_dtypes(job),
+    shapes = step_desc.shapes_of(job, arch, "causal-lm")
+    forward, backward = loss.loss_buffers(job, arch, shapes, step_desc.activation_dtypes(job),
                                               "causal-lm")
     t = 4 * 256  # logits for every position (the last one's label is ignored, not cut)
     tv = t * 128256
@@ -158,12 +159,11 @@ LLM_VOCAB = 128256  # Llama-3's vocabulary: the logits decide the peak
 
 
 def _loss_buffers(**fields):
-    from vramplan.engines import formula
 
     job = Job(model="llama-3.2-1b", batch_size=1, seq_len=2048, compile=True, **fields)
     arch = load_architecture(job.model)
-    return formula._loss_buffers(job, arch, formula._shapes(job, arch, "causal-lm"),
-                                 formula._activation_dtypes(job), "causal-lm")
+    return loss.loss_buffers(job, arch, step_desc.shapes_of(job, arch, "causal-lm"),
+                                 step_desc.activation_dtypes(job), "causal-lm")
 
 
 def test_compiling_the_blocks_only_leaves_the_eager_loss():

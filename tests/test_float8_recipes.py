@@ -4,7 +4,7 @@ FSDP2's float8 all-gather, and MXFP8 (docs/frameworks.md, "Float8 (torchao)").""
 import pytest
 
 from vramplan import Job
-from vramplan.engines import formula
+from vramplan.engines import formula, param_memory
 from vramplan.engines.runtime import fit_table
 from vramplan.errors import EngineError, JobError
 from vramplan.hardware import get_gpu
@@ -74,9 +74,9 @@ def test_float8_all_gather_gathers_block_linears_in_one_byte():
     plain = _job(parallel=FSDP2)
     gathered = _job(parallel=FSDP2, fp8={"fsdp_float8_all_gather": True})
     arch = architecture_from_config(TINY, "tiny")
-    params = formula._param_memory(gathered, arch, "causal-lm")
+    params = param_memory.param_memory(gathered, arch, "causal-lm")
     assert params.fp8_gathered_block == BLOCK_LINEARS + 2 * BLOCK_NORMS  # 37,120
-    assert formula._param_memory(plain, arch, "causal-lm").fp8_gathered_block == 0
+    assert param_memory.param_memory(plain, arch, "causal-lm").fp8_gathered_block == 0
     before = formula.estimate(plain, model_config=TINY).phase_peaks["forward"]
     after = formula.estimate(gathered, model_config=TINY).phase_peaks["forward"]
     assert before - after == 2 * BLOCK_LINEARS  # 73,728 bytes

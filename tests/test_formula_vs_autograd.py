@@ -13,7 +13,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from vramplan import Job  # noqa: E402
-from vramplan.engines import formula  # noqa: E402
+from vramplan.engines import param_memory  # noqa: E402
+from vramplan.engines import step as step_desc  # noqa: E402
+from vramplan.engines.formula import saved  # noqa: E402
 from vramplan.models import architecture_from_config  # noqa: E402
 from vramplan.training.emulate.autocast import cuda_autocast_policy  # noqa: E402
 
@@ -56,11 +58,11 @@ def autograd_saved_bytes(config: dict, task: str, precision: str, attention: str
 def formula_saved_bytes(config: dict, task: str, precision: str, attention: str, b: int, s: int):
     arch = architecture_from_config(config, "tiny")
     job = Job(batch_size=b, seq_len=s, precision=precision, attention=attention)
-    shapes = formula._shapes(job, arch, task)
-    dt = formula._activation_dtypes(job)
-    layers, _ = formula._stack_activations(job, arch, shapes, dt)
-    outside = formula._outside_block_activations(job, arch, shapes, dt, task)
-    params = formula._param_memory(job, arch, task)
+    shapes = step_desc.shapes_of(job, arch, task)
+    dt = step_desc.activation_dtypes(job)
+    layers, _ = saved.stack_activations(job, arch, shapes, dt)
+    outside = saved.outside_block_activations(job, arch, shapes, dt, task)
+    params = param_memory.param_memory(job, arch, task)
     casts = params.cast_copies + params.cast_head
     # saved by the loss: the fp32 log_softmax output; a masked-LM head under autocast saves
     # a bf16 log_softmax output and nll_loss's fp32 copy of it instead

@@ -12,8 +12,10 @@ import pytest
 
 from vramplan import Job, JobError, Offload, Peft, estimate
 from vramplan.engines import activations as act
-from vramplan.engines import formula, pipeline
 from vramplan.engines import optimizer_states as opt_states
+from vramplan.engines import pipeline
+from vramplan.engines import step as step_desc
+from vramplan.engines.formula import loss, saved
 from vramplan.engines.precision import dtypes_for
 from vramplan.engines.runtime import runtime_context_bytes
 from vramplan.frameworks import framework_names, get_profile, load_profiles
@@ -132,8 +134,8 @@ def test_torchtitan_op_policy_with_bias_and_lora_counts_only_plain_mms():
 
 def _stack_activations(**fields):
     job = Job(model=MODEL, seq_len=128, precision="bf16-mixed", **fields)
-    shapes = formula._shapes(job, ARCH, "causal-lm")
-    return formula._stack_activations(job, ARCH, shapes, formula._activation_dtypes(job))[0]
+    shapes = step_desc.shapes_of(job, ARCH, "causal-lm")
+    return saved.stack_activations(job, ARCH, shapes, step_desc.activation_dtypes(job))[0]
 
 
 def test_selective_policies_against_each_other():
@@ -249,8 +251,8 @@ def test_cpu_offloaded_optimizer_step_has_no_gpu_temporaries():
 
 def test_torchtune_linear_cross_entropy_buffers():
     job = Job(model=MODEL, seq_len=64, framework="torchtune", checkpointing="none")
-    dt = formula._activation_dtypes(job)
-    forward, backward = formula._loss_buffers(job, ARCH, formula._shapes(job, ARCH,
+    dt = step_desc.activation_dtypes(job)
+    forward, backward = loss.loss_buffers(job, ARCH, step_desc.shapes_of(job, ARCH,
                                                                          "causal-lm"),
                                               dt, "causal-lm")
     t, tc = 64, 8
@@ -267,12 +269,12 @@ def test_torchtune_linear_cross_entropy_buffers():
 def test_torchtune_offload_leaves_no_block_input_with_full_checkpointing():
     base = dict(model=MODEL, seq_len=128, framework="torchtune")
     job = Job(**base, activation_offload=True)
-    dt = formula._activation_dtypes(job)
-    shapes = formula._shapes(job, ARCH, "causal-lm")
-    on_gpu = formula._offloaded_activations(job, ARCH, shapes, dt, "causal-lm",
+    dt = step_desc.activation_dtypes(job)
+    shapes = step_desc.shapes_of(job, ARCH, "causal-lm")
+    on_gpu = saved.offloaded_activations(job, ARCH, shapes, dt, "causal-lm",
                                             pipeline.WHOLE,
                                             _stack_activations(checkpointing="full"))
-    outside = formula._outside_block_activations(job, ARCH, shapes, dt, "causal-lm")
+    outside = saved.outside_block_activations(job, ARCH, shapes, dt, "causal-lm")
     # the forward stash keeps the last 5 packed tensors: the final RMSNorm packs 6, so no
     # block input is among them (tests/test_offload_trace.py checks this on the trace)
     assert on_gpu == outside

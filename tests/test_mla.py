@@ -16,6 +16,8 @@ from tiny_configs import DEEPSEEK_V3
 from vramplan import Job
 from vramplan.engines import activations as act
 from vramplan.engines import formula
+from vramplan.engines import step as step_desc
+from vramplan.engines.formula import saved
 from vramplan.errors import JobError
 from vramplan.models import architecture_from_config, load_architecture
 
@@ -92,11 +94,11 @@ T = B * S   # tokens
 
 def _formula_blocks(job: Job, config: dict) -> list[int]:
     arch = architecture_from_config(config, "tiny")
-    dt = formula._activation_dtypes(job)
+    dt = step_desc.activation_dtypes(job)
     return [sum(b for _, b in act.block_saved_tensors(
         st, act.BlockShape(job.batch_size, job.seq_len), dt, attention=job.attention,
         hidden_dropout=0.0, attention_dropout=0.0, activation="silu",
-        adapters=formula._adapters(job)))
+        adapters=saved.adapters_of(job)))
         for st in arch.stacks]
 
 

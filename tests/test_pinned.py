@@ -7,6 +7,8 @@ import pytest
 from vramplan import Job
 from vramplan.engines import activations as act
 from vramplan.engines import formula
+from vramplan.engines import step as step_desc
+from vramplan.engines.formula import saved as formula_saved
 from vramplan.hardware import get_gpu
 from vramplan.models import architecture_from_config
 
@@ -24,9 +26,9 @@ def test_a_llama_block_saves_these_tensors():
     arch = architecture_from_config(TINY, "tiny")
     stack = arch.stacks[0]
     saved = act.block_saved_tensors(
-        stack, act.BlockShape(8, 256, None), formula._activation_dtypes(JOB), attention="sdpa",
+        stack, act.BlockShape(8, 256, None), step_desc.activation_dtypes(JOB), attention="sdpa",
         hidden_dropout=0.0, attention_dropout=0.0, activation="silu",
-        adapters=formula._adapters(JOB), norms_per_block=2, upcast_softmax=True,
+        adapters=formula_saved.adapters_of(JOB), norms_per_block=2, upcast_softmax=True,
         score_softcap=False, norm_scales_input=False, trained_bias=False, rotary=True,
         sdpa_query_contiguous=False)
     assert dict(saved) == {

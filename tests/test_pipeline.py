@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from vramplan.engines import formula, pipeline
+from vramplan.engines.formula import phases, saved
+from vramplan.engines.step import describe_step
 from vramplan.errors import EngineError, JobError
 from vramplan.hardware import get_gpu
 from vramplan.job import Job, Parallel
@@ -22,13 +24,9 @@ def _job(pp: int, m: int, schedule: str = "1f1b", **changes) -> Job:
 
 
 def _stage_reports(job: Job):
-    task = formula._task(job, ARCH)
-    shapes = formula._shapes(job, ARCH, task)
-    whole = formula._param_memory(job, ARCH, task)
-    dt = formula._activation_dtypes(job)
-    return {s.name: formula._stage_report(job, ARCH, task, shapes, None, whole, dt, s)
-            for s in pipeline.stages(job, ARCH)}, formula._stack_activations(job, ARCH,
-                                                                             shapes, dt)[0]
+    step = describe_step(job, ARCH)
+    return {s.name: phases.stage_report(step, None, s) for s in step.stages}, \
+        saved.stack_activations(job, ARCH, step.shapes, step.activations)[0]
 
 
 def test_in_flight_micro_batches_per_schedule():

@@ -53,6 +53,9 @@ class LazyEngine:
                               "use --engine formula")
         if self.needs_torch:
             require_torch(f"the {self.name} engine")
+        if self.name != "formula":  # the formula runs the same checks on its Architecture
+            from vramplan.engines.checks import check_job_for_engine
+            check_job_for_engine(job, options.get("model_config"))
         return getattr(importlib.import_module(self.module), self.function)(job, **options)
 
     def accepted(self, options: Mapping[str, Any]) -> dict[str, Any]:

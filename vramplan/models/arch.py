@@ -8,7 +8,10 @@ against the same config built by transformers on the meta device.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
+
+from vramplan.models.families import Traits, family_traits
 
 Kind = Literal["decoder", "encoder", "encoder-decoder", "vision", "cnn"]
 Task = Literal[
@@ -121,6 +124,17 @@ class Architecture:
     positions: str = ""
     # what the shapes leave out or assume (a vision-language config's towers), for reports
     notes: tuple[str, ...] = ()
+
+    @cached_property
+    def traits(self) -> Traits:
+        """What the family does beyond its shapes (families.family_traits), read from the
+        model_type and the config once."""
+        return family_traits(self.model_type, self.extra, self.positions)
+
+    def norms_per_block(self, stack: Stack) -> int:
+        """Norms in one block of `stack`: before the attention(s) and the MLP, plus the
+        family's post-norms."""
+        return (3 if stack.cross_attention else 2) + self.traits.norms_added
 
     @property
     def tasks(self) -> tuple[str, ...]:

@@ -6,6 +6,8 @@ pick the same defaults and to say what it emulates. No torch here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from vramplan.errors import JobError
 
 # a learned position table: a longer sequence indexes past its end
@@ -37,15 +39,75 @@ PEFT_EXPERT_TARGETS = {mt: frozenset({"gate", "gate_proj", "up_proj", "down_proj
 # counts those in 4-bit.)
 STACKED_EXPERTS = frozenset({"deepseek_v2", "deepseek_v3"})
 
+# positions that are not rotary: learned tables (ViT's too) and T5's relative bias
+NO_ROTARY = LEARNED_POSITIONS | {"vit", "t5"}
+# the activation transformers' config classes default to, for configs that leave it out
+DEFAULT_ACTIVATION = {"gpt2": "gelu_new", "t5": "relu", "gemma2": "gelu_pytorch_tanh",
+                      "gemma3_text": "gelu_pytorch_tanh"}
+# eager attention computes the softmax in fp32 (softmax(..., dtype=torch.float32))
+UPCAST_SOFTMAX = frozenset({"llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3", "qwen3",
+                            "qwen3_moe", "olmo2", "gemma3_text"})
+# a norm after the attention and one after the MLP, besides the two before them
+# (Gemma2DecoderLayer, Gemma3DecoderLayer: post_attention_layernorm, post_feedforward_layernorm)
+POST_NORMS = frozenset({"gemma2", "gemma3_text"})
+# T5's RMSNorm scales its input by the weight after the fp32 variance (T5LayerNorm)
+NORM_SCALES_INPUT = frozenset({"t5"})
+
 DEFAULT_TEXT_LEN = 2048
 
 
-def uses_rotary(arch, no_rotary: frozenset[str] = LEARNED_POSITIONS) -> bool:
-    """Whether the blocks apply rotary embeddings: as the config says where the family lets
-    it choose (Architecture.positions), else by family."""
-    if arch.positions:
-        return arch.positions == "rotary"
-    return arch.model_type not in no_rotary
+@dataclass(frozen=True)
+class Traits:
+    """What a family does beyond its shapes, typed: the engines and the performance model
+    read these (Architecture.traits), never the model_type."""
+
+    activation: str = "gelu"            # the MLP's activation, as transformers names it
+    rotary: bool = True                 # the blocks rotate q and k
+    post_norms: bool = False            # norms after the attention and the MLP too
+    upcast_softmax: bool = False        # eager softmax in fp32
+    attention_softcap: float = 0.0      # tanh soft-cap of the attention scores (0: none)
+    final_logit_softcap: float = 0.0    # tanh soft-cap of the logits (0: none)
+    norm_scales_input: bool = False     # T5's norm
+    trained_attention_bias: bool = False  # a trained position bias sdpa gets as a mask
+    sdpa_query_contiguous: bool = False   # sdpa sees a contiguous query
+    eager_attention_only: bool = False    # transformers runs eager attention whatever is asked
+    eager_in_transformers: bool = False   # eager in transformers, fused in its own trainer
+    stacked_experts: bool = False         # routed experts as stacked 3-D parameters
+    peft_expert_targets: frozenset[str] = frozenset()  # LoRA targets peft puts on experts
+
+    @property
+    def norms_added(self) -> int:
+        """Norms a block has beyond the one before each attention and the MLP."""
+        return 2 if self.post_norms else 0
+
+
+def family_traits(model_type: str, config: dict, positions: str = "") -> Traits:
+    """The traits of `model_type`, from its config where the family lets it choose
+    (positions: Architecture.positions; the activation; soft-caps), else by family."""
+    activation = (config.get("hidden_act") or config.get("activation_function")
+                  or config.get("hidden_activation") or config.get("feed_forward_proj")
+                  or DEFAULT_ACTIVATION.get(model_type, "gelu"))
+    return Traits(
+        activation=str(activation).removeprefix("gated-"),
+        rotary=positions == "rotary" if positions else model_type not in NO_ROTARY,
+        post_norms=model_type in POST_NORMS,
+        upcast_softmax=model_type in UPCAST_SOFTMAX,
+        attention_softcap=_cap(config.get("attn_logit_softcapping")),
+        final_logit_softcap=_cap(config.get("final_logit_softcapping")),
+        norm_scales_input=model_type in NORM_SCALES_INPUT,
+        trained_attention_bias=model_type in TRAINED_ATTENTION_BIAS,
+        sdpa_query_contiguous=model_type in SDPA_QUERY_CONTIGUOUS,
+        eager_attention_only=model_type in EAGER_ONLY,
+        eager_in_transformers=model_type in EAGER_IN_TRANSFORMERS,
+        stacked_experts=model_type in STACKED_EXPERTS,
+        peft_expert_targets=PEFT_EXPERT_TARGETS.get(model_type, frozenset()))
+
+
+def _cap(value) -> float:
+    """A soft-cap from the config: its value, 0 when unset (null)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return 1.0 if value else 0.0
 
 
 def text_len(requested: int | None, limit: int | None, model_type: str, name: str,

@@ -43,15 +43,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from vramplan.engines import pipeline
-from vramplan.engines.formula import (
-    _activation_dtypes,
-    _param_memory,
-    _shapes,
-    _stage_params,
-    _task,
-)
 from vramplan.engines.precision import dtypes_for
+from vramplan.engines.step import Step, describe_step
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job
 from vramplan.models import Architecture
@@ -100,13 +93,15 @@ def _block_linear_params(arch: Architecture) -> int:
                for s in arch.stacks for ln in s.linears)
 
 
-def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
+def collectives(job: Job, arch: Architecture, gpu: GPU, *,
+                step: Step | None = None) -> list[Collective]:
     """Every collective of one step of `job` on GPUs of kind `gpu`."""
     par = job.parallel
-    task = _task(job, arch)
+    step = step or describe_step(job, arch)
+    dt, shapes = step.activations, step.shapes
     # with a pipeline, the last stage (its blocks and the head) is the busiest
-    stage = pipeline.stages(job, arch)[-1]
-    params = _stage_params(job, arch, task, _param_memory(job, arch, task), stage)
+    stage = step.stages[-1]
+    params = step.stage_params(stage)
     share = stage.layer_share
     tp, cp, dp = par.tensor_parallel, par.context_parallel, par.data_parallel
     grads = params.gradients / tp  # bytes of gradients per model-parallel rank
@@ -145,7 +140,7 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
                 gathered = params.weights / tp  # frozen base stays in its stored dtype
             if params.fp8_gathered_block:
                 # torchao's float8 all-gather: block linears' weights travel as 1 byte
-                # (engines/formula.py, _fp8_gathered_block), the rest in 16-bit
+                # (engines/param_memory.py, fp8_gathered_block), the rest in 16-bit
                 gathered -= share * _block_linear_params(arch) * (2 - 1) / tp
             shard_link = link(shard, model_parallel)
             for phase in ("forward", "backward"):
@@ -164,8 +159,6 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
                                       "backward", "network", replicas,
                                       nics=in_node(replicas, shard * model_parallel)))
     if tp > 1:
-        dt = _activation_dtypes(job)
-        shapes = _shapes(job, arch, task)
         # 2 all-reduces (or all-gather + reduce-scatter with sequence parallelism) per block
         # forward, 2 backward; full checkpointing runs the forward's 2 again in recomputation
         per_block = 4 + (2 if job.checkpointing == "full" else 0)
@@ -177,8 +170,6 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
                               "both" if par.async_tp else "", link(tp, 1), tp,
                               nics=in_node(tp, 1)))
     if cp > 1:
-        dt = _activation_dtypes(job)
-        shapes = _shapes(job, arch, task)
         # each rank's k and v chunk goes round the ring (cp - 1 hops) forward; backward
         # sends k, v and their gradients: 3x the forward volume in all
         kv = share * sum(s.num_layers * 2 * job.batch_size * seq / cp * s.num_kv_heads
@@ -187,8 +178,6 @@ def collectives(job: Job, arch: Architecture, gpu: GPU) -> list[Collective]:
         out.append(Collective("k/v ring exchange (context parallel)", 3 * (cp - 1) * kv / tp,
                               "micro-batch", "both", link(cp, tp), cp))
     if pp > 1:
-        dt = _activation_dtypes(job)
-        shapes = _shapes(job, arch, task)
         chunks = par.pipeline_chunks if par.pipeline_schedule == "interleaved" else 1
         boundary = job.batch_size * shapes.stack_seq[-1] * arch.stacks[-1].hidden_size * (
             dt.compute) / (tp * cp)

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vramplan.engines.formula import CLASSIFIER_TASKS, _attention_impl, _shapes, _task
+from vramplan.engines.param_memory import CLASSIFIER_TASKS
+from vramplan.engines.step import Step, describe_step
 from vramplan.errors import JobError
 from vramplan.job import Job
 from vramplan.models import Architecture, Stack, load_architecture
@@ -38,8 +39,6 @@ from vramplan.models.arch import Linear
 # (FlashAttention-2 forward: kBlockM = 128; flash_fwd_launch_template.h), so a causal mask
 # saves (1 - tile / s) / 2 of the dense FLOPs.
 CAUSAL_TILE = 128
-# families with a norm after the MLP, which saves the MLP's output
-POST_NORMS = frozenset({"gemma2"})
 OP_CLASSES = ("linear", "lora", "attention", "head", "frontend")
 
 
@@ -78,25 +77,30 @@ class StepFlops:
         return self.phase("forward") + self.phase("backward")
 
 
-def step_flops(job: Job, arch: Architecture | None = None, *,
-               dense_attention: bool = False) -> StepFlops:
+def check_timed(arch: Architecture) -> None:
+    """Step time is modelled for transformers: refuse a CNN in one line."""
+    if arch.kind == "cnn":
+        raise JobError(f"{arch.name}: step time is not modelled for CNNs yet (their "
+                       "convolutions are not in the architecture); use a transformer model")
+
+
+def step_flops(job: Job, arch: Architecture | None = None, *, dense_attention: bool = False,
+               step: Step | None = None) -> StepFlops:
     """FLOPs of one micro-batch of `job` (one replica, before TP/CP sharding).
 
     >>> flops = step_flops(Job(model="llama-3.2-1b", batch_size=4, seq_len=2048))
     >>> round(flops.model_flops / 1e12)  # about 6 x 1.24e9 params x 8192 tokens + attention
     """
     arch = arch or load_architecture(job.model)
-    if arch.kind == "cnn":
-        raise JobError(f"{arch.name}: step time is not modelled for CNNs yet (their "
-                       "convolutions are not in the architecture); use a transformer model")
-    task = _task(job, arch)
-    shapes = _shapes(job, arch, task)
+    check_timed(arch)
+    step = step or describe_step(job, arch)
+    task, shapes = step.task, step.shapes
     out = StepFlops(samples=job.batch_size,
                     tokens=job.batch_size * shapes.tokens_per_sample)
     full_ft = job.peft is None
     adapters = _adapter_targets(job, arch)
     rank = job.peft.rank if job.peft else 0
-    attention = _attention_impl(job, arch)
+    attention = step.attention
     b = job.batch_size
 
     # the frontend (patch / audio convolutions) trains with the body in full fine-tuning
@@ -131,7 +135,7 @@ def step_flops(job: Job, arch: Architecture | None = None, *,
             grad_flows = grad_out
         if job.checkpointing == "full":
             out.by_class["linear"].recompute -= stack.num_layers * _early_stop(
-                stack, b * seq, adapters, post_norms=arch.model_type in POST_NORMS)
+                stack, b * seq, adapters, post_norms=arch.traits.post_norms)
     _head(job, arch, task, shapes, full_ft, grad_flows, out.by_class["head"])
     return out
 

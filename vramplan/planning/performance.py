@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.engines import pipeline
-from vramplan.engines.formula import _param_memory, _task
 from vramplan.engines.report import Performance, PhaseTime
+from vramplan.engines.step import describe_step
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job
 from vramplan.models import Architecture, load_architecture
@@ -42,7 +42,7 @@ from vramplan.planning.efficiency import (
     interval,
     sm_count,
 )
-from vramplan.planning.flops import step_flops
+from vramplan.planning.flops import check_timed, step_flops
 from vramplan.planning.gemm import shape_efficiency
 from vramplan.planning.traffic import step_traffic
 
@@ -109,7 +109,7 @@ class StepTerms:
     bubble: float = 0.0      # pipeline: share of the step the stages sit idle
 
 
-_WORK: dict[Job, tuple] = {}  # job -> (flops, traffic): the same for every GPU type
+_WORK: dict[Job, tuple] = {}  # job -> (flops, traffic, memo, step): the same on every GPU
 _WORK_LIMIT = 4096
 
 
@@ -120,7 +120,10 @@ def _work(job: Job, arch: Architecture):
     if work is None:
         if len(_WORK) >= _WORK_LIMIT:
             _WORK.clear()
-        work = _WORK[job] = (step_flops(job, arch), step_traffic(job, arch), {})
+        check_timed(arch)  # before the step description: a CNN gets its own line
+        step = describe_step(job, arch)
+        work = _WORK[job] = (step_flops(job, arch, step=step),
+                             step_traffic(job, arch, step=step), {}, step)
     return work
 
 
@@ -130,7 +133,7 @@ def _collectives(job: Job, arch: Architecture, gpu: GPU):
     memo = _work(job, arch)[2]
     key = (gpu.gpus_per_node, gpu.interconnect)
     if key not in memo:
-        memo[key] = collectives(job, arch, gpu)
+        memo[key] = collectives(job, arch, gpu, step=_work(job, arch)[3])
     return memo[key]
 
 
@@ -139,12 +142,12 @@ def _per_gpu_work(job: Job, arch: Architecture) -> dict:
     memo = _work(job, arch)[2]
     if "unit" in memo:
         return memo["unit"]
-    flops, traffic, _ = _work(job, arch)
+    flops, traffic, _, step = _work(job, arch)
     par = job.parallel
     split = par.tensor_parallel * par.context_parallel  # model-parallel ranks share the work
     # a pipeline's slowest stage sets the pace: the last, with its share of the blocks and
     # the head (memory-bound bytes and kernels scale with the blocks' share)
-    share = pipeline.stages(job, arch)[-1].layer_share
+    share = step.stages[-1].layer_share
     phases = []
     for phase in MICRO_PHASES:
         by = {c: getattr(flops.by_class[c], phase) for c in flops.by_class}
@@ -156,7 +159,7 @@ def _per_gpu_work(job: Job, arch: Architecture) -> dict:
             phases.append((phase, mm, attention, moved, share * traffic.kernels[phase],
                            share * traffic.modules[phase]))
     shards = par.tensor_parallel * par.shard_degree
-    trainable = (_param_memory(job, arch, _task(job, arch)).trainable / shards
+    trainable = (step.params.trainable / shards
                  * share if job.offload.optimizer else 0.0)
     dp = par.data_parallel
     memo["unit"] = unit = dict(

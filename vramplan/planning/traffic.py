@@ -36,22 +36,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vramplan.engines.formula import (
-    _activation_dtypes,
-    _activation_name,
-    _attention_impl,
-    _norms_per_block,
-    _param_memory,
-    _shapes,
-    _task,
-)
 from vramplan.engines.precision import dtypes_for
+from vramplan.engines.step import Step, describe_step
 from vramplan.job import Job
 from vramplan.models import Architecture, Stack, load_architecture
-from vramplan.models.families import STACKED_EXPERTS, uses_rotary
-
-# families whose blocks apply no rotary embedding (learned, relative or no positions)
-NO_ROTARY = frozenset({"gpt2", "bert", "roberta", "whisper", "vit", "t5"})
 
 # Passes over the tensor per op, forward (see the module docstring).
 RMSNORM_PASSES_FP32 = 7      # upcast(r,w) pow(r,w) mean(r) mul(r,w) ... counted in fp32
@@ -96,15 +84,14 @@ class Traffic:
         self.by_op[op] = self.by_op.get(op, 0.0) + nbytes
 
 
-def step_traffic(job: Job, arch: Architecture | None = None) -> Traffic:
+def step_traffic(job: Job, arch: Architecture | None = None, *,
+                 step: Step | None = None) -> Traffic:
     """Bytes moved by the non-matmul work of one micro-batch (and of one optimizer step)."""
     arch = arch or load_architecture(job.model)
-    task = _task(job, arch)
-    shapes = _shapes(job, arch, task)
-    dt = _activation_dtypes(job)
-    params = _param_memory(job, arch, task)
+    step = step or describe_step(job, arch)
+    task, shapes, dt, params = step.task, step.shapes, step.activations, step.params
     t = Traffic()
-    attention = _attention_impl(job, arch)
+    attention = step.attention
     recompute = job.checkpointing != "none"
     for stack, seq in zip(arch.stacks, shapes.stack_seq):
         fwd, kernels = _block_forward(job, arch, stack, seq, dt, attention)
@@ -116,7 +103,7 @@ def step_traffic(job: Job, arch: Architecture | None = None) -> Traffic:
                 t.add(op, "recompute", n * nbytes, 0)
         linear_fwd, linear_bwd = _linear_kernels(job, arch, stack, dt)
         if job.peft is None:  # norm weights (and biases): their gradients' AccumulateGrad
-            linear_bwd += _norms_per_block(arch, stack) * (2 if stack.norm == "layernorm" else 1)
+            linear_bwd += arch.norms_per_block(stack) * (2 if stack.norm == "layernorm" else 1)
         t.kernels["forward"] += stack.num_layers * (kernels + linear_fwd)
         t.kernels["backward"] += stack.num_layers * (kernels * BACKWARD_OVER_FORWARD
                                                      + linear_bwd)
@@ -147,7 +134,7 @@ def block_modules(job: Job, arch: Architecture, stack: Stack) -> float:
         targets = set(job.peft.target_modules)
         adapted = sum(ln.count for ln in stack.linears
                       if "all-linear" in targets or ln.name in targets)
-    return linears + _norms_per_block(arch, stack) + 1 + dropouts + 3 + 3 * adapted
+    return linears + arch.norms_per_block(stack) + 1 + dropouts + 3 + 3 * adapted
 
 
 def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, attention: str):
@@ -166,8 +153,8 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
         ops[op] = ops.get(op, 0.0) + nbytes
         kernels += launches
 
-    norms = _norms_per_block(arch, stack)
-    if job.compiles_blocks:  # Llama-style blocks only (formula._check_compiled)
+    norms = arch.norms_per_block(stack)
+    if job.compiles_blocks:  # Llama-style blocks only (formula/checks.py, check_compiled)
         add("norm", norms * n_h * (r + c), norms)
         add("rotary", 2 * c * (n_q + n_kv), 1)
         add("attention io", c * (2 * n_q + 2 * n_kv), 1)
@@ -181,7 +168,7 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
     if dt.autocast and r == 4:  # each linear casts its fp32 input to 16-bit on its own
         inputs = sum(1 for ln in stack.linears if ln.role in ("attn_in", "mlp_in", "cross_q"))
         add("input cast", inputs * n_h * (4 + c), inputs)
-    if uses_rotary(arch, NO_ROTARY):
+    if arch.traits.rotary:
         add("rotary", ROTARY_PASSES * c * (n_q + n_kv), 6)
     attentions = [(seq, "self")] + ([(seq, "cross")] if stack.cross_attention else [])
     for s_k, _ in attentions:
@@ -202,14 +189,14 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
     if stack.mlp == "gated":
         add("activation", n_f * 5 * c, 2)  # act(gate) r c w c; * up: r 2c w c
     else:
-        act = _activation_name(arch)
+        act = arch.traits.activation
         passes = 16 if act == "gelu_new" else 2   # gelu_new: 8 Python-level kernels
         add("activation", n_f * passes * c, passes // 2)
     if arch.hidden_dropout > 0:
         drops = residuals + (1 if stack.mlp == "relu" else 0)
         add("dropout", drops * n_h * (2 * c + 1), drops)
     if stack.num_experts > 1:  # gather tokens to experts, scatter-add them back, router
-        launches = (GROUPED_MOE_KERNELS if arch.model_type in STACKED_EXPERTS
+        launches = (GROUPED_MOE_KERNELS if arch.traits.stacked_experts
                     else 6 + 4 * stack.num_experts)
         add("moe routing", 4 * c * tokens * routed * h + 8 * tokens * stack.num_experts,
             launches)
@@ -249,8 +236,8 @@ GROUPED_MOE_KERNELS = 27
 
 def _calls(arch: Architecture, ln) -> int:
     """Launches (and module calls) of one linear of a block: one per expert, except for
-    experts kept as one stacked parameter (families.STACKED_EXPERTS), one grouped matmul."""
-    return 1 if ln.count == 1 or arch.model_type in STACKED_EXPERTS else ln.count
+    experts kept as one stacked parameter (Traits.stacked_experts), one grouped matmul."""
+    return 1 if ln.count == 1 or arch.traits.stacked_experts else ln.count
 
 
 def _lora(job: Job, stack: Stack, tokens: int, c: int, add) -> None:
@@ -320,7 +307,7 @@ def _trainable_tensors(job: Job, arch: Architecture) -> int:
     per_layer = []
     for s in arch.stacks:
         if job.peft is None:  # weights, biases, norm weights
-            n = sum(1 + ln.bias for ln in s.linears) + _norms_per_block(arch, s)
+            n = sum(1 + ln.bias for ln in s.linears) + arch.norms_per_block(s)
         else:  # lora_A and lora_B of each adapted linear
             n = sum(2 for ln in s.linears if "all-linear" in targets or ln.name in targets)
         per_layer.append(s.num_layers * n)

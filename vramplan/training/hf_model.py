@@ -12,7 +12,7 @@ from torch import nn
 
 from vramplan.errors import ModelConfigError
 from vramplan.job import Job
-from vramplan.models.families import TRAINED_ATTENTION_BIAS
+from vramplan.models.families import family_traits
 from vramplan.training.checkpointing import apply_checkpointing
 from vramplan.training.emulate import lowbit
 from vramplan.training.hf_config import to_hf_config
@@ -193,7 +193,8 @@ def _from_config(auto, hf_config, job: Job, dtype: torch.dtype, task: str, notes
                 model = auto.from_config(hf_config, attn_implementation="eager", dtype=dtype)
                 notes.append(f"{hf_config.model_type}: transformers has no {job.attention} "
                              "attention for this model; traced with eager attention")
-            if job.attention == "sdpa" and hf_config.model_type in TRAINED_ATTENTION_BIAS:
+            if job.attention == "sdpa" and family_traits(hf_config.model_type,
+                                                        {}).trained_attention_bias:
                 notes.append(f"{hf_config.model_type} passes a trained position bias to sdpa: "
                              "CUDA runs it with the memory-efficient kernel, whose tensors the "
                              "trace keeps; a real CPU run takes the math kernel instead, which "

@@ -1,0 +1,194 @@
+"""The phase table: the memory of each phase of one step on one GPU, and the peak."""
+
+from __future__ import annotations
+
+from vramplan.engines import pipeline
+from vramplan.engines.checks import check_job
+from vramplan.engines.formula.checks import (
+    check_compiled,
+    check_mxfp8_inputs,
+)
+from vramplan.engines.formula.loss import loss_buffers
+from vramplan.engines.formula.notes import framework_notes, technique_notes
+from vramplan.engines.formula.per_gpu import per_gpu_params
+from vramplan.engines.formula.saved import (
+    offloaded_activations,
+    outside_block_activations,
+    stack_activations,
+)
+from vramplan.engines.param_memory import (
+    hidden_size,
+    largest_trainable_bytes,
+    unified_state_bytes,
+)
+from vramplan.engines.report import CATEGORIES, MemoryReport
+from vramplan.engines.runtime import (
+    fit_table,
+    runtime_context_bytes,
+    workspaces_bytes,
+)
+from vramplan.engines.step import Step, describe_step, task_of
+from vramplan.hardware import get_gpu, list_gpus
+from vramplan.hardware.gpu import GPU
+from vramplan.job import Job
+from vramplan.models import Architecture, architecture_from_config, load_architecture
+
+
+def estimate(job: Job, *, gpus: list[GPU] | None = None,
+             model_config: dict | None = None) -> MemoryReport:
+    """Peak memory per GPU of one training step of `job`, by closed-form formulas.
+
+    >>> from vramplan import Job, estimate
+    >>> report = estimate(Job(model="llama-3.2-1b", batch_size=2, seq_len=1024))
+    >>> report.peak_allocated > 0
+    True
+    """
+    # model_config: a Hugging Face config dict used instead of looking up job.model (an
+    # uploaded config.json in the web app; the trace and measure engines take it too)
+    arch = (architecture_from_config(model_config, job.model) if model_config is not None
+            else load_architecture(job.model))
+    runtime_gpu = get_gpu(job.gpu) if job.gpu else None
+    check_job(job, arch, runtime_gpu)  # what every engine refuses
+    if job.compile:
+        check_compiled(job, arch, task_of(job, arch))
+    step = describe_step(job, arch)
+    check_mxfp8_inputs(job, step.activations)
+    # with pipeline stages, the first (most activations) or the last (the head) is largest
+    reports = [stage_report(step, runtime_gpu, stage) for stage in step.stages]
+    report = max(reports, key=lambda r: r.device_total)
+    catalog = gpus if gpus is not None else ([runtime_gpu] if runtime_gpu else list_gpus())
+    return report.model_copy(update={"fits": fit_table(report, job.runtime, catalog,
+                                                       runtime_gpu)})
+
+
+def stage_report(step: Step, runtime_gpu: GPU | None, stage: pipeline.Stage) -> MemoryReport:
+    """The report of one pipeline stage (the whole model without a pipeline)."""
+    job, arch, task, shapes = step.job, step.arch, step.task, step.shapes
+    whole, dt = step.params, step.activations
+    params = step.stage_params(stage)
+    tp, cp = job.parallel.tensor_parallel, job.parallel.context_parallel
+    layer_acts, block_acts = stack_activations(job, arch, shapes, dt)
+    layer_acts *= stage.layer_share * stage.in_flight
+    activations = (layer_acts + outside_block_activations(job, arch, shapes, dt, task, stage)
+                   ) / (tp * cp)
+    if job.activation_offload and arch.stacks:  # (a CNN has no blocks to offload)
+        activations = offloaded_activations(job, arch, shapes, dt, task, stage,
+                                             layer_acts) / (tp * cp)
+    logits_fwd, logits_bwd = (loss_buffers(job, arch, shapes, dt, task) if stage.head
+                              else (0.0, 0.0))
+
+    w, g, o, cast, gathered, root_gathered, comm, notes = per_gpu_params(job, params)
+    if stage is not pipeline.WHOLE:
+        # a received activation and the gradient sent back: the stages' p2p buffers
+        comm += 2 * job.batch_size * shapes.stack_seq[-1] * hidden_size(arch) * dt.compute / (
+            tp * cp)
+        notes.append(f"pipeline stage {stage.name} of {job.parallel.pipeline_parallel} "
+                     f"({job.parallel.pipeline_schedule}): "
+                     f"{pipeline.blocks_per_stage(job, arch)} blocks, activations of "
+                     f"{stage.in_flight:g} micro-batch{'' if stage.in_flight == 1 else 'es'}"
+                     " in flight"
+                     + (", the embedding" if stage.embedding else ", the head and the loss"))
+    ws = workspaces_bytes(job.runtime, runtime_gpu)
+    inputs = shapes.input_bytes / cp
+    keeps_grads = job.keep_grads_between_steps and not job.optimizer_in_backward
+    g_kept = g if job.grad_accum > 1 or keeps_grads else 0.0
+    step_temp = params.step_temp / (tp * job.parallel.shard_degree)
+    if job.optimizer_in_backward:
+        g = min(g, params.largest_block / (tp * job.parallel.shard_degree))
+        # one parameter is stepped at a time: no buffer spans all parameters
+        step_temp = min(step_temp, largest_trainable_bytes(job, arch, task) / tp)
+    if job.offload.optimizer:
+        step_temp = 0.0  # the step runs on the CPU, next to the offloaded states
+    unified = (unified_state_bytes(job, arch, task) / (tp * job.parallel.shard_degree)
+               * params.trainable / max(whole.trainable, 1))  # a pipeline stage's share
+
+    recompute = dict(activations=0.0, cast=0.0)
+    layers = sum(st.num_layers for st in arch.stacks) * stage.layer_share  # on this GPU
+    cast_fwd = cast  # autocast's cache keeps every copy until the forward ends
+    if job.checkpointing != "none" and layers:
+        # saved tensors of checkpointed blocks hold no weight copies, so those copies go
+        # when the forward ends; during backward one block at a time is recomputed, with
+        # its activations and weight copies
+        block_cast = max(0.0, cast - params.cast_head / tp)
+        cast -= block_cast * checkpointed_share(job, arch)
+        recompute = dict(activations=block_acts / (tp * cp), cast=block_cast / layers)
+        if job.compiles_blocks:  # a compiled block casts its weights in its graph: no cache
+            cast_fwd = cast
+
+    saved_inputs = (shapes.input_bytes - shapes.label_bytes) / cp  # what backward still holds
+    base = dict(weights=w, optimizer_states=o, inputs=saved_inputs)
+    phases = {
+        "forward": dict(base, inputs=inputs, gradients=g_kept, activations=activations,
+                        temporary=cast_fwd + logits_fwd + gathered + comm + ws),
+        "backward": dict(base, gradients=g_kept, activations=activations,
+                         temporary=cast + logits_bwd + gathered + comm + ws),
+        # FSDP2 gathers the root again as backward starts (the blocks are resharded): its
+        # all-gather output and the unsharded parameters it is copied into are live together
+        "backward_gather": dict(base, gradients=g_kept, activations=activations,
+                                temporary=cast + logits_fwd + 2 * root_gathered + comm + ws),
+        "backward_recompute": dict(base, gradients=g_kept, activations=activations
+                                   + recompute["activations"],
+                                   temporary=cast + recompute["cast"] + gathered + comm + ws),
+        "backward_end": dict(base, inputs=0.0, gradients=g, activations=0.0,
+                             temporary=gathered + comm + ws + params.tied_grad_transient / tp),
+        "optimizer": dict(base, inputs=0.0, gradients=g, activations=0.0,
+                          temporary=step_temp + comm + ws),
+    }
+    totals = {name: sum(parts.values()) for name, parts in phases.items()}
+    peak_name = max(totals, key=totals.get)
+    at_peak = {k: int(round(v)) for k, v in phases[peak_name].items()}
+    allocated = sum(at_peak.values())
+    # reserved memory is the most the allocator held at any phase, not only at the peak
+    reserved = max(totals[name] + allocator_overhead(job, arch, name, totals[name], parts)
+                   for name, parts in phases.items())
+    at_peak["allocator_overhead"] = max(0, int(reserved) - allocated)  # whole bytes, down
+    at_peak["runtime_context"] = runtime_context_bytes(job.runtime, runtime_gpu)
+    phase_peaks = {"forward": totals["forward"],
+                   "backward": max(totals["backward"], totals["backward_recompute"],
+                                   totals["backward_end"], totals["backward_gather"]),
+                   "optimizer": totals["optimizer"]}
+
+    report = MemoryReport(
+        engine="formula", job=job, model_name=arch.name,
+        params_total=whole.total, params_trainable=whole.trainable,
+        per_gpu_of=job.parallel.num_gpus,
+        categories={c: at_peak[c] for c in CATEGORIES},
+        phase_peaks={k: int(round(v)) for k, v in phase_peaks.items()},
+        peak_phase=peak_name.split("_")[0],
+        runtime_gpu=runtime_gpu.name if runtime_gpu else None,
+        tokens_per_step=shapes.tokens_per_sample * job.effective_batch,
+        notes=[*shapes.notes, *params.notes, *notes, *technique_notes(job, arch),
+               *framework_notes(job, unified)],
+        unified_memory_bytes=int(round(unified)),
+    )
+    return report
+
+
+# (activations + temporaries), by checkpointing mode: recomputation frees and reallocates
+# blocks of many sizes. Medians of 19 H200 runs (benchmarks/results/gpu_validation.json:
+# 6.4%, 13%, 33%) and 29 trace replays (formula_vs_trace.json: 5.7%, 10%, 29%).
+ALLOCATOR_OVERHEAD = {"none": 0.06, "selective": 0.12, "full": 0.30}
+
+
+# Phases in which checkpointing recomputes blocks (and so fragments the cache); the others
+# see the allocator as without checkpointing.
+RECOMPUTE_PHASES = ("backward", "backward_recompute", "backward_gather")
+
+
+def allocator_overhead(job: Job, arch: Architecture, phase: str, allocated: float,
+                       parts: dict[str, float]) -> float:
+    if job.runtime.allocator_overhead is not None:
+        return allocated * job.runtime.allocator_overhead
+    # checkpointing is ignored on a model without blocks (ResNet), and outside backward
+    # nothing is recomputed: the optimizer step's temporaries fragment no more than usual
+    recomputes = bool(arch.stacks) and phase in RECOMPUTE_PHASES
+    mode = job.checkpointing.split(":")[0] if recomputes else "none"
+    return (parts["activations"] + parts["temporary"]) * ALLOCATOR_OVERHEAD[mode]
+
+
+def checkpointed_share(job: Job, arch: Architecture) -> float:
+    """Share of the blocks whose saved tensors are recomputed (so hold no weight copies)."""
+    if job.checkpointing != "selective:every-2nd-layer":
+        return 1.0
+    layers = sum(st.num_layers for st in arch.stacks)
+    return sum(st.num_layers // 2 for st in arch.stacks) / max(layers, 1)
