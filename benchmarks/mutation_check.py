@@ -47,7 +47,7 @@ LISTED = [
 # generated: every comparison and +/- in these functions, one at a time
 GENERATED_IN = [("vramplan/engines/runtime.py", "def fit_table", "def fits_for_job"),
                 ("vramplan/fit.py", "def limit_bytes", "# --- precision support"),
-                ("vramplan/engines/report.py", "    def peak_allocated", "    def to_json_dict")]
+                ("vramplan/engines/memory_report.py", "    def peak_allocated", "    def to_json_dict")]
 SWAPS = [(" >= ", " > "), (" <= ", " < "), (" - ", " + "), (" + ", " - "), (" > ", " >= "),
          (" and not ", " or not ")]
 

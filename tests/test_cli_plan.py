@@ -121,7 +121,7 @@ def test_plan_global_batch_tokens_flag(run_cli):
 
 def test_estimate_json_carries_the_fixes_when_it_does_not_fit(run_cli):
     from vramplan.engines.formula import estimate as formula
-    from vramplan.engines.report import MemoryReport
+    from vramplan.engines.memory_report import MemoryReport
     from vramplan.hardware import get_gpu
 
     code, out, _ = run_cli("estimate", "qwen2.5-0.5b", "-b", "8", "-s", "2048", "--gpu", "L4",

@@ -183,7 +183,7 @@ def test_json_document_is_consistent():
 
 
 def test_report_round_trips_through_its_json():
-    from vramplan.engines.report import MemoryReport
+    from vramplan.engines.memory_report import MemoryReport
     report = estimate(Job(model=MODEL, batch_size=2, gpu="L4"))
     again = MemoryReport.model_validate_json(report.model_dump_json())
     assert again == report and again.job == report.job and again.fits == report.fits

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from vramplan import CATEGORIES, Job, MemoryReport, VramplanError, estimate  # noqa: E402
-from vramplan.engines.report import TENSOR_CATEGORIES  # noqa: E402
+from vramplan.engines.memory_report import TENSOR_CATEGORIES  # noqa: E402
 from vramplan.models.catalog import list_models  # noqa: E402
 
 MODELS = sorted(e.name for e in list_models())

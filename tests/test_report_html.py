@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 import pytest
 
 import vramplan
-from vramplan.engines.report import CATEGORIES, CATEGORY_HELP, MemoryReport, ModuleUsage
+from vramplan.engines.memory_report import CATEGORIES, CATEGORY_HELP, MemoryReport, ModuleUsage
 from vramplan.job import Job, Parallel, Peft
 from vramplan.report import charts
 from vramplan.report.command import FLAGS, cli_command, job_yaml, settings_without_flag

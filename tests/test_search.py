@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from vramplan.engines.report import CATEGORIES, Measured, MemoryReport
+from vramplan.engines.memory_report import CATEGORIES, Measured, MemoryReport
 from vramplan.errors import BudgetExceeded
 from vramplan.job import Job
 from vramplan.search import max_batch_size, max_seq_len, plot, sweep, write_csv, write_json

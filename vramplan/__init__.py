@@ -10,7 +10,7 @@ measure and track import it when called.
 
 from vramplan._version import __version__
 from vramplan.api import estimate, measure, plan, run_engine, trace
-from vramplan.engines.report import CATEGORIES, GpuFit, MemoryReport, Performance
+from vramplan.engines.memory_report import CATEGORIES, GpuFit, MemoryReport
 from vramplan.errors import (
     EngineError,
     JobError,
@@ -21,6 +21,7 @@ from vramplan.errors import (
 )
 from vramplan.integrations.preflight import preflight
 from vramplan.job import Float8, Job, Offload, Parallel, Peft, Runtime
+from vramplan.planning.results import Performance
 from vramplan.search import max_batch_size, max_seq_len, sweep
 from vramplan.tracking import track
 

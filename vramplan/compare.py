@@ -3,8 +3,8 @@ rows of figures with each engine's error against the last one (the reference).""
 
 from __future__ import annotations
 
+from vramplan.engines.memory_report import CATEGORIES, MemoryReport
 from vramplan.engines.registry import run_engine
-from vramplan.engines.report import CATEGORIES, MemoryReport
 from vramplan.errors import EngineError, VramplanError
 from vramplan.job import Job
 

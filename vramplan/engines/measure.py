@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from vramplan.engines import runtime
-from vramplan.engines.report import CATEGORIES, Measured, MemoryReport, RankFigures
+from vramplan.engines.memory_report import CATEGORIES, Measured, MemoryReport, RankFigures
 from vramplan.errors import BudgetExceeded, EngineError, ModelConfigError, VramplanError
 from vramplan.hardware.nvml import NvmlSampler, nvml_used
 from vramplan.job import Job

@@ -40,7 +40,7 @@ import torch
 
 from vramplan.engines import runtime
 from vramplan.engines.allocator import CachingAllocator, round_size
-from vramplan.engines.report import CATEGORIES, MemoryReport, ModuleUsage
+from vramplan.engines.memory_report import CATEGORIES, MemoryReport, ModuleUsage
 from vramplan.engines.trace_shard import sharding
 from vramplan.errors import EngineError, VramplanError
 from vramplan.job import Job

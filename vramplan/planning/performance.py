@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 from vramplan.engines import pipeline
 from vramplan.engines.formula import _param_memory, _task
-from vramplan.engines.report import Performance, PhaseTime
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job
 from vramplan.models import Architecture, load_architecture
@@ -44,6 +43,7 @@ from vramplan.planning.efficiency import (
 )
 from vramplan.planning.flops import step_flops
 from vramplan.planning.gemm import shape_efficiency
+from vramplan.planning.results import Performance, PhaseTime
 from vramplan.planning.traffic import step_traffic
 
 MICRO_PHASES = ("forward", "backward", "recompute")

@@ -22,7 +22,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vramplan.engines.report import CATEGORIES, CATEGORY_HELP, TENSOR_CATEGORIES, MemoryReport
+from vramplan.engines.memory_report import (
+    CATEGORIES,
+    CATEGORY_HELP,
+    TENSOR_CATEGORIES,
+    MemoryReport,
+)
 from vramplan.units import GiB, MiB
 
 if TYPE_CHECKING:

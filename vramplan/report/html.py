@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vramplan.engines.report import CATEGORIES, CATEGORY_HELP, MemoryReport
+from vramplan.engines.memory_report import CATEGORIES, CATEGORY_HELP, MemoryReport
 from vramplan.job import Job
 from vramplan.report import charts
 from vramplan.units import format_count

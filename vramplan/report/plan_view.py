@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from vramplan.engines.report import Performance
+from vramplan.planning.results import Performance
 
 GiB = 2**30
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from vramplan.engines.report import CATEGORIES, CATEGORY_HELP, MemoryReport
+from vramplan.engines.memory_report import CATEGORIES, CATEGORY_HELP, MemoryReport
 from vramplan.units import GB, GiB, format_count
 
 _PHASE_ORDER = ("forward", "backward", "optimizer")

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from vramplan.engines.report import TENSOR_CATEGORIES, MemoryReport
+from vramplan.engines.memory_report import TENSOR_CATEGORIES, MemoryReport
 from vramplan.errors import JobError
 from vramplan.fit import SAFETY_MARGIN, check_margin, limit_bytes
 from vramplan.job import Job

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from vramplan.engines.report import MemoryReport
+from vramplan.engines.memory_report import MemoryReport
 from vramplan.fit import fits_within
 from vramplan.job import Job
 from vramplan.search.core import DEFAULT_MARGIN

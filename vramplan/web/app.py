@@ -19,8 +19,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from vramplan.engines.memory_report import MemoryReport
 from vramplan.engines.registry import run_engine
-from vramplan.engines.report import MemoryReport
 from vramplan.errors import UnknownNameError, VramplanError
 from vramplan.job import Job
 from vramplan.web import schemas

@@ -30,7 +30,7 @@ from vramplan.cli.options import (
     write_html,
     write_or_print,
 )
-from vramplan.engines.report import MemoryReport
+from vramplan.engines.memory_report import MemoryReport
 from vramplan.fit import SAFETY_MARGIN
 from vramplan.job import Job
 

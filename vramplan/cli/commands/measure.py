@@ -34,7 +34,7 @@ from vramplan.cli.options import (
     write_or_print,
 )
 from vramplan.compare import comparison_rows, run_for_compare
-from vramplan.engines.report import MemoryReport
+from vramplan.engines.memory_report import MemoryReport
 from vramplan.errors import EngineError, JobError
 from vramplan.job import Job
 from vramplan.search.oom import describe_oom, is_out_of_memory
