@@ -93,7 +93,7 @@ def test_report_and_web_import_neither_torch_nor_each_other():
     import subprocess
     import sys
 
-    code = ("import sys, vramplan; from vramplan.report.html import report_html; "
+    code = ("import sys, vramplan; from vramplan.views.html import report_html; "
             "report_html(vramplan.estimate(vramplan.Job(model='gpt2'))); "
             "assert 'fastapi' not in sys.modules and 'torch' not in sys.modules; "
             "from vramplan.web import create_app; create_app(); "

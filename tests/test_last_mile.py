@@ -307,7 +307,7 @@ def test_sweep_chart_legend_shows_its_lines_in_their_colours():
     from matplotlib.colors import to_rgba
 
     import vramplan
-    from vramplan.report import charts
+    from vramplan.views import charts
 
     rows = vramplan.sweep(vramplan.Job(model="gpt2"), vramplan.estimate, [1, 2, 4, 8], [128, 256])
     biggest = max(r["device_total"] for r in rows)

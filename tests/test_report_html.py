@@ -12,9 +12,10 @@ import pytest
 import vramplan
 from vramplan.engines.memory_report import CATEGORIES, CATEGORY_HELP, MemoryReport, ModuleUsage
 from vramplan.job import Job, Parallel, Peft
-from vramplan.report import charts
-from vramplan.report.command import FLAGS, cli_command, job_yaml, settings_without_flag
-from vramplan.report.html import (
+from vramplan.units import GiB, MiB
+from vramplan.views import charts
+from vramplan.views.command import FLAGS, cli_command, job_yaml, settings_without_flag
+from vramplan.views.html import (
     Section,
     compare_html,
     page_html,
@@ -23,7 +24,6 @@ from vramplan.report.html import (
     sweep_html,
     table_html,
 )
-from vramplan.units import GiB, MiB
 
 pytest.importorskip("matplotlib")
 
@@ -242,7 +242,7 @@ def test_job_yaml_and_settings_without_flag(tmp_path, run_cli):
 
 def test_plan_page_has_the_picks_the_front_and_every_candidate():
     from vramplan.planning.planner import plan
-    from vramplan.report.html import plan_html
+    from vramplan.views.html import plan_html
 
     job = Job(model="llama-3.2-1b", seq_len=1024)
     result = plan(job, tokens=10**9, gpus=["L4", "A100-80GB", "H100-SXM"], max_gpus=8)
@@ -266,7 +266,7 @@ def test_performance_section_when_the_report_has_one():
     report = report.model_copy(update={"performance": performance_for(job, "L4",
                                                                       tokens=10**8)})
     page = report_html(report)
-    from vramplan.report.plan_view import duration, money
+    from vramplan.views.plan_view import duration, money
     assert "Time and cost on L4" in page
     assert duration(report.performance.training_time_s) in page
     assert money(report.performance.cost_usd) in page

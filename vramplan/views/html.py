@@ -22,8 +22,8 @@ from typing import Any
 
 from vramplan.engines.memory_report import CATEGORIES, CATEGORY_HELP, MemoryReport
 from vramplan.job import Job
-from vramplan.report import charts
 from vramplan.units import format_count
+from vramplan.views import charts
 
 _STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d2330;
@@ -95,7 +95,7 @@ def table_html(headers: Sequence[str], rows: Iterable[Sequence[Any]], *,
 
 
 def figure_html(figure_and_tips) -> str:
-    """A (Figure, tips) pair from vramplan.report.charts as inline SVG."""
+    """A (Figure, tips) pair from vramplan.views.charts as inline SVG."""
     fig, tips = figure_and_tips
     return f'<figure style="margin:8px 0">{charts.figure_svg(fig, tips)}</figure>'
 
@@ -208,7 +208,7 @@ def measured_section(report: MemoryReport) -> Section:
 
 def performance_section(report: MemoryReport) -> Section:
     """Predicted step time, throughput and (with an amount of training) time and cost."""
-    from vramplan.report.plan_view import duration, money
+    from vramplan.views.plan_view import duration, money
 
     perf = report.performance
     kpis = kpis_html([
@@ -370,7 +370,7 @@ def compare_html(reports: Mapping[str, MemoryReport | str], *, command: str | No
 def plan_section(plan) -> Section:
     """A vramplan.planning.planner.Plan: the picks with their reasons, cost against time with the
     Pareto front, the candidates, and what was ruled out."""
-    from vramplan.report.plan_view import duration, money
+    from vramplan.views.plan_view import duration, money
 
     picks = [c for c in (plan.recommended, plan.cheapest, plan.fastest) if c is not None]
     body = "".join(f"<p><b>{esc(c.label)}</b>: {esc(c.candidate.num_gpus)} x "
