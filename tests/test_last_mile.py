@@ -205,7 +205,7 @@ def test_a_broken_user_efficiency_table_is_ignored_with_a_note(run_cli, monkeypa
 
 
 def test_out_of_memory_sizes_are_in_binary_units():
-    from vramplan.search.oom import describe_oom
+    from vramplan.engines.oom import describe_oom
 
     text = describe_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried "
                                      "to allocate 123456789012 bytes. Error code 12"))

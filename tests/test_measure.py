@@ -319,7 +319,7 @@ def test_cuda_path_with_faked_torch_cuda(monkeypatch):
 
 
 def test_out_of_memory_message_keeps_the_failed_request_only():
-    from vramplan.search.oom import describe_oom
+    from vramplan.engines.oom import describe_oom
     seen_on_h200 = RuntimeError(  # benchmarks/results/gpu_cli_check.txt
         "CUDA out of memory. Tried to allocate 112.00 MiB. GPU 0 has a total capacity of "
         "139.80 GiB of which 117.91 GiB is free. Including non-PyTorch memory, this process "

@@ -149,7 +149,7 @@ def test_an_interrupted_measured_trial_stops_the_search_as_ctrl_c():
 
 
 def test_the_cpu_allocator_failing_is_out_of_memory():
-    from vramplan.search.oom import is_out_of_memory
+    from vramplan.engines.oom import is_out_of_memory
     assert is_out_of_memory(RuntimeError(
         "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
         "you tried to allocate 10000000000000 bytes. Error code 12 (Cannot allocate memory)"))

@@ -35,9 +35,9 @@ from vramplan.cli.options import (
 )
 from vramplan.compare import comparison_rows, run_for_compare
 from vramplan.engines.memory_report import MemoryReport
+from vramplan.engines.oom import describe_oom, is_out_of_memory
 from vramplan.errors import EngineError, JobError
 from vramplan.job import Job
-from vramplan.search.oom import describe_oom, is_out_of_memory
 from vramplan.units import GiB, MiB, parse_bytes
 
 Steps = Annotated[int, typer.Option(help="timed optimizer steps")]
