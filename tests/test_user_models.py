@@ -136,6 +136,25 @@ def test_without_torch_an_unlisted_family_says_use_the_trace(monkeypatch):
     assert "'opt'" in msg and "use --engine trace" in msg and "llama" in msg
 
 
+
+def test_the_reader_of_built_models_is_the_one_passed_in(monkeypatch):
+    """models/ never imports the torch side: a family without a builder goes to the reader
+    that `import vramplan` passed in (use_built_model_reader), and to nothing else."""
+    seen = []
+
+    def reader(config, name, source):
+        seen.append((config["model_type"], name, source))
+        raise ModelConfigError(f"{name}: the stand-in reader")
+
+    monkeypatch.setattr(derive, "_built_model_reader", None)
+    derive.use_built_model_reader(reader)
+    with pytest.raises(ModelConfigError, match="the stand-in reader; the formula reads"):
+        architecture_from_config(TINY["opt"], "opt.json", "a source")
+    assert seen == [("opt", "opt.json", "a source")]
+    monkeypatch.setattr(derive, "_built_model_reader", None)
+    with pytest.raises(ModelConfigError, match="no reader of built models was set"):
+        architecture_from_config(TINY["opt"], "opt.json")
+
 # ------------------------------------------------------------------ new catalog families
 
 
