@@ -129,9 +129,9 @@ def test_trace_of_a_compiled_step_matches_inductor_on_the_cpu():
     # its peak read from the profiler's allocator events
     from tiny_configs import LLAMA
 
+    from benchmarks.ground_truth import cpu_profiler_peak
     from vramplan.engines.trace import run_trace
     from vramplan.job import Job
-    from vramplan.validation import cpu_profiler_peak
 
     job = Job(model="x", batch_size=2, seq_len=64, precision="bf16-mixed", compile=True)
     traced = run_trace(job, model_config=dict(LLAMA)).peak(rounded=False)[0]

@@ -13,12 +13,12 @@ pytest.importorskip("transformers")
 
 from tiny_configs import BERT, GPT2, LLAMA, T5, VIT, WHISPER  # noqa: E402
 
+from benchmarks.ground_truth import cpu_profiler_peak  # noqa: E402
 from vramplan.engines.allocator import CachingAllocator  # noqa: E402
 from vramplan.engines.memory_report import CATEGORIES  # noqa: E402
 from vramplan.engines.trace import run_trace, trace  # noqa: E402
 from vramplan.errors import EngineError, ModelConfigError  # noqa: E402
 from vramplan.job import Job, Parallel, Peft  # noqa: E402
-from vramplan.validation import cpu_profiler_peak  # noqa: E402
 
 MiB = 2**20
 

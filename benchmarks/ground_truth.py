@@ -1,6 +1,7 @@
 """Ground truth for tests and benchmarks: the job's steps run for real on the CPU, the
 peak read from the allocator's own events (torch.profiler), not from the Python hooks the
-trace uses. Not an engine: nothing in the product calls it."""
+trace uses. Not an engine: nothing in the package calls it, so it lives here (the tests import
+benchmarks.ground_truth; the benchmarks, run as scripts, ground_truth)."""
 
 from __future__ import annotations
 
