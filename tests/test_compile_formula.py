@@ -83,6 +83,7 @@ def test_compiled_loss_keeps_the_logits_and_two_floats_per_token(precision, c):
 trace_module = pytest.importorskip("vramplan.engines.trace")
 
 
+@pytest.mark.slow  # ten compiled traces; make test on 2 cores neared 10 min: `pytest -m slow`
 @pytest.mark.parametrize("fields", [
     dict(precision="bf16-mixed"), dict(precision="fp32"), dict(precision="bf16-pure"),
     dict(precision="bf16-mixed", checkpointing="full"), dict(optimizer="sgd"),

@@ -85,6 +85,7 @@ def test_offload_without_checkpointing_keeps_only_small_tensors_and_the_stash():
     assert all(r.nbytes == 2 * 64 * 4 for r in left if r.nbytes < 1024)
 
 
+@pytest.mark.slow  # three traces; make test on 2 cores neared 10 min: `pytest -m slow`
 @pytest.mark.parametrize("checkpointing", ["none", "full", "selective"])
 def test_formula_matches_trace_with_activation_offload(checkpointing):
     job = Job(model="qwen2.5-0.5b", batch_size=1, seq_len=512, peft=Peft(),
