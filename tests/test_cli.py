@@ -126,8 +126,8 @@ def test_local_config_file_and_model_folder(run_cli, tmp_path):
         assert json.loads(out)["params_total"] > 0
 
 
+@pytest.mark.torch
 def test_trace_engine_from_the_cli(run_cli):
-    pytest.importorskip("torch")
     code, out, err = run_cli("estimate", "gpt2", "-b", "1", "-s", "64", "--engine", "trace")
     assert code == 0, err
     assert "trace engine" in out and "Largest holders at the peak" in out

@@ -56,8 +56,8 @@ def test_search_and_sweep_html(run_cli, tmp_path):
         assert f"{row['device_total'] / GiB:,.3f}" in text
 
 
+@pytest.mark.torch
 def test_compare_and_measure_html(run_cli, tmp_path):
-    pytest.importorskip("torch")
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY_LLAMA))
     page = tmp_path / "c.html"

@@ -80,7 +80,8 @@ def test_compiled_loss_keeps_the_logits_and_two_floats_per_token(precision, c):
     assert (forward, backward) == (c * tv + 8 * t, 2 * c * tv + 8 * t)
 
 
-trace_module = pytest.importorskip("vramplan.engines.trace")
+pytestmark = pytest.mark.torch  # without torch, conftest.py does not collect this module
+import vramplan.engines.trace as trace_module  # noqa: E402
 
 
 @pytest.mark.slow  # ten compiled traces; make test on 2 cores neared 10 min: `pytest -m slow`

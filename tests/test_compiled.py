@@ -3,8 +3,9 @@ on real CPU tensors of tiny models."""
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.torch  # without torch, conftest.py does not collect this module
+import torch  # noqa: E402
+import transformers  # noqa: E402
 
 from torch import nn  # noqa: E402
 

@@ -4,8 +4,7 @@ comparison at real sizes is benchmarks/formula_vs_trace.py."""
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+pytestmark = pytest.mark.torch  # without torch, conftest.py does not collect this module
 
 from vramplan import Job  # noqa: E402
 from vramplan.engines.formula import estimate  # noqa: E402

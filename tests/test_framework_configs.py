@@ -431,10 +431,11 @@ def test_changes_map_back_to_the_files_keys():
                  "gradient_checkpointing": True}
 
 
+@pytest.mark.torch
 @pytest.mark.slow  # imports transformers and peft (over 10 s on the CI VM)
 def test_patched_hf_files_are_accepted_by_transformers_and_peft(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    peft = pytest.importorskip("peft")
+    import transformers
+    import peft
     read = read_config(HF / "training_args_bf16.json", model="qwen2.5-0.5b")
     job, fix, changes = _fix_for(read)
     patched = json.loads(patched_text(read, changes))
@@ -593,10 +594,11 @@ def test_preflight_warns_or_stops_with_the_fix():
         preflight(_Model("qwen2.5-0.5b"), args, on_oom_risk="panic")
 
 
+@pytest.mark.torch
 @pytest.mark.slow  # builds a real (tiny) transformers model with peft
 def test_preflight_on_real_transformers_and_peft_objects(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    peft = pytest.importorskip("peft")
+    import transformers
+    import peft
     from tests.tiny_configs import LLAMA
     from vramplan.integrations.hf_trainer import VramplanCallback
     from vramplan.integrations.preflight import OomRisk

@@ -3,8 +3,7 @@ way the formula models them (tests/test_frameworks.py pins the formula's arithme
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+pytestmark = pytest.mark.torch  # without torch, conftest.py does not collect this module
 
 from vramplan import Job, Peft  # noqa: E402
 from vramplan.engines.formula import estimate  # noqa: E402

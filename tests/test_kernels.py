@@ -18,6 +18,9 @@ from vramplan.job import Job
 from vramplan.training import kernels as kernels_mod
 from vramplan.training.kernels import STAND_IN, Kernels, select_kernels
 
+pytestmark = pytest.mark.torch  # without torch, conftest.py does not collect this module
+
+
 QLORA_8BIT = Job(model="tiny", batch_size=2, seq_len=32, optimizer="adamw-8bit",
                  peft={"method": "qlora", "rank": 8})
 TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 512,

@@ -212,8 +212,8 @@ def test_out_of_memory_sizes_are_in_binary_units():
     assert "114.98 GiB" in text and "123456789012" not in text
 
 
+@pytest.mark.torch
 def test_measure_on_a_broken_config_is_one_line(run_cli, tmp_path):
-    pytest.importorskip("transformers")
     (tmp_path / "config.json").write_text(json.dumps(dict(
         model_type="gpt2", n_embd=64, n_layer=2, n_head=0, vocab_size=256, n_positions=64)))
     code, _, err = run_cli("measure", str(tmp_path), "-b", "1", "-s", "16", "--steps", "1",
@@ -228,7 +228,6 @@ def test_measure_on_a_broken_config_is_one_line(run_cli, tmp_path):
 @pytest.fixture
 def factory_package(tmp_path, monkeypatch):
     """A package in the working directory, as a user's project would have it."""
-    pytest.importorskip("torch")
     package = tmp_path / "lastmile_pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -254,6 +253,7 @@ def factory_package(tmp_path, monkeypatch):
         del sys.modules[name]
 
 
+@pytest.mark.torch  # factory_package: a torch module
 def test_a_factory_from_the_working_directory_may_return_a_bare_module(run_cli,
                                                                        factory_package):
     for ref in (f"{factory_package}:mlp", f"{factory_package}:module"):
@@ -264,6 +264,7 @@ def test_a_factory_from_the_working_directory_may_return_a_bare_module(run_cli,
         assert any(n.startswith("no time estimate: ") for n in notes)  # not "use --engine trace"
 
 
+@pytest.mark.torch  # factory_package: a torch module
 def test_a_blocking_factory_stops_at_the_time_limit(run_cli, factory_package):
     code, _, err = run_cli("estimate", f"{factory_package}:blocks", "--engine", "trace",
                            "--time-limit", "1")

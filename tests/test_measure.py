@@ -14,6 +14,9 @@ from vramplan.job import Job
 from vramplan.search import max_batch_size
 from vramplan.training.setup import TrainingSetup
 
+pytestmark = pytest.mark.torch  # without torch, conftest.py does not collect this module
+
+
 JOB = Job(model="tiny", batch_size=4, seq_len=32, precision="fp32")
 
 
@@ -161,8 +164,9 @@ def test_measure_job_end_to_end_with_shared_builders(tmp_path):
                                                  for x in report.measured.losses)
 
 
+@pytest.mark.torch
 def test_measure_agrees_with_trace_engine_when_present():
-    trace = pytest.importorskip("vramplan.engines.trace")
+    import vramplan.engines.trace as trace
     job = Job(model="x", batch_size=2, seq_len=64, precision="fp32", optimizer="adamw")
     measured = measure(job, steps=1, warmup=1, device="cpu", model_config=TINY_LLAMA)
     try:

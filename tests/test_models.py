@@ -335,11 +335,12 @@ def test_nan_in_a_config_file_is_refused_with_the_file_named(tmp_path):
         estimate(Job(model=str(path)))
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("change", [dict(n_head=3), dict(n_head=0), dict(n_embd=0),
                                     dict(n_layer=1.5)])
 def test_configs_transformers_refuses_are_refused(change):
-    transformers = pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
+    import transformers
+    import torch
     config = {**TINY_GPT2, **change}
     with pytest.raises(Exception):  # noqa: B017 (transformers raises several kinds)
         with torch.device("meta"):
@@ -431,18 +432,18 @@ def test_mpt_step_flops_count_every_linear():
     assert flops.by_class["head"].forward == 2 * 2048 * 4096 * 50432
 
 
+@pytest.mark.torch
 def test_mpt_trace_refuses_what_transformers_does_not_build():
-    pytest.importorskip("transformers")
     from vramplan import Job
     from vramplan.training.hf_model import _hf_config
     with pytest.raises(ModelConfigError, match="biases .no_bias false.*--engine formula"):
         _hf_config(_mpt_cfg(no_bias=False), "causal-lm", Job(model="gpt2"))
 
 
+@pytest.mark.torch
 def test_strict_config_int_field_given_a_whole_float_is_normalised():
     # llm-foundry writes attn_pdrop: 0.0; transformers 5 annotates it int and its strict
     # dataclass raised StrictDataclassFieldValidationError (a traceback in estimate)
-    pytest.importorskip("transformers")
     from vramplan.training.hf_config import to_hf_config
     hf = to_hf_config(_mpt_cfg(attn_config=dict(attn_pdrop=0.0)), "x.json")
     assert hf.attn_config.attn_pdrop == 0
@@ -513,9 +514,9 @@ def test_vision_language_configs_estimate_their_language_model(family):
     assert arch.total_params() == expected
 
 
+@pytest.mark.torch
 def test_recurrent_blocks_are_refused_for_their_real_cause():
     # RWKV was refused as "dense and sparse layers mixed" (its first block has an extra norm)
-    pytest.importorskip("transformers")
     cfg = dict(model_type="rwkv", hidden_size=64, num_hidden_layers=2, vocab_size=256,
                attention_hidden_size=64, context_length=128)
     with pytest.raises(ModelConfigError, match="'rwkv' has no attention heads") as error:
@@ -523,9 +524,9 @@ def test_recurrent_blocks_are_refused_for_their_real_cause():
     assert "sparse" not in str(error.value) and "use --engine trace" in str(error.value)
 
 
+@pytest.mark.torch
 def test_meta_built_family_missing_a_shape_key_is_refused():
     # pythia-160m without hidden_size read as 2.9B parameters (GPT-NeoX-20B's 6144 width)
-    pytest.importorskip("transformers")
     cfg = dict(model_type="gpt_neox", num_hidden_layers=12, num_attention_heads=12,
                intermediate_size=3072, vocab_size=50304, max_position_embeddings=2048)
     with pytest.raises(ModelConfigError, match="missing 'hidden_size' .transformers' default"):

@@ -3,8 +3,7 @@ torch's caching allocator (unified memory, host) is reported apart, never in the
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+pytestmark = pytest.mark.torch  # without torch, conftest.py does not collect this module
 
 from tiny_configs import LLAMA  # noqa: E402
 

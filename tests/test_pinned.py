@@ -104,9 +104,9 @@ def test_fit_is_judged_against_usable_memory_with_the_safety_margin():
     assert over.required_bytes == l4.usable_bytes + 1 < l4.memory_bytes and not over.fits
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("checkpointing", ["full"])
 def test_the_trace_counts_a_recomputed_block_as_activations(checkpointing):
-    pytest.importorskip("torch")
     from vramplan.engines.trace import trace
     report = trace(JOB.with_changes(checkpointing=checkpointing), model_config=TINY)
     kept = 2 * NH + 3 * NH  # the two blocks' inputs + final norm and head input

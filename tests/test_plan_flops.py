@@ -10,8 +10,8 @@ from vramplan.job import Job, Peft
 from vramplan.models import architecture_from_config
 from vramplan.planning.flops import step_flops
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+pytestmark = pytest.mark.torch  # without torch, conftest.py does not collect this module
+import torch  # noqa: E402
 
 from tiny_configs import BERT, DEEPSEEK_V3, GPT2, LLAMA, T5, VIT, WHISPER  # noqa: E402
 

@@ -103,8 +103,9 @@ def test_oom_exceptions_count_as_not_fitting_and_search_goes_on():
     assert len(result.trials) <= 2 * math.ceil(math.log2(limit_batch)) + 2
 
 
+@pytest.mark.torch
 def test_torch_out_of_memory_error_is_caught():
-    torch = pytest.importorskip("torch")
+    import torch
 
     def oracle(job):
         if job.batch_size > 5:
@@ -218,7 +219,7 @@ def test_importing_search_does_not_import_torch():
 
 
 def test_with_formula_engine():
-    formula = pytest.importorskip("vramplan.engines.formula")
+    import vramplan.engines.formula as formula
     job = Job(model="llama-3.1-8b", seq_len=2048, precision="bf16-mixed", optimizer="adamw")
     result = max_batch_size(job.with_changes(peft={"method": "qlora"}), formula.estimate,
                             80 * GiB)
@@ -269,7 +270,6 @@ def _cli():
 
 
 def test_cli_search_batch_size_json():
-    pytest.importorskip("vramplan.engines.formula")
     app, runner = _cli()
     result = runner.invoke(app, ["search", "batch-size", "llama-3.2-1b", "-s", "512",
                                  "--peft", "qlora", "--budget", "40GiB", "--json"])
@@ -286,7 +286,6 @@ def test_cli_search_needs_a_budget_or_gpu():
 
 
 def test_cli_search_no_fit_names_techniques():
-    pytest.importorskip("vramplan.engines.formula")
     app, runner = _cli()
     result = runner.invoke(app, ["search", "batch-size", "llama-3.1-8b", "--gpu", "L4"])
     assert result.exit_code == 1, result.output  # nothing fits: an answer, exit code 1
@@ -294,7 +293,6 @@ def test_cli_search_no_fit_names_techniques():
 
 
 def test_cli_sweep_writes_files(tmp_path):
-    pytest.importorskip("vramplan.engines.formula")
     pytest.importorskip("matplotlib")
     app, runner = _cli()
     result = runner.invoke(app, [
@@ -330,8 +328,9 @@ TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "voc
               "max_position_embeddings": 4096, "tie_word_embeddings": False}
 
 
+@pytest.mark.torch
 def test_with_trace_engine_as_oracle():
-    trace = pytest.importorskip("vramplan.engines.trace")
+    import vramplan.engines.trace as trace
     job = Job(model="tiny", batch_size=1, seq_len=128, precision="bf16-mixed")
 
     def oracle(j):

@@ -8,8 +8,7 @@ import textwrap
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+pytestmark = pytest.mark.torch  # without torch, conftest.py does not collect this module
 
 from tiny_configs import BERT, GPT2, LLAMA, T5, VIT, WHISPER  # noqa: E402
 

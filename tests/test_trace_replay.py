@@ -6,7 +6,8 @@ from tiny_configs import LLAMA
 
 from vramplan.units import MiB
 
-trace_module = pytest.importorskip("vramplan.engines.trace")
+pytestmark = pytest.mark.torch  # without torch, conftest.py does not collect this module
+import vramplan.engines.trace as trace_module  # noqa: E402
 Storage = trace_module.Storage
 
 

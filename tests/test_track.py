@@ -13,6 +13,9 @@ import vramplan.tracking as track_module
 from vramplan.tracking import track
 
 
+pytestmark = pytest.mark.torch  # without torch, conftest.py does not collect this module
+
+
 def test_track_records_steps_losses_and_memory(tmp_path):
     path = tmp_path / "run.json"
     with track(path, samples_per_step=8, tokens_per_step=8 * 16) as tracker:
@@ -64,8 +67,9 @@ def test_importing_track_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.torch
 def test_hf_trainer_callback_tiny_training(tmp_path):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     from vramplan.integrations.hf_trainer import VramplanCallback
 
     config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,

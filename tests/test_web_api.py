@@ -225,9 +225,8 @@ def _wait(client, task_id, seconds=120):
     raise AssertionError("trace did not finish")
 
 
+@pytest.mark.torch
 def test_trace_runs_in_a_worker_and_the_queue_is_bounded(client):
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
     body = {"job": {"model": "tiny", "seq_len": 32}, "config": TINY_LLAMA}
     first = client.post("/api/v1/trace", json=body)
     assert first.status_code == 202
@@ -247,8 +246,8 @@ def test_trace_runs_in_a_worker_and_the_queue_is_bounded(client):
     assert with_charts["charts"]["timeline"].startswith("<svg")
 
 
+@pytest.mark.torch
 def test_trace_time_limit_is_reported(client):
-    pytest.importorskip("torch")
     r = client.post("/api/v1/trace", json={"job": {"model": "gpt2", "batch_size": 2},
                                            "time_limit_s": 0.001})
     status = _wait(client, r.json()["id"])
@@ -256,8 +255,8 @@ def test_trace_time_limit_is_reported(client):
     assert "Traceback" not in json.dumps(status)
 
 
+@pytest.mark.torch
 def test_a_dead_worker_is_reported_and_replaced():
-    pytest.importorskip("torch")
     import os
     import signal
 

@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 playwright_api = pytest.importorskip("playwright.sync_api")
+pytestmark = pytest.mark.browser
 
 CHROMIUM = os.environ.get("VRAMPLAN_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -208,8 +209,8 @@ def test_search_and_sweep_views(page, server):
     assert len(other.query_selector_all("#sweep-table tbody tr")) == 4
 
 
+@pytest.mark.torch
 def test_trace_completes_and_shows_its_timeline(page, server):
-    pytest.importorskip("torch")
     page.goto(server.url + "?model=gpt2&seq_len=64&view=trace")
     page.wait_for_selector("#kpi-peak_allocated[data-bytes]", state="attached")
     page.click("#run-trace")
