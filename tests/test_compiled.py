@@ -6,7 +6,6 @@ import pytest
 pytestmark = pytest.mark.torch  # without torch, conftest.py does not collect this module
 import torch  # noqa: E402
 import transformers  # noqa: E402
-
 from torch import nn  # noqa: E402
 
 from vramplan.training.compiled import compare_saved, saved_for_backward  # noqa: E402

@@ -434,8 +434,8 @@ def test_changes_map_back_to_the_files_keys():
 @pytest.mark.torch
 @pytest.mark.slow  # imports transformers and peft (over 10 s on the CI VM)
 def test_patched_hf_files_are_accepted_by_transformers_and_peft(tmp_path):
-    import transformers
     import peft
+    import transformers
     read = read_config(HF / "training_args_bf16.json", model="qwen2.5-0.5b")
     job, fix, changes = _fix_for(read)
     patched = json.loads(patched_text(read, changes))
@@ -597,8 +597,9 @@ def test_preflight_warns_or_stops_with_the_fix():
 @pytest.mark.torch
 @pytest.mark.slow  # builds a real (tiny) transformers model with peft
 def test_preflight_on_real_transformers_and_peft_objects(tmp_path):
-    import transformers
     import peft
+    import transformers
+
     from tests.tiny_configs import LLAMA
     from vramplan.integrations.hf_trainer import VramplanCallback
     from vramplan.integrations.preflight import OomRisk

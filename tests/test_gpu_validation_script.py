@@ -62,6 +62,7 @@ def test_the_jobs_cover_every_profile_and_technique(script):
             assert {k: v for k, v in fields.items() if k != "compile"} in script.JOBS
 
 
+@pytest.mark.torch
 def test_predict_only_on_two_tiny_jobs(script, tmp_path, monkeypatch):
     config = tmp_path / "tiny.json"
     config.write_text(json.dumps(TINY_LLAMA))
@@ -130,6 +131,7 @@ def test_out_defaults_to_the_device_machines_out_folder(script, monkeypatch, tmp
     assert script.default_out() == ROOT / "benchmarks" / "results"
 
 
+@pytest.mark.torch
 def test_a_gpu_run_takes_saved_predictions_and_predicts_the_missing_ones(script, tmp_path,
                                                                          monkeypatch):
     import torch

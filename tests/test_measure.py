@@ -164,7 +164,6 @@ def test_measure_job_end_to_end_with_shared_builders(tmp_path):
                                                  for x in report.measured.losses)
 
 
-@pytest.mark.torch
 def test_measure_agrees_with_trace_engine_when_present():
     import vramplan.engines.trace as trace
     job = Job(model="x", batch_size=2, seq_len=64, precision="fp32", optimizer="adamw")

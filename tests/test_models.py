@@ -57,6 +57,7 @@ def _cases():
             yield pytest.param(name, task, id=f"{name}:{task}")
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("name,task", list(_cases()))
 def test_param_count_matches_transformers(name, task):
     arch = load_architecture(name)
@@ -271,6 +272,7 @@ def _saved_feature_maps(config: dict, size: int) -> list[tuple[int, int]]:
     return out
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("config", [
     "resnet-50",
     {"model_type": "resnet", "layer_type": "basic", "embedding_size": 16, "depths": [2, 1, 2],
@@ -339,8 +341,8 @@ def test_nan_in_a_config_file_is_refused_with_the_file_named(tmp_path):
 @pytest.mark.parametrize("change", [dict(n_head=3), dict(n_head=0), dict(n_embd=0),
                                     dict(n_layer=1.5)])
 def test_configs_transformers_refuses_are_refused(change):
-    import transformers
     import torch
+    import transformers
     config = {**TINY_GPT2, **change}
     with pytest.raises(Exception):  # noqa: B017 (transformers raises several kinds)
         with torch.device("meta"):
@@ -491,6 +493,7 @@ TINY_VLM = {
 }
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("family", sorted(TINY_VLM))
 def test_vision_language_configs_estimate_their_language_model(family):
     import torch

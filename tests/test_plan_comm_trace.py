@@ -13,7 +13,6 @@ from vramplan.models import architecture_from_config
 from vramplan.planning.comm import collectives
 
 pytestmark = pytest.mark.torch  # without torch, conftest.py does not collect this module
-import torch  # noqa: E402
 
 LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, vocab_size=256)

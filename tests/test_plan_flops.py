@@ -12,7 +12,6 @@ from vramplan.planning.flops import step_flops
 
 pytestmark = pytest.mark.torch  # without torch, conftest.py does not collect this module
 import torch  # noqa: E402
-
 from tiny_configs import BERT, DEEPSEEK_V3, GPT2, LLAMA, T5, VIT, WHISPER  # noqa: E402
 
 MIXTRAL = dict(model_type="mixtral", hidden_size=64, intermediate_size=96, num_hidden_layers=2,

@@ -8,6 +8,7 @@ from vramplan.job import Job
 
 pytestmark = pytest.mark.torch  # without torch, conftest.py does not collect this module
 import vramplan.engines.trace as trace_module  # noqa: E402
+
 # 128 wide: the 512-byte rounding of the 4-bit layers' small absmax tensors stays under 1%
 GPT2 = dict(model_type="gpt2", n_embd=128, n_layer=2, n_head=4, vocab_size=2048,
             n_positions=512)

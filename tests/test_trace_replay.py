@@ -8,6 +8,7 @@ from vramplan.units import MiB
 
 pytestmark = pytest.mark.torch  # without torch, conftest.py does not collect this module
 import vramplan.engines.trace as trace_module  # noqa: E402
+
 Storage = trace_module.Storage
 
 

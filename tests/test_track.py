@@ -12,7 +12,6 @@ import torch
 import vramplan.tracking as track_module
 from vramplan.tracking import track
 
-
 pytestmark = pytest.mark.torch  # without torch, conftest.py does not collect this module
 
 
@@ -67,9 +66,9 @@ def test_importing_track_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-@pytest.mark.torch
 def test_hf_trainer_callback_tiny_training(tmp_path):
     import transformers
+
     from vramplan.integrations.hf_trainer import VramplanCallback
 
     config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,

@@ -89,6 +89,7 @@ def _built_param_count(config: dict) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("family", list(TINY))
 def test_unlisted_family_counts_exactly_what_transformers_builds(family):
     arch = architecture_from_config(TINY[family], f"tiny-{family}")
@@ -96,6 +97,7 @@ def test_unlisted_family_counts_exactly_what_transformers_builds(family):
     assert arch.total_params() == _built_param_count(TINY[family])
 
 
+@pytest.mark.torch
 def test_unlisted_family_shapes():
     neox = architecture_from_config(TINY["gpt_neox"], "neox").stacks[0]
     # one fused query_key_value: (4 heads + 2 x 4 kv heads) x 64 = 768 outputs
@@ -116,6 +118,7 @@ def test_unlisted_family_shapes():
     assert opt.embedding_params == (1000 + 1026) * 256
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("family,tolerance", [("gpt_neox", 0.03), ("falcon", 0.03),
                                               ("opt", 0.07)])
 def test_formula_follows_the_trace_on_unlisted_families(tmp_path, family, tolerance):
@@ -137,6 +140,7 @@ def test_without_torch_an_unlisted_family_says_use_the_trace(monkeypatch):
 
 
 
+@pytest.mark.torch
 def test_the_reader_of_built_models_is_the_one_passed_in(monkeypatch):
     """models/ never imports the torch side: a family without a builder goes to the reader
     that `import vramplan` passed in (use_built_model_reader), and to nothing else."""
@@ -181,6 +185,7 @@ _TINY_NEW = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
                  max_position_embeddings=1024, eos_token_id=0, bos_token_id=0, pad_token_id=0)
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("model_type,extra,tolerance", [
     ("qwen3", {}, 0.03), ("olmo2", {}, 0.03), ("qwen3_moe", dict(
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=256), 0.04),
