@@ -823,7 +823,7 @@ def _from_built_model(config: dict, name: str, source: str) -> Architecture:
             "transformers installed (it reads the shapes from the model transformers builds); "
             f"use --engine trace, or a model type it reads: {', '.join(SUPPORTED_MODEL_TYPES)}")
     _refuse_non_finite(config, name)
-    if _built_model_reader is None:  # `import vramplan` sets it before vramplan.models loads
+    if _built_model_reader is None:  # set by vramplan/__init__.py, which any import runs first
         raise ModelConfigError(f"{name}: no reader of built models was set for model_type "
                                f"{mt!r}; import vramplan (it passes one in) before "
                                "vramplan.models, or call use_built_model_reader")
