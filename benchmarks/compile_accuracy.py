@@ -54,7 +54,7 @@ CASES = [  # (name, model config, job fields)
 # LLM-sized vocabulary and sequence on a narrow model: the loss decides the peak, and
 # whether it is compiled (compile_components) moves it by gigabytes. Only with --llm: the
 # real Inductor step took over 7 minutes per case on the 2-core VM (the trace itself takes
-# seconds: tests/test_compile_formula.py checks both engines at 128k x 2048)
+# seconds: tests/engines/test_compile_formula.py checks both engines at 128k x 2048)
 LLAMA_128K = dict(LLAMA, vocab_size=128256, max_position_embeddings=4096)
 LLM_CASES = [
     ("llama 128k vocab, 4096 tokens, blocks+loss", LLAMA_128K, dict(batch_size=1, seq_len=4096)),

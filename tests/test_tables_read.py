@@ -1,7 +1,7 @@
 """Every consumer of the two tables really reads them: each command's Job options are the
 fields table's (vramplan/fields.py), each technique's flags are options of that table, and
 the web's allow list, make-it-fit, the planner and search's advice follow the techniques
-table (planning/techniques.py; tests/test_techniques.py changes the table under them)."""
+table (planning/techniques.py; tests/planning/test_techniques.py changes the table under them)."""
 
 from __future__ import annotations
 

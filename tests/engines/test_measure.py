@@ -260,7 +260,7 @@ def test_torchrun_two_ranks_aggregate_on_rank_0(tmp_path, tiny_config, strategy)
     script.write_text(DIST_SCRIPT)
     out = tmp_path / "report.json"
     torchrun = Path(sys.executable).with_name("torchrun")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "OMP_NUM_THREADS": "1"}
     # its own session, so a hang can be ended with all of torchrun's workers
     process = subprocess.Popen([str(torchrun), "--standalone", "--nproc-per-node", "2",
                                 str(script), tiny_config, strategy, str(out)],

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_bad_input import outcome, run
+from tests.cli.test_bad_input import outcome, run
 
-DATA = Path(__file__).parent / "data" / "framework_configs"
+DATA = Path(__file__).parents[1] / "data" / "framework_configs"
 RECIPE = (DATA / "torchtune" / "llama3_2_1B_lora_single_device.yaml").read_text()
 BOMB = "\n".join(["a: &a [x, x, x, x, x, x, x, x, x]"] + [
     f"{chr(98 + i)}: &{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]"

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).parent.parent / "benchmarks" / "gpu_microbench.py"
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "gpu_microbench.py"
 
 
 def test_quick_cpu_run_writes_every_section(tmp_path):

@@ -117,7 +117,7 @@ def test_misspelling_suggests(typo, suggestion):
 def test_unknown_names():
     with pytest.raises(UnknownNameError):
         load_architecture("")
-    # (an -Instruct id resolves to its base: tests/test_user_models.py)
+    # (an -Instruct id resolves to its base: tests/models/test_user_models.py)
     with pytest.raises(UnknownNameError, match="Did you mean .meta-llama/Llama-3.1-8B."):
         load_architecture("meta-llama/Llama-3.1-8C-Instruct")
 

@@ -4,7 +4,7 @@ code 2, one line on stderr, no traceback, within a time limit. The summary (case
 outcome) is written to benchmarks/results/bad_input_battery.json when BAD_INPUT_SUMMARY is
 set:
 
-    BAD_INPUT_SUMMARY=1 python -m pytest -q tests/test_bad_input.py
+    BAD_INPUT_SUMMARY=1 python -m pytest -q tests/cli/test_bad_input.py
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from vramplan.cli import app as cli_app
 from vramplan.cli import options as cli_options
 
 TIME_LIMIT_S = 10
-SUMMARY = Path(__file__).parent.parent / "benchmarks" / "results" / "bad_input_battery.json"
+SUMMARY = Path(__file__).parents[2] / "benchmarks" / "results" / "bad_input_battery.json"
 
 NUMBERS = ["0", "-1", "x", "", "1" + "0" * 400, "nan", "inf", "1e400", "1.5"]
 INT_OPTIONS = ["--batch-size", "--grad-accum", "--seq-len", "--target-len", "--image-size",

@@ -25,7 +25,7 @@ from vramplan.frameworks.configs.write import (
 )
 from vramplan.job import Job, Parallel, Peft
 
-DATA = Path(__file__).parent / "data" / "framework_configs"
+DATA = Path(__file__).parents[1] / "data" / "framework_configs"
 TT, TI, HF = DATA / "torchtune", DATA / "torchtitan", DATA / "hf"
 AX, LF, AC, DS = DATA / "axolotl", DATA / "llama-factory", DATA / "accelerate", DATA / "deepspeed"
 

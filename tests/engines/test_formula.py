@@ -193,7 +193,7 @@ def test_report_schema_doc_is_generated_from_the_models():
     from pathlib import Path
 
     from vramplan.schema import report_markdown
-    doc = Path(__file__).parent.parent / "docs" / "report-schema.md"
+    doc = Path(__file__).parents[2] / "docs" / "report-schema.md"
     assert doc.read_text() == report_markdown(), \
         "run: python -m vramplan.schema > docs/report-schema.md"
     assert "| peak_allocated | int |" in report_markdown()

@@ -44,7 +44,7 @@ def test_every_profile_builds_a_valid_job(name):
     job = Job(model=MODEL, framework=name, peft=Peft())
     for dotted, setting in get_profile(name).settings.items():
         if dotted.startswith("fp8."):
-            continue  # fp8 jobs only: tests/test_float8_recipes.py
+            continue  # fp8 jobs only: tests/engines/test_float8_recipes.py
         part = job
         for key in dotted.split("."):
             part = getattr(part, key)
@@ -274,7 +274,7 @@ def test_torchtune_offload_leaves_no_block_input_with_full_checkpointing():
                                             _stack_activations(checkpointing="full"))
     outside = formula._outside_block_activations(job, ARCH, shapes, dt, "causal-lm")
     # the forward stash keeps the last 5 packed tensors: the final RMSNorm packs 6, so no
-    # block input is among them (tests/test_offload_trace.py checks this on the trace)
+    # block input is among them (tests/engines/test_offload_trace.py checks this on the trace)
     assert on_gpu == outside
     # without offloading all 16 block inputs stay (bf16-pure: 2 x 128 x 2048 bytes each)
     assert (estimate(Job(**base)).phase_peaks["forward"] - estimate(job).phase_peaks["forward"]

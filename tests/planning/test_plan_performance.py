@@ -17,7 +17,7 @@ from vramplan.planning.comm import collectives, ring_bytes
 from vramplan.planning.flops import step_flops
 from vramplan.planning.performance import predict
 
-LLAMA_1B_PARAMS = 1_235_814_400  # llama-3.2-1b with its tied head (tests/test_models.py)
+LLAMA_1B_PARAMS = 1_235_814_400  # llama-3.2-1b with its tied head (tests/models/test_models.py)
 H100 = get_gpu("H100-SXM")
 
 

@@ -64,7 +64,7 @@ def test_estimate_charts_and_html(client):
     ({"model": "/etc/passwd"}, "job.model", "paths, module:factory references"),
     ({"model": "mypkg.models:build"}, "job.model", "not a catalog model"),
     ({"model": "../../secret/config.json"}, "job.model", "not a catalog model"),
-    # (a chat/instruct variant of a catalog model resolves to it: tests/test_user_models.py)
+    # (a chat/instruct variant of a catalog model resolves to it: tests/models/test_user_models.py)
     ({"model": "someorg/Some-Model-7B"}, "job.model", "Hub downloads are refused"),
 ])
 def test_bad_input_is_a_422_naming_the_field(client, job, field, words):

@@ -1,7 +1,7 @@
 """DeepSeek-style models: multi-head latent attention (MLA) and DeepSeek's MoE (dense first
 blocks, routed experts, a router, shared experts), in the catalog, the formula's activations
 and the FLOP model. The formula is checked against the trace block by block (what one block
-saves for backward) and at the peak; the FLOPs are checked in tests/test_plan_flops.py."""
+saves for backward) and at the peak; the FLOPs are checked in tests/planning/test_plan_flops.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The trace runs the named checkpointing policies, kept gradients and adapter dtypes the
-way the formula models them (tests/test_frameworks.py pins the formula's arithmetic)."""
+way the formula models them (tests/frameworks/test_frameworks.py pins the formula's arithmetic)."""
 
 import pytest
 

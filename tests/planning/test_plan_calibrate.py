@@ -14,7 +14,7 @@ from vramplan.planning.calibrate import calibrate, load_runs
 from vramplan.planning.efficiency import factors_for
 from vramplan.planning.performance import predict
 
-RUNS = Path(__file__).parent.parent / "benchmarks" / "results" / "gpu_validation.json"
+RUNS = Path(__file__).parents[2] / "benchmarks" / "results" / "gpu_validation.json"
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 
 from vramplan import Job
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results" / "gpu_validation.json"
 TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 512,
               "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,

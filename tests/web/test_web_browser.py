@@ -243,7 +243,7 @@ def test_plan_view(page, server):
 
 
 def test_the_page_shows_the_one_estimates_verdict_time_cost_and_fixes(page, server):
-    # the same estimate as the CLI and vramplan.estimate (tests/test_one_estimate.py)
+    # the same estimate as the CLI and vramplan.estimate (tests/planning/test_one_estimate.py)
     import vramplan
 
     page.goto(server.url)
