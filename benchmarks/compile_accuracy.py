@@ -6,7 +6,7 @@ Three numbers per job, all for step 2 of the same job on tiny Hugging Face model
   traced      the trace, compile on: AOTAutograd with Inductor's partitioner on fake
               tensors, the results Inductor fuses away not counted (training/compiled.py)
   inductor    the real thing: torch.compile with Inductor (C++ kernels on the CPU), the peak
-              from torch.profiler's allocator events (vramplan.validation.cpu_profiler_peak)
+              from torch.profiler's allocator events (benchmarks/ground_truth.py)
 Inductor on the CPU and on a GPU share the partitioner and the scheduler's fusion rules;
 their kernels differ, which the GPU run of benchmarks/gpu_validation.py checks.
 
@@ -24,10 +24,10 @@ import time
 
 import torch
 from common import QUICK, machine_line, results_dir  # noqa: E402 (benchmarks/common.py)
+from ground_truth import cpu_profiler_peak  # noqa: E402 (benchmarks/ground_truth.py)
 
 from vramplan.engines.trace import run_trace
 from vramplan.job import Job, Peft
-from vramplan.validation import cpu_profiler_peak
 
 OUT = results_dir()
 
@@ -54,7 +54,7 @@ CASES = [  # (name, model config, job fields)
 # LLM-sized vocabulary and sequence on a narrow model: the loss decides the peak, and
 # whether it is compiled (compile_components) moves it by gigabytes. Only with --llm: the
 # real Inductor step took over 7 minutes per case on the 2-core VM (the trace itself takes
-# seconds: tests/test_compile_formula.py checks both engines at 128k x 2048)
+# seconds: tests/engines/test_compile_formula.py checks both engines at 128k x 2048)
 LLAMA_128K = dict(LLAMA, vocab_size=128256, max_position_embeddings=4096)
 LLM_CASES = [
     ("llama 128k vocab, 4096 tokens, blocks+loss", LLAMA_128K, dict(batch_size=1, seq_len=4096)),

@@ -23,7 +23,7 @@ from common import QUICK, results_dir  # noqa: E402 (benchmarks/common.py)
 
 from vramplan import Job
 from vramplan.engines.formula import estimate
-from vramplan.engines.report import TENSOR_CATEGORIES
+from vramplan.engines.memory_report import TENSOR_CATEGORIES
 from vramplan.engines.trace import trace
 
 RESULTS = results_dir()

@@ -22,8 +22,9 @@ from pathlib import Path
 from common import QUICK, machine_line, results_dir  # noqa: E402 (benchmarks/common.py)
 
 ROOT = Path(__file__).parent.parent
-TESTS = ["tests/test_pinned.py", "tests/test_formula.py", "tests/test_gpus.py",
-         "tests/test_cli.py", "tests/test_frameworks.py"]
+TESTS = ["tests/engines/test_pinned.py", "tests/engines/test_formula.py",
+         "tests/hardware/test_gpus.py", "tests/cli/test_cli.py",
+         "tests/frameworks/test_frameworks.py"]
 
 # (name, file, old text, new text): the review's six, by hand
 LISTED = [
@@ -47,7 +48,8 @@ LISTED = [
 # generated: every comparison and +/- in these functions, one at a time
 GENERATED_IN = [("vramplan/engines/runtime.py", "def fit_table", "def fits_for_job"),
                 ("vramplan/fit.py", "def limit_bytes", "# --- precision support"),
-                ("vramplan/engines/report.py", "    def peak_allocated", "    def to_json_dict")]
+                ("vramplan/engines/memory_report.py", "    def peak_allocated",
+                 "    def to_json_dict")]
 SWAPS = [(" >= ", " > "), (" <= ", " < "), (" - ", " + "), (" + ", " - "), (" > ", " >= "),
          (" and not ", " or not ")]
 

@@ -191,7 +191,7 @@ def _extra_rows():
         yield ("bad-input battery over every command, Job field, broken config and job file",
                (f"{b['cases']} cases: " + ", ".join(f"{n} {k}" for k, n in b["by_outcome"].items())
                 + " (clean: exit 2, one line on stderr, no traceback, under 10 s)",
-                "`tests/test_bad_input.py` (" + VM + ")"))
+                "`tests/cli/test_bad_input.py` (" + VM + ")"))
     if (RESULTS / "mutation_testing.json").exists():
         m = _load("mutation_testing.json")["summary"]
         yield ("mutation testing of the formula, fit table and report categories",

@@ -1,4 +1,6 @@
+import importlib.util
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,3 +24,15 @@ def run_cli(monkeypatch, capsys):
         return code, out.out, out.err
 
     return run
+
+
+# Without torch and transformers (the `make run` install), a module marked torch as a whole
+# is not even imported, so `pytest -m "not torch"` runs the torch-free part there alone.
+_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
+_TORCH_MODULE = "pytestmark = pytest.mark.torch"
+
+
+def pytest_ignore_collect(collection_path: Path, config):
+    if _TORCH or collection_path.suffix != ".py" or not collection_path.is_file():
+        return None
+    return True if _TORCH_MODULE in collection_path.read_text() else None

@@ -13,7 +13,7 @@ from vramplan.fields import JOB_FIELDS, field_for
 from vramplan.job import Job, Offload, Parallel, Peft
 from vramplan.planning.changes import describe_changes
 from vramplan.planning.options import PlanOptions, plan_words
-from vramplan.report.command import FLAGS, cli_command
+from vramplan.views.command import FLAGS, cli_command
 
 
 def test_the_cli_and_the_reproduce_command_read_the_table():

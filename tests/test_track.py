@@ -12,6 +12,8 @@ import torch
 import vramplan.tracking as track_module
 from vramplan.tracking import track
 
+pytestmark = pytest.mark.torch  # without torch, conftest.py does not collect this module
+
 
 def test_track_records_steps_losses_and_memory(tmp_path):
     path = tmp_path / "run.json"
@@ -65,7 +67,8 @@ def test_importing_track_does_not_import_torch():
 
 
 def test_hf_trainer_callback_tiny_training(tmp_path):
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     from vramplan.integrations.hf_trainer import VramplanCallback
 
     config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,

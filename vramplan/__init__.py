@@ -10,7 +10,7 @@ measure and track import it when called.
 
 from vramplan._version import __version__
 from vramplan.api import estimate, measure, plan, run_engine, trace
-from vramplan.engines.report import CATEGORIES, GpuFit, MemoryReport, Performance
+from vramplan.engines.memory_report import CATEGORIES, GpuFit, MemoryReport
 from vramplan.errors import (
     EngineError,
     JobError,
@@ -21,6 +21,9 @@ from vramplan.errors import (
 )
 from vramplan.integrations.preflight import preflight
 from vramplan.job import Float8, Job, Offload, Parallel, Peft, Runtime
+from vramplan.models.arch import Architecture
+from vramplan.models.derive import use_built_model_reader
+from vramplan.planning.results import Performance
 from vramplan.search import max_batch_size, max_seq_len, sweep
 from vramplan.tracking import track
 
@@ -30,3 +33,14 @@ __all__ = [
     "UnknownNameError", "VramplanError", "__version__", "estimate", "max_batch_size", "max_seq_len",
     "measure", "plan", "preflight", "run_engine", "sweep", "trace", "track",
 ]
+
+
+def _read_built_model(config: dict, name: str, source: str) -> Architecture:
+    """The shapes of a model type derive.py has no builder for, from the model transformers
+    builds on the meta device; torch is imported here, on first use only."""
+    from vramplan.training.meta_architecture import architecture_from_built_model
+    return architecture_from_built_model(config, name, source)
+
+
+# the root wires the torch side's reader into models/, which never imports training itself
+use_built_model_reader(_read_built_model)

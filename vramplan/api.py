@@ -5,8 +5,8 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from vramplan.engines.memory_report import MemoryReport
 from vramplan.engines.registry import run_engine  # noqa: F401 (re-export)
-from vramplan.engines.report import MemoryReport
 from vramplan.job import Job
 
 

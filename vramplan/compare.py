@@ -3,8 +3,8 @@ rows of figures with each engine's error against the last one (the reference).""
 
 from __future__ import annotations
 
+from vramplan.engines.memory_report import CATEGORIES, MemoryReport
 from vramplan.engines.registry import run_engine
-from vramplan.engines.report import CATEGORIES, MemoryReport
 from vramplan.errors import EngineError, VramplanError
 from vramplan.job import Job
 
@@ -16,7 +16,7 @@ def run_for_compare(job: Job, engine: str, **options) -> MemoryReport | str:
     except ImportError as error:
         return f"not available ({error})"
     except Exception as error:  # noqa: BLE001 - one engine failing keeps the others' answers
-        from vramplan.search.oom import describe_oom, is_out_of_memory
+        from vramplan.engines.oom import describe_oom, is_out_of_memory
         if isinstance(error, VramplanError) and not isinstance(error, EngineError):
             raise  # the job itself is wrong: every engine would say so
         if is_out_of_memory(error):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vramplan.engines.report import SCHEMA_VERSION, MemoryReport
+from vramplan.engines.memory_report import SCHEMA_VERSION, MemoryReport
 from vramplan.job import Job
 
 

@@ -85,9 +85,9 @@ class Tracker:
     # --- the report -----------------------------------------------------------------------------
 
     def report(self) -> dict[str, Any]:
-        """The run so far as a Measured document (vramplan.engines.report.Measured, source
+        """The run so far as a Measured document (vramplan.engines.memory_report.Measured, source
         "track"), as a JSON-ready dict."""
-        from vramplan.engines.report import Measured
+        from vramplan.engines.memory_report import Measured
 
         torch = self._torch
         elapsed = time.perf_counter() - self._started

@@ -309,7 +309,7 @@ def write_or_print(path: Path, text: str) -> bool:
 
 
 def write_html(path: Path, text: str) -> None:
-    """Write an HTML report made by vramplan.report.html (quietly: --json output stays JSON)."""
+    """Write an HTML report made by vramplan.views.html (quietly: --json output stays JSON)."""
     try:
         path.write_text(text, encoding="utf-8")
     except OSError as error:

@@ -440,7 +440,7 @@ def compiled_block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes,
                                  fp32_adapters: bool = False) -> list[tuple[str, int]]:
     """What one compiled Llama-style block (RMSNorm, rotary sdpa attention, gated MLP)
     saves for backward: the min-cut partitioner's choice, read from the graphs torch 2.13
-    builds (tests/test_compile_formula.py checks it against the trace, which compiles the
+    builds (tests/engines/test_compile_formula.py checks it against the trace, which compiles the
     real model). Always: the block input, an fp32 rsqrt per token for each norm, q and k
     rotated and v, sdpa's output and log-sum-exp, one hidden-wide tensor to rebuild the
     residual sum from (the out projection's output, or the sum itself), and gate's and

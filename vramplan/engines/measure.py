@@ -29,11 +29,11 @@ from typing import Any
 import torch
 
 from vramplan.engines import runtime
-from vramplan.engines.report import CATEGORIES, Measured, MemoryReport, RankFigures
+from vramplan.engines.memory_report import CATEGORIES, Measured, MemoryReport, RankFigures
+from vramplan.engines.oom import is_out_of_memory
 from vramplan.errors import BudgetExceeded, EngineError, ModelConfigError, VramplanError
 from vramplan.hardware.nvml import NvmlSampler, nvml_used
 from vramplan.job import Job
-from vramplan.search.oom import is_out_of_memory
 from vramplan.training.fsdp import fully_shard_setup
 from vramplan.training.kernels import select_kernels
 from vramplan.training.real_kernels import is_paged, quant_state_tensors, tensor_leaves

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from vramplan.engines.report import MemoryReport
+from vramplan.engines.memory_report import MemoryReport
 from vramplan.errors import UnknownNameError
 from vramplan.job import Job
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from vramplan.engines.report import GpuFit, MemoryReport
+from vramplan.engines.memory_report import GpuFit, MemoryReport
 from vramplan.errors import JobError
 from vramplan.fit import (  # noqa: F401
     MXFP8_MIN_CAPABILITY,

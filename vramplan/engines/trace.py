@@ -22,9 +22,9 @@ Sizes are rounded to 512 B as the CUDA caching allocator does; the alloc/free se
 replayed through engines/allocator.py for reserved memory. Sharded jobs (ddp, zero1-3,
 fsdp, hybrid-shard) are traced as rank 0 of a fake process group (engines/trace_shard.py).
 
-`vramplan.validation.cpu_profiler_peak(job)` runs the same steps for real on the CPU and
-returns the peak from torch.profiler's allocator memory events: the independent ground
-truth used by the tests and benchmarks/trace_accuracy.py.
+`cpu_profiler_peak(job)` (benchmarks/ground_truth.py, outside the package) runs the same
+steps for real on the CPU and returns the peak from torch.profiler's allocator memory
+events: the independent ground truth used by the tests and benchmarks/trace_accuracy.py.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import torch
 
 from vramplan.engines import runtime
 from vramplan.engines.allocator import CachingAllocator, round_size
-from vramplan.engines.report import CATEGORIES, MemoryReport, ModuleUsage
+from vramplan.engines.memory_report import CATEGORIES, MemoryReport, ModuleUsage
 from vramplan.engines.trace_shard import sharding
 from vramplan.errors import EngineError, VramplanError
 from vramplan.job import Job

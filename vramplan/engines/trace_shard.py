@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
@@ -23,8 +23,15 @@ from vramplan.job import Job
 from vramplan.training.fsdp import fully_shard_setup
 from vramplan.training.setup import TrainingSetup
 
-if TYPE_CHECKING:
-    from vramplan.engines.trace import _Tracker
+
+class _Tracker(Protocol):
+    """What sharding needs of the trace's tracker (engines/trace.py): a protocol, so this
+    module never imports the trace back (no circle, not even for type checking)."""
+
+    live: dict[Any, Any]
+
+    def resized(self, tensor: torch.Tensor, op: str) -> None: ...
+
 
 @contextlib.contextmanager
 def sharding(job: Job, tracker: _Tracker):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from vramplan.engines.report import MemoryReport
+from vramplan.engines.memory_report import MemoryReport
 from vramplan.engines.runtime import SAFETY_MARGIN
 from vramplan.errors import JobError, VramplanError
 from vramplan.job import Job

@@ -11,7 +11,6 @@ cross-attention "q"); like peft, a target name selects all of them.
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import math
 from collections.abc import Callable
@@ -798,11 +797,25 @@ def language_model_config(config: dict, name: str) -> tuple[dict, str] | None:
     return inner, note
 
 
+# Reads the families without a builder here from the model transformers builds on the meta
+# device (vramplan.training.meta_architecture). It is passed in (use_built_model_reader) by
+# the package root, a layer above training, so that models/ never imports the torch side.
+BuiltModelReader = Callable[[dict, str, str], Architecture]
+_built_model_reader: BuiltModelReader | None = None
+
+
+def use_built_model_reader(reader: BuiltModelReader) -> None:
+    """Set the reader of (config, name, source) for the model types derive.py has no builder
+    for; vramplan/__init__.py passes one that imports torch on first use only."""
+    global _built_model_reader
+    _built_model_reader = reader
+
+
 def _from_built_model(config: dict, name: str, source: str) -> Architecture:
     """A family without a builder here: when torch and transformers are installed, the shapes
-    are read from the model transformers builds on the meta device
-    (vramplan.training.meta_architecture). It is imported by name, here only, so that the
-    catalog and the formula import no torch for the families this table knows."""
+    are read from the model transformers builds on the meta device (the reader passed to
+    use_built_model_reader), so that the catalog and the formula import no torch for the
+    families this table knows."""
     mt = config["model_type"]
     if not all(importlib.util.find_spec(m) for m in ("torch", "transformers")):
         raise ModelConfigError(
@@ -810,9 +823,12 @@ def _from_built_model(config: dict, name: str, source: str) -> Architecture:
             "transformers installed (it reads the shapes from the model transformers builds); "
             f"use --engine trace, or a model type it reads: {', '.join(SUPPORTED_MODEL_TYPES)}")
     _refuse_non_finite(config, name)
-    reader = importlib.import_module("vramplan.training.meta_architecture")
+    if _built_model_reader is None:  # set by vramplan/__init__.py, which any import runs first
+        raise ModelConfigError(f"{name}: no reader of built models was set for model_type "
+                               f"{mt!r}; import vramplan (it passes one in) before "
+                               "vramplan.models, or call use_built_model_reader")
     try:
-        return reader.architecture_from_built_model(config, name, source)
+        return _built_model_reader(config, name, source)
     except ModelConfigError as error:
         raise ModelConfigError(f"{error}; the formula reads model types "
                                f"{', '.join(SUPPORTED_MODEL_TYPES)} from their configs and "

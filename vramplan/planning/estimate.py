@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramplan.engines.memory_report import MemoryReport
 from vramplan.engines.registry import run_engine
-from vramplan.engines.report import MemoryReport
 from vramplan.engines.runtime import with_margin
 from vramplan.fit import SAFETY_MARGIN, check_margin
 from vramplan.job import Job

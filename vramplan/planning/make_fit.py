@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from itertools import combinations
 
+from vramplan.engines.memory_report import MemoryReport
 from vramplan.engines.registry import get_engine
-from vramplan.engines.report import Fix, MemoryReport
 from vramplan.errors import JobError
 from vramplan.fit import SAFETY_MARGIN, fits_within
 from vramplan.hardware.gpu import GPU
@@ -24,6 +24,7 @@ from vramplan.job import Job
 from vramplan.planning import techniques
 from vramplan.planning.changes import describe_changes
 from vramplan.planning.performance import performance_for
+from vramplan.planning.results import Fix
 
 GiB = 2**30
 MAX_COMBINED = 4  # techniques in one fix (bf16 weights + optimizer in backward + ... )

@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.engines import pipeline
-from vramplan.engines.report import Performance, PhaseTime
 from vramplan.engines.step import describe_step
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job
@@ -44,6 +43,7 @@ from vramplan.planning.efficiency import (
 )
 from vramplan.planning.flops import check_timed, step_flops
 from vramplan.planning.gemm import shape_efficiency
+from vramplan.planning.results import Performance, PhaseTime
 from vramplan.planning.traffic import step_traffic
 
 MICRO_PHASES = ("forward", "backward", "recompute")

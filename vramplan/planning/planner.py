@@ -25,7 +25,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from vramplan.engines.registry import get_engine
-from vramplan.engines.report import Bound
 from vramplan.errors import JobError
 from vramplan.fit import fits_within
 from vramplan.hardware import get_gpu, list_gpus
@@ -40,6 +39,7 @@ from vramplan.planning.layouts import fused_optimizer, gpu_counts, parallel_layo
 from vramplan.planning.options import PlanOptions, plan_options
 from vramplan.planning.performance import performance_for, step_terms, step_time
 from vramplan.planning.rentable import hardware, owned_note
+from vramplan.planning.results import Bound
 from vramplan.planning.techniques import ALLOW_NAMES, PLANNER_ALLOW
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)  # tried when the global batch is free

@@ -1,6 +1,7 @@
 """Largest batch size / sequence length that fits (core), grids of jobs (sweep), and the
 files written from them (views). Engine-agnostic: any engine is the oracle (oracle)."""
 
+from vramplan.engines.oom import describe_oom, is_out_of_memory, release_memory
 from vramplan.search.core import (
     DEFAULT_MARGIN,
     Oracle,
@@ -11,7 +12,6 @@ from vramplan.search.core import (
     max_seq_len,
     peak_of,
 )
-from vramplan.search.oom import describe_oom, is_out_of_memory, release_memory
 from vramplan.search.suggestions import suggestions_for
 from vramplan.search.sweep import SWEEP_FIELDS, SweepInterrupted, sweep
 from vramplan.search.views import plot, rows_csv, write_csv, write_json

@@ -27,11 +27,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from vramplan.engines.report import TENSOR_CATEGORIES, MemoryReport
+from vramplan.engines.memory_report import TENSOR_CATEGORIES, MemoryReport
+from vramplan.engines.oom import is_out_of_memory, release_memory, require_complete
 from vramplan.errors import JobError
 from vramplan.fit import SAFETY_MARGIN, check_margin, limit_bytes
 from vramplan.job import Job
-from vramplan.search.oom import is_out_of_memory, release_memory, require_complete
 from vramplan.search.suggestions import suggestions_for
 
 Oracle = Callable[[Job], "int | MemoryReport"]

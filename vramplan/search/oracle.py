@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from vramplan.engines.memory_report import MemoryReport
 from vramplan.engines.registry import get_engine, run_engine
-from vramplan.engines.report import MemoryReport
 from vramplan.errors import JobError
 from vramplan.job import Job
 from vramplan.units import parse_bytes

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from vramplan.engines.report import MemoryReport
+from vramplan.engines.memory_report import MemoryReport
+from vramplan.engines.oom import is_out_of_memory, release_memory, require_complete
 from vramplan.fit import fits_within
 from vramplan.job import Job
 from vramplan.search.core import DEFAULT_MARGIN
-from vramplan.search.oom import is_out_of_memory, release_memory, require_complete
 
 SWEEP_FIELDS = ("batch_size", "seq_len", "peak_allocated", "peak_reserved", "device_total",
                 "fits", "step_time_s", "samples_per_s", "tokens_per_s", "final_loss", "error")

@@ -18,7 +18,7 @@ the loss. The backend depends on where the step runs:
   - measure: Inductor itself (`"inductor"`), on the GPU or the CPU.
 
 `saved_for_backward` and `compare_saved` record what one forward saves for backward,
-eager versus compiled, on real CPU tensors (tests/test_compiled.py).
+eager versus compiled, on real CPU tensors (tests/training/test_compiled.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `measure` on CUDA runs what the user will run: bitsandbytes Linear4bit for QLoRA and its
 8-bit and paged optimizers, torchao's low-bit optimizers and float8 training. The trace
 (fake tensors) and CPU runs keep the stand-ins of training/emulate/, which hold the same
-tensors (tests/test_kernels.py checks their layouts against the libraries' CPU paths).
+tensors (tests/training/test_kernels.py checks their layouts against the libraries' CPU paths).
 
     kernels = select_kernels(job, torch.device("cuda"))   # EngineError if a library is missing
     kernels.qlora, kernels.optimizer, kernels.fp8           # "bitsandbytes", "torchao", ...

@@ -7,8 +7,9 @@ repeated blocks (the longest ModuleList of identical layers), each block's linea
 features, bias), its norms and parameters, the embeddings and the task head. Heads, key/value
 heads and the head size come from the config and the attention projections.
 
-vramplan.models reaches this module lazily (importlib) only when derive.py has no builder, so
-the catalog and the formula stay torch-free for every family derive.py knows.
+vramplan/__init__.py passes this reader to vramplan.models (which never imports training); it
+runs only when derive.py has no builder, so the catalog and the formula stay torch-free for
+every family derive.py knows.
 """
 
 from __future__ import annotations

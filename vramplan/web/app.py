@@ -3,7 +3,7 @@
     >>> from vramplan.web import create_app
     >>> app = create_app()      # uvicorn.run(app, host="127.0.0.1", port=8000)
 
-Every answer comes from the engine registry, vramplan.search and vramplan.report; this
+Every answer comes from the engine registry, vramplan.search and vramplan.views; this
 module only turns requests into Jobs and results into JSON or HTML. Errors are JSON
 ({"error": ..., "errors": [{"field", "message"}]}) with a 4xx code, never a traceback.
 """
@@ -19,8 +19,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from vramplan.engines.memory_report import MemoryReport
 from vramplan.engines.registry import run_engine
-from vramplan.engines.report import MemoryReport
 from vramplan.errors import UnknownNameError, VramplanError
 from vramplan.job import Job
 from vramplan.web import schemas
@@ -138,7 +138,7 @@ def create_app(*, max_queued_traces: int = 3, trace_grace_s: float = 30.0) -> Fa
         result = find(job, oracle, budget, margin=body.margin, maximum=maximum, **options)
         data = result.to_dict()
         if format == "html":
-            from vramplan.report.html import search_html
+            from vramplan.views.html import search_html
             return _html(search_html(data, job=job.model_dump(mode="json"), command=_command(
                 job, body.config, "search " + body.parameter.replace("_", "-"))))
         return JSONResponse(data)
@@ -163,12 +163,12 @@ def create_app(*, max_queued_traces: int = 3, trace_grace_s: float = 30.0) -> Fa
             row["fits_gpu"] = {g: row["device_total"] is not None and row["device_total"] <= v
                                for g, v in limits.items()}
         if format == "html":
-            from vramplan.report.html import sweep_html
+            from vramplan.views.html import sweep_html
             return _html(sweep_html(rows, job=body.job.model_dump(mode="json"), limits=limits,
                                     command=_command(body.job, body.config, "sweep")))
         chart = None
         if body.charts:
-            from vramplan.report import charts
+            from vramplan.views import charts
             chart = charts.figure_svg(*charts.sweep_heatmap_figure(rows, limits))
         return JSONResponse({"rows": rows, "limits": limits, "chart": chart})
 
@@ -189,12 +189,12 @@ def create_app(*, max_queued_traces: int = 3, trace_grace_s: float = 30.0) -> Fa
         finally:
             planners.release()
         if format == "html":
-            from vramplan.report.html import plan_html
+            from vramplan.views.html import plan_html
             return _html(plan_html(result, job=body.job, command=_command(
                 body.job, None, "plan", _plan_words(body))))
         chart = None
         if body.charts and result.candidates:
-            from vramplan.report import charts
+            from vramplan.views import charts
             chart = charts.figure_svg(*charts.plan_figure(result))
         return JSONResponse({"plan": result.model_dump(mode="json"), "chart": chart})
 
@@ -215,7 +215,7 @@ def create_app(*, max_queued_traces: int = 3, trace_grace_s: float = 30.0) -> Fa
     @app.post(f"{API}/export", responses=errors)
     def export(body: schemas.ExportRequest) -> schemas.ExportResponse:
         """The job as a command line and as a YAML job file."""
-        from vramplan.report.command import job_yaml, settings_without_flag
+        from vramplan.views.command import job_yaml, settings_without_flag
 
         return schemas.ExportResponse(
             command=_command(body.job, body.config, body.command),
@@ -293,7 +293,7 @@ def _max_positions(job: Job, config: dict | None) -> int | None:
 
 def _command(job: Job, config: dict | None, command: str = "estimate",
              extra: tuple[str, ...] = ()) -> str:
-    from vramplan.report.command import cli_command
+    from vramplan.views.command import cli_command
 
     if config is not None:  # the uploaded file, saved beside the command
         job = job.model_copy(update={"model": "config.json"})
@@ -301,14 +301,14 @@ def _command(job: Job, config: dict | None, command: str = "estimate",
 
 
 def _report_charts(report: MemoryReport) -> dict[str, str]:
-    from vramplan.report import charts
+    from vramplan.views import charts
 
     return {name: charts.figure_svg(fig, tips)
             for name, (fig, tips) in charts.report_figures(report).items()}
 
 
 def _report_page(report: MemoryReport, command: str) -> str:
-    from vramplan.report.html import report_html
+    from vramplan.views.html import report_html
     return report_html(report, command=command)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from vramplan.report.html import Section, esc, page_html, table_html
+from vramplan.views.html import Section, esc, page_html, table_html
 
 
 def api_docs_html(spec: dict[str, Any]) -> str:

@@ -30,7 +30,7 @@ from vramplan.cli.options import (
     write_html,
     write_or_print,
 )
-from vramplan.engines.report import MemoryReport
+from vramplan.engines.memory_report import MemoryReport
 from vramplan.fit import SAFETY_MARGIN
 from vramplan.job import Job
 
@@ -90,7 +90,7 @@ def estimate(
     if not job.gpu and (sort or tokens or samples or epochs) and not as_json:
         from vramplan.planning.amount import TrainingAmount
         from vramplan.planning.performance import per_gpu
-        from vramplan.report.plan_view import print_per_gpu
+        from vramplan.views.plan_view import print_per_gpu
 
         amount = TrainingAmount(
             tokens=parse_count(tokens) if tokens else None,
@@ -109,12 +109,12 @@ def write_views(report: MemoryReport, job: Job, *, html: Path | None, plot: Path
                 command: str = "estimate", extra: tuple[str, ...] = ()) -> None:
     """--html: the self-contained report; --plot: its figures as image files."""
     if html:
-        from vramplan.report.command import cli_command
-        from vramplan.report.html import report_html
+        from vramplan.views.command import cli_command
+        from vramplan.views.html import report_html
 
         write_html(html, report_html(report, command=cli_command(job, command, extra)))
     if plot:
-        from vramplan.report.charts import save_report_figures
+        from vramplan.views.charts import save_report_figures
 
         save_report_figures(report, plot)
 
@@ -123,11 +123,11 @@ def show(report: MemoryReport, job: Job, *, as_json: bool, unit: str = "GiB") ->
     if as_json:
         print_json(report.to_json_dict())
         return
-    from vramplan.report.terminal import print_report
+    from vramplan.views.terminal import print_report
 
     print_report(report, console, unit=unit, highlight_gpu=job.gpu)
     if report.performance is not None:
-        from vramplan.report.plan_view import print_performance
+        from vramplan.views.plan_view import print_performance
 
         print_performance(report.performance, console)
     if report.to_fit:

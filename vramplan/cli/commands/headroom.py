@@ -95,7 +95,7 @@ def _print_what_if(result) -> None:
     """One column per variant: memory, fit, speed, time and cost."""
     from rich.table import Table
 
-    from vramplan.report.plan_view import duration, money
+    from vramplan.views.plan_view import duration, money
 
     table = Table(title=f"what if, on {result.gpu} (fits: needs <= usable x "
                         f"(1 - {result.margin:g}))")

@@ -34,10 +34,10 @@ from vramplan.cli.options import (
     write_or_print,
 )
 from vramplan.compare import comparison_rows, run_for_compare
-from vramplan.engines.report import MemoryReport
+from vramplan.engines.memory_report import MemoryReport
+from vramplan.engines.oom import describe_oom, is_out_of_memory
 from vramplan.errors import EngineError, JobError
 from vramplan.job import Job
-from vramplan.search.oom import describe_oom, is_out_of_memory
 from vramplan.units import GiB, MiB, parse_bytes
 
 Steps = Annotated[int, typer.Option(help="timed optimizer steps")]
@@ -91,15 +91,15 @@ def measure(
     if out:
         write_or_print(out, json_text(report.to_json_dict()))
     if html:
-        from vramplan.report.command import cli_command
-        from vramplan.report.html import report_html
+        from vramplan.views.command import cli_command
+        from vramplan.views.html import report_html
 
         words = ("--steps", str(steps), "--warmup", str(warmup))
         write_html(html, report_html(report, command=cli_command(job, "measure", words)))
     if as_json:
         print_json(report.to_json_dict())
     else:
-        from vramplan.report.terminal import print_report
+        from vramplan.views.terminal import print_report
 
         print_report(report, console, highlight_gpu=job.gpu)
         print_measured(report)
@@ -190,8 +190,8 @@ def compare(
                for name in names}
     rows = comparison_rows(reports)
     if html:
-        from vramplan.report.command import cli_command
-        from vramplan.report.html import compare_html
+        from vramplan.views.command import cli_command
+        from vramplan.views.html import compare_html
 
         words = ("--engines", ",".join(names), "--steps", str(steps), "--warmup", str(warmup))
         write_html(html, compare_html(reports, command=cli_command(job, "compare", words)))

@@ -100,8 +100,8 @@ def plan(
     result = make_plan(job, options)
     data = result.model_dump(mode="json")
     if html:
-        from vramplan.report.command import cli_command
-        from vramplan.report.html import plan_html
+        from vramplan.views.command import cli_command
+        from vramplan.views.html import plan_html
 
         words = plan_words(options)
         write_html(html, plan_html(result, job=job,
@@ -109,7 +109,7 @@ def plan(
     if as_json:
         print_json(data)
     else:
-        from vramplan.report.plan_view import print_plan
+        from vramplan.views.plan_view import print_plan
 
         print_plan(result, console)
         _print_in_config(result, job)

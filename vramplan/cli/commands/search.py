@@ -252,8 +252,8 @@ def _finish(result: _search.SearchResult, what: str, as_json: bool, out: Path | 
 def _write_html(path: Path | None, result: _search.SearchResult, job: Job, command: str,
                 engine: str) -> None:
     if path:
-        from vramplan.report.command import cli_command
-        from vramplan.report.html import search_html
+        from vramplan.views.command import cli_command
+        from vramplan.views.html import search_html
 
         extra = () if engine == "formula" else ("--engine", engine)
         write_html(path, search_html(result.to_dict(), job=job,
@@ -331,8 +331,8 @@ def sweep(
         _search.plot(rows, plot_out, limit_bytes=limit, limit_label=what or "limit",
                      title=f"{job.model}: peak memory ({engine})")
     if html:
-        from vramplan.report.command import cli_command
-        from vramplan.report.html import sweep_html
+        from vramplan.views.command import cli_command
+        from vramplan.views.html import sweep_html
 
         words = ["--batch-sizes", ",".join(map(str, batches))]
         words += ["--seq-lens", ",".join(map(str, seqs))] if seq_lens else []

@@ -16,12 +16,12 @@ from vramplan.engines.formula.saved import (
     outside_block_activations,
     stack_activations,
 )
+from vramplan.engines.memory_report import CATEGORIES, MemoryReport
 from vramplan.engines.param_memory import (
     hidden_size,
     largest_trainable_bytes,
     unified_state_bytes,
 )
-from vramplan.engines.report import CATEGORIES, MemoryReport
 from vramplan.engines.runtime import (
     fit_table,
     runtime_context_bytes,

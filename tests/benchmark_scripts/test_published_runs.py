@@ -1,0 +1,163 @@
+"""benchmarks/published_runs.py: published training runs as Jobs, with their measured rates."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
+import published_runs  # noqa: E402
+
+from vramplan.models import load_architecture  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return {r["id"]: r for r in published_runs.load_rows()}
+
+
+def test_every_row_once_and_every_row_a_job(rows):
+    # the 36 llm-foundry rows in both files once; 54 rows collected from six more sources
+    assert len(rows) == 77 + 216 - 36 + 14 + 54
+    skipped = [c for c in published_runs.cases() if c.job is None]
+    assert skipped == []
+
+
+@pytest.mark.parametrize("row_id", [
+    "llmfoundry_mpt125m_a100_80gb_8gpu_seq2048_amp_bf16",
+    "llmfoundry_mpt7b_h100_80gb_8gpu_seq65536_amp_bf16",
+    "llmfoundry_mpt70b_h100_80gb_512gpu_seq2048_amp_bf16",
+])
+def test_mpt_parameters_equal_llm_foundry_s_own_count(rows, row_id):
+    row = rows[row_id]
+    arch = load_architecture(published_runs.case(row).job.model)
+    assert arch.total_params() == row["model_config"]["num_params"]
+
+
+def test_megatron_mfu_rows_become_tokens_per_second_with_the_source_s_flop_count(rows):
+    row = rows["megatron_h100_weak_gpt_1.7b_48gpu"]
+    layers, h, s, v = 24, 2048, 4096, 131072
+    per_token = 12 * layers * h * h * (6 + s / h + v / (2 * layers * h))
+    case = published_runs.case(row)
+    assert case.measured_tokens_per_s_per_gpu == pytest.approx(408.8e12 / per_token)
+    assert case.job.parallel.num_gpus == 48 and case.job.seq_len == 4096
+    # 192 sequences over 48 data-parallel GPUs at the assumed micro-batch 1
+    assert case.job.grad_accum == 4 and "micro-batch 1" in case.assumed
+
+
+def test_megatron_2021_counts_the_recomputed_forward(rows):
+    row = rows["megatron_a100_2021_gpt_1.7b_32gpu"]
+    layers, h, s, v = 24, 2304, 2048, 51200
+    per_token = 96 * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    case = published_runs.case(row)
+    assert case.measured_tokens_per_s_per_gpu == pytest.approx(137e12 / per_token)
+    assert case.job.checkpointing == "full" and case.job.precision == "fp16-mixed"
+
+
+def test_kempnerforge_rows_match_the_report_s_own_counts(rows):
+    # the report: 7B 8.03B, 13B 14.84B, 70B 70.55B parameters; tokens per step per
+    # data-parallel rank = batch x accumulation x 4096
+    for row_id, params in (("kempnerforge_01_7b_1xh200_single", 8.03e9),
+                           ("kempnerforge_08_13b_8xh200_fsdp8", 14.84e9),
+                           ("kempnerforge_14_70b_32xh200_tp4_fsdp8", 70.55e9)):
+        case = published_runs.case(rows[row_id])
+        arch = load_architecture(case.job.model)
+        assert arch.total_params() == pytest.approx(params, rel=5e-3)
+        dp = case.job.parallel.num_gpus // case.job.parallel.tensor_parallel
+        tokens = case.job.batch_size * case.job.grad_accum * case.job.seq_len * dp
+        step = rows[row_id]["also_reported"]["step_time_s"]
+        total = rows[row_id]["also_reported"]["tokens_per_s_total"]
+        assert tokens / step == pytest.approx(total, rel=0.01)
+
+
+# rows per source group we collected (benchmarks/data/published_runs/README.md)
+COLLECTED = {"lambda-bert": 23, "olmo-core": 10, "bigscience": 12, "flash-attention": 5, "llm.c": 1,
+             "llama3-paper": 3}
+
+
+def test_every_collected_row_becomes_a_job_on_a_catalog_gpu(rows):
+    from vramplan.hardware import get_gpu
+    cases = [c for c in published_runs.cases() if c.source in COLLECTED]
+    counts = {group: sum(c.source == group for c in cases) for group in COLLECTED}
+    assert counts == COLLECTED
+    for c in cases:
+        assert c.job is not None, (c.id, c.skipped)
+        assert get_gpu(c.gpu).name == c.gpu
+        assert c.measured_tokens_per_s_per_gpu > 0
+        par = c.job.parallel
+        assert par.num_gpus == rows[c.id]["num_gpus"]
+        # micro-batch x accumulation x data-parallel GPUs = the stated global batch
+        assert c.job.batch_size * c.job.grad_accum * par.data_parallel == rows[c.id]["global_batch"]
+
+
+def test_collected_parameter_counts_match_the_sources_within_3_percent(rows):
+    # stated: BLOOM 176B and the chronicle's 181B / 196B, the GPT-3 sizes of
+    # flash-attention's table, llm.c's GPT-2 124M, Llama 3's 405B
+    stated = [r for r in rows.values() if r["source_group"] in COLLECTED
+              and r["model_config"].get("params")]
+    assert len(stated) == 12 + 5 + 1 + 3
+    for row in stated:
+        case = published_runs.case(row)
+        params = load_architecture(case.job.model).total_params(case.job.task)
+        assert params == pytest.approx(row["model_config"]["params"], rel=0.03), row["id"]
+
+
+def test_sequences_per_second_and_step_times_become_tokens_per_second_per_gpu(rows):
+    # Lambda: 2167 sequences/s of 384 tokens over 8 H100s
+    case = published_runs.case(rows["lambda_bert_large_squad_fp16_8xh100-sxm"])
+    assert case.measured_tokens_per_s_per_gpu == pytest.approx(2167 * 384 / 8)
+    assert case.job.task == "seq-classification" and case.job.precision == "fp16-mixed"
+    assert case.job.parallel.strategy == "ddp" and case.job.batch_size == 112
+    # BLOOM: 2048 sequences of 2048 tokens in 104.70 s on 384 GPUs, TP 4 x PP 12 x DP 8
+    case = published_runs.case(rows["bigscience_bloom176b_384xa100_tp4_pp12_mbs2"])
+    assert case.measured_tokens_per_s_per_gpu == pytest.approx(2048 * 2048 / 104.70 / 384)
+    par = case.job.parallel
+    assert (par.tensor_parallel, par.pipeline_parallel, par.data_parallel) == (4, 12, 8)
+    assert case.job.grad_accum == 2048 // (2 * 8) and case.job.checkpointing == "full"
+
+
+def test_olmo_core_rows_keep_their_float8_and_sharding(rows):
+    bf16 = published_runs.case(rows["olmocore_7b_bf16_h100"])
+    fp8 = published_runs.case(rows["olmocore_7b_fp8_h100"])
+    assert (bf16.job.precision, fp8.job.precision) == ("bf16-mixed", "fp8")
+    assert bf16.job.parallel.strategy == "hybrid-shard" and bf16.job.compile
+    big = published_runs.case(rows["olmocore_32b_bf16_h100"])
+    assert big.job.parallel.strategy == "fsdp" and big.job.checkpointing == "full"
+    assert any("MLP only" in a for a in big.assumed)
+
+
+def test_llama3_rows_derive_tokens_from_the_table_s_tflops(rows):
+    row = rows["llama3_405b_16384xh100_tp8_cp16_pp16_seq131072"]
+    case = published_runs.case(row)
+    params = load_architecture(case.job.model).total_params()
+    # 380 TFLOP/s per GPU over 6 N + 6 l h s FLOPs per token, s = 131072
+    per_token = 6 * params + 6 * 126 * 16384 * 131072
+    assert case.measured_tokens_per_s_per_gpu == pytest.approx(380e12 / per_token, rel=1e-3)
+    par = case.job.parallel
+    assert (par.tensor_parallel, par.context_parallel, par.pipeline_parallel,
+            par.data_parallel) == (8, 16, 16, 8)
+    # 16M tokens = 128 sequences of 128k over 8 data-parallel ranks at the assumed micro-batch 1
+    assert case.job.grad_accum == 16 and "micro-batch 1" in case.assumed
+    assert par.strategy == "zero2"
+
+
+def test_a_rows_own_node_size_and_tp_overlap_reach_the_job(rows):
+    # KempnerForge states 4 H200 per node; NeMo's GB200 rows state none: the catalog's
+    # 72-GPU NVLink domain stays; Megatron's --tp-comm-overlap rows overlap TP
+    kempner = published_runs.case(rows["kempnerforge_07_7b_8xh200_tp4_fsdp2"]).job.parallel
+    assert kempner.gpus_per_node == 4 and "gpus_per_node" in kempner.model_fields_set
+    gb200 = published_runs.case(rows["mbridge2511_llama370b_64xgb200_fp8cs"]).job.parallel
+    assert "gpus_per_node" not in gb200.model_fields_set
+    assert published_runs.case(rows["megatron_h100_weak_gpt_16b_192gpu"]).job.parallel.async_tp
+    assert not kempner.async_tp
+
+
+def test_two_sources_models_of_one_name_keep_their_own_config(rows):
+    # KempnerForge's and OLMo-core's Llama-3 8B share layers, hidden and ffn (the config's
+    # name) but not every key: each row must read its own config.json
+    configs = {}
+    for row in rows.values():
+        case = published_runs.case(row)
+        if case.job is not None and case.job.model.startswith("/"):
+            text = (Path(case.job.model) / "config.json").read_text()
+            assert configs.setdefault(case.job.model, text) == text, row["id"]

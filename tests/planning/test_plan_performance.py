@@ -1,0 +1,199 @@
+"""Performance model: communication volumes, rates per dtype, training time and cost."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from vramplan.api import estimate
+from vramplan.errors import JobError
+from vramplan.hardware import get_gpu
+from vramplan.job import Job, Parallel, Peft
+from vramplan.models import load_architecture
+from vramplan.planning.amount import TrainingAmount
+from vramplan.planning.comm import collectives, ring_bytes
+from vramplan.planning.flops import step_flops
+from vramplan.planning.performance import predict, step_terms
+
+LLAMA_1B_PARAMS = 1_235_814_400  # llama-3.2-1b with its tied head (tests/models/test_models.py)
+H100 = get_gpu("H100-SXM")
+
+
+def _job(**changes) -> Job:
+    return Job(**{"model": "llama-3.2-1b", "batch_size": 4, "seq_len": 2048, **changes})
+
+
+def test_ring_collective_bytes():
+    # a ring all-reduce sends 2 (n-1)/n of the buffer; reduce-scatter / all-gather (n-1)/n
+    assert ring_bytes("all-reduce", 800, 8) == 2 * 7 / 8 * 800
+    assert ring_bytes("all-gather", 800, 8) == 7 / 8 * 800
+    assert ring_bytes("all-reduce", 800, 1) == 0
+
+
+def test_ddp_all_reduces_fp32_gradients_once_per_step_inside_a_node():
+    job = _job(grad_accum=4, parallel=Parallel(strategy="ddp", num_gpus=8))
+    (c,) = collectives(job, load_architecture(job.model), H100)
+    assert c.bytes_per_gpu == 2 * 7 / 8 * 4 * LLAMA_1B_PARAMS
+    assert (c.per, c.overlaps, c.link, c.group) == ("step", "backward", "interconnect", 8)
+    # 16 GPUs do not fit one 8-GPU node: the ring runs over the network
+    (c16,) = collectives(job.with_changes(parallel=Parallel(strategy="ddp", num_gpus=16)),
+                         load_architecture(job.model), H100)
+    assert c16.link == "network"
+
+
+def test_fsdp_gathers_16bit_weights_twice_and_reduce_scatters_per_micro_batch():
+    job = _job(parallel=Parallel(strategy="fsdp", num_gpus=4))
+    gathers = [c for c in collectives(job, load_architecture(job.model), H100)]
+    assert [c.name for c in gathers] == ["parameter all-gather, forward (fsdp)",
+                                         "parameter all-gather, backward (fsdp)",
+                                         "gradient reduce-scatter (fsdp)"]
+    assert gathers[0].bytes_per_gpu == 3 / 4 * 2 * LLAMA_1B_PARAMS   # bf16 under autocast
+    assert gathers[2].bytes_per_gpu == 3 / 4 * 4 * LLAMA_1B_PARAMS   # fp32 gradients
+    assert all(c.per == "micro-batch" for c in gathers)
+
+
+def test_tensor_parallel_all_reduces_activations_four_times_per_block():
+    job = _job(batch_size=1, parallel=Parallel(tensor_parallel=2, num_gpus=2))
+    (c,) = collectives(job, load_architecture(job.model), H100)
+    # 16 blocks x 4 all-reduces (2 forward, 2 backward) of b*s*h bf16 = 1*2048*2048*2 bytes
+    assert c.bytes_per_gpu == 2 * 1 / 2 * 16 * 4 * 2048 * 2048 * 2
+
+
+def test_a_switchless_4_gpu_nvlink_node_gives_a_pair_a_third_of_the_links():
+    # H200 on 4-GPU boards (no NVSwitch): each GPU's NVLink is split among 3 peers, so TP 2
+    # reaches 1/3 of 450 GB/s; TP 4 uses every link; the catalog's 8-GPU NVSwitch node 1
+    arch, h200 = load_architecture("llama-3.2-1b"), get_gpu("H200")
+    pair = _job(batch_size=1, parallel=Parallel(tensor_parallel=2, num_gpus=2, gpus_per_node=4))
+    (c,) = collectives(pair, arch, h200)
+    assert (c.link, c.link_share) == ("interconnect", 1 / 3)
+    (terms,) = step_terms(pair, h200, arch).collectives
+    assert terms.link_s == c.bytes_per_gpu / (450e9 / 3)
+    quad = pair.with_changes(parallel=Parallel(tensor_parallel=4, num_gpus=4, gpus_per_node=4))
+    assert collectives(quad, arch, h200)[0].link_share == 1.0
+    switched = pair.with_changes(parallel=Parallel(tensor_parallel=2, num_gpus=2))
+    assert collectives(switched, arch, h200)[0].link_share == 1.0
+
+
+def test_the_jobs_own_node_size_decides_what_crosses_the_network():
+    # 8 FSDP ranks: one node of the catalog's 8 H200, but two of the job's 4-GPU nodes
+    arch, h200 = load_architecture("llama-3.2-1b"), get_gpu("H200")
+    job = _job(parallel=Parallel(strategy="fsdp", num_gpus=8))
+    assert {c.link for c in collectives(job, arch, h200)} == {"interconnect"}
+    four = job.with_changes(parallel=Parallel(strategy="fsdp", num_gpus=8, gpus_per_node=4))
+    assert {c.link for c in collectives(four, arch, h200)} == {"network"}
+
+
+def test_a_ring_across_nodes_uses_the_nics_of_its_gpus_in_each_node():
+    # FSDP over 16 H100 (2 nodes of 8): each of NCCL's rings crosses a node through another
+    # GPU's NIC, so the 8 GPUs of a node move the ring at 8 x 50 = 400 GB/s (under NVLink's 450)
+    arch = load_architecture("llama-3.2-1b")
+    job = _job(parallel=Parallel(strategy="fsdp", num_gpus=16))
+    gather = collectives(job, arch, H100)[0]
+    assert (gather.link, gather.nics) == ("network", 8)
+    assert step_terms(job, H100, arch).collectives[0].link_s == gather.bytes_per_gpu / 400e9
+    # with TP 4 inside each node, a data-parallel group has 2 ranks per node: 2 x 50 GB/s
+    tp4 = job.with_changes(parallel=Parallel(strategy="fsdp", num_gpus=16, tensor_parallel=4))
+    gather4 = collectives(tp4, arch, H100)[0]
+    assert gather4.nics == 2
+    assert step_terms(tp4, H100, arch).collectives[0].link_s == gather4.bytes_per_gpu / 100e9
+    # a pipeline's point-to-point send uses one GPU's NIC
+    pp = job.with_changes(parallel=Parallel(num_gpus=16, pipeline_parallel=2,
+                                            strategy="fsdp"), grad_accum=4)
+    send = [c for c in collectives(pp, arch, H100) if "pipeline" in c.name][0]
+    assert (send.link, send.nics) == ("network", 1)
+
+
+def test_async_tensor_parallel_hides_its_collectives_behind_compute():
+    arch = load_architecture("llama-3.2-1b")
+    job = _job(parallel=Parallel(tensor_parallel=2, num_gpus=2))
+    assert collectives(job, arch, H100)[0].overlaps == ""        # on the critical path
+    overlapped = job.with_changes(parallel=Parallel(tensor_parallel=2, num_gpus=2,
+                                                    async_tp=True))
+    assert collectives(overlapped, arch, H100)[0].overlaps == "both"
+    assert predict(overlapped, H100).step_time_s < predict(job, H100).step_time_s
+
+
+def test_fp8_attention_runs_at_the_16_bit_rate():
+    # float8 converts the linears; flash attention stays bf16: its time is FLOPs / bf16 peak
+    arch = load_architecture("llama-3.2-1b")
+    bf16 = {p.phase: p for p in step_terms(_job(), H100, arch).phases}
+    fp8 = {p.phase: p for p in step_terms(_job(precision="fp8"), H100, arch).phases}
+    assert fp8["forward"].attention_s == bf16["forward"].attention_s > 0
+    assert fp8["forward"].matmul_s < bf16["forward"].matmul_s
+
+
+def test_fp8_runs_at_the_fp8_rate_only_where_the_gpu_has_fp8():
+    bf16, fp8 = _job(), _job(precision="fp8")
+    assert predict(fp8, H100).compute_dtype == "fp8"
+    assert predict(fp8, H100).step_time_s < predict(bf16, H100).step_time_s
+    a100 = get_gpu("A100-80GB")
+    slow = predict(fp8, a100)
+    assert slow.compute_dtype == "bf16"
+    assert any("no fp8 tensor cores" in n for n in slow.notes)
+
+
+def test_mfu_tokens_and_flops_are_consistent():
+    job = _job(grad_accum=2)
+    perf = predict(job, H100)
+    flops = step_flops(job)
+    assert perf.tokens_per_step == 4 * 2048 * 2
+    assert perf.tokens_per_s == pytest.approx(perf.tokens_per_step / perf.step_time_s)
+    assert perf.mfu == pytest.approx(2 * flops.model_flops / (perf.step_time_s * 989.4e12),
+                                     rel=1e-3)
+    assert 0 < perf.mfu < 1
+    assert sum(p.time_s * p.per_step for p in perf.phases) == pytest.approx(perf.step_time_s)
+
+
+def test_more_data_parallel_gpus_train_faster_with_the_same_work_per_gpu():
+    one = predict(_job(), H100)
+    eight = predict(_job(parallel=Parallel(strategy="ddp", num_gpus=8)), H100)
+    assert eight.tokens_per_s > 6 * one.tokens_per_s
+    assert eight.tokens_per_s_per_gpu <= one.tokens_per_s_per_gpu
+    assert eight.flops_per_step == pytest.approx(8 * one.flops_per_step)
+
+
+def test_training_time_and_cost_follow_from_the_step():
+    job = _job(parallel=Parallel(strategy="ddp", num_gpus=2))
+    perf = predict(job, H100, TrainingAmount(tokens=10**9))
+    steps = 10**9 / (4 * 2048 * 2)
+    assert perf.steps == pytest.approx(steps)
+    assert perf.training_time_s == pytest.approx(steps * perf.step_time_s)
+    assert perf.gpu_hours == pytest.approx(perf.training_time_s * 2 / 3600)
+    assert perf.cost_usd == pytest.approx(perf.gpu_hours * H100.price_per_hour)
+    cheap = predict(job, H100, TrainingAmount(tokens=10**9, price_per_hour=1.0))
+    assert cheap.cost_usd == pytest.approx(perf.gpu_hours)
+    epochs = predict(job, H100, TrainingAmount(epochs=2, dataset_samples=1000))
+    assert epochs.steps == pytest.approx(2 * 1000 / 8)
+    # no price in the catalog and none given: no cost, the time still
+    unpriced = predict(job, get_gpu("MI250X"), TrainingAmount(tokens=10**9))
+    assert unpriced.cost_usd is None and unpriced.training_time_s > 0
+    assert predict(job, H100).training_time_s is None
+
+
+@pytest.mark.parametrize("amount,message", [
+    (dict(tokens=0), "greater than 0"),
+    (dict(tokens=10, samples=10), "not tokens and samples"),
+    (dict(epochs=1), "dataset_samples"),
+])
+def test_bad_amounts_are_refused_clearly(amount, message):
+    with pytest.raises(JobError, match=message):
+        estimate(_job(), gpu="H100-SXM", **amount)
+
+
+def test_estimate_fills_performance_only_with_a_gpu():
+    assert estimate(_job()).performance is None
+    report = estimate(_job(peft=Peft(rank=8)), gpu="L4", tokens=10**8)
+    assert report.performance.gpu == "L4" and report.performance.cost_usd > 0
+    assert report.to_json_dict()["performance"]["step_time_s"] > 0
+    assert estimate(Job(model="resnet-50"), gpu="L4").performance is None  # not modelled
+
+
+def test_performance_imports_no_torch():
+    code = ("import sys; from vramplan.api import estimate; from vramplan import Job; "
+            "estimate(Job(model='llama-3.2-1b'), gpu='H100-SXM', tokens=10**9); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"

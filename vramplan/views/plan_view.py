@@ -1,0 +1,127 @@
+"""Terminal views of predicted performance and of a plan (rich)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from vramplan.planning.results import Performance
+
+GiB = 2**30
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:,.1f} {unit}"
+    return f"{seconds:.3g} s"
+
+
+def money(usd: float | None) -> str:
+    return "-" if usd is None else f"${usd:,.0f}" if usd >= 100 else f"${usd:,.2f}"
+
+
+def print_performance(perf: Performance, console: Console) -> None:
+    console.print(f"\n[bold]Performance[/bold] on {perf.num_gpus} x {perf.gpu} "
+                  f"({perf.compute_dtype} tensor cores; factors: {perf.factors})")
+    table = Table(show_header=True, header_style="bold")
+    for column in ("phase", "time", "x per step", "bound"):
+        table.add_column(column, justify="left" if column in ("phase", "bound") else "right")
+    for p in perf.phases:
+        table.add_row(p.phase, f"{1000 * p.time_s:,.1f} ms", str(p.per_step), p.bound)
+    console.print(table)
+    span = ""
+    if perf.step_time_range_s:
+        lo, hi = perf.step_time_range_s
+        span = f" (80%: {1000 * lo:,.1f}-{1000 * hi:,.1f} ms)"
+    console.print(f"step {1000 * perf.step_time_s:,.1f} ms{span}, "
+                  f"{perf.tokens_per_s:,.0f} tokens/s "
+                  f"({perf.tokens_per_s_per_gpu:,.0f} per GPU), {perf.samples_per_s:,.2f} "
+                  f"samples/s, MFU {100 * perf.mfu:.0f}%, bound by {perf.bound}")
+    if perf.training_time_s is not None:
+        t_span = (f" (80%: {duration(perf.training_time_range_s[0])}-"
+                  f"{duration(perf.training_time_range_s[1])})"
+                  if perf.training_time_range_s else "")
+        c_span = (f" (80%: {money(perf.cost_range_usd[0])}-{money(perf.cost_range_usd[1])})"
+                  if perf.cost_range_usd else "")
+        console.print(f"training: {perf.steps:,.0f} steps, {duration(perf.training_time_s)}"
+                      f"{t_span}, {perf.gpu_hours:,.1f} GPU-hours, "
+                      + (f"{money(perf.cost_usd)}{c_span} at ${perf.price_per_hour:g}/GPU-hour"
+                         if perf.cost_usd is not None else "no price known (--price-per-hour)"))
+    for note in perf.notes:
+        console.print(f"  note: {note}")
+
+
+def print_plan(plan, console: Console) -> None:
+    """The plan: candidates with the picks marked, the reasons, what was ruled out."""
+    if plan.status == "nothing-fits":
+        console.print(f"[bold red]Nothing fits.[/bold red] Closest: {plan.closest_miss}")
+        for fix in plan.to_fit:
+            console.print(f"  would fit with {fix}")
+    elif plan.status == "constraints-unmet":
+        console.print(f"[bold red]Nothing meets the cost or deadline.[/bold red] "
+                      f"{plan.closest_miss}")
+    else:
+        marks = {}
+        for choice in (plan.recommended, plan.cheapest, plan.fastest):
+            key = (choice.candidate.gpu, choice.candidate.num_gpus)
+            marks[key] = ", ".join(filter(None, [marks.get(key), choice.label]))
+        front = {(c.gpu, c.num_gpus) for c in plan.front}
+        table = Table(show_header=True, header_style="bold")
+        for column in ("#", "GPUs", "time", "cost", "tokens/s", "MFU", "bound", "memory",
+                       "pick"):
+            table.add_column(column, justify="left" if column in ("GPUs", "bound", "pick")
+                             else "right")
+        for i, c in enumerate(plan.candidates, 1):
+            key = (c.gpu, c.num_gpus)
+            owned = " (owned)" if c.hardware == "owned" else ""
+            table.add_row(str(i), f"{c.num_gpus} x {c.gpu}{owned}", duration(c.training_time_s),
+                          money(c.cost_usd) if c.cost_usd is not None else (
+                              f"${c.cost_per_million_tokens:.3f}/Mtok"
+                              if c.cost_per_million_tokens else "-"),
+                          f"{c.tokens_per_s:,.0f}", f"{100 * c.mfu:.0f}%", c.bound,
+                          f"{c.device_total_bytes / GiB:.0f}/{c.usable_bytes / GiB:.0f}G",
+                          marks.get(key, "front" if key in front else ""))
+        console.print(table)
+        for i, c in enumerate(plan.candidates, 1):
+            console.print(f"{i}. {c.flags or '(as given)'}", soft_wrap=True)
+        for choice in (plan.recommended, plan.cheapest, plan.fastest):
+            console.print(f"[bold]{choice.label}[/bold]: {choice.reason}")
+    if plan.ruled_out:
+        console.print("\nRuled out:")
+        for r in plan.ruled_out:
+            console.print(f"  {r.gpu}: {r.reason}")
+    for note in plan.notes:
+        console.print(f"note: {note}")
+
+
+def print_per_gpu(rows, console: Console) -> None:
+    """Time and cost per GPU type (estimate without --gpu)."""
+    table = Table(show_header=True, header_style="bold")
+    amount = any(perf is not None and perf.cost_usd is not None for _, perf in rows)
+    for column in ("GPU", "fits", "headroom", "step", "tokens/s", "time",
+                   "cost" if amount else "$/M tokens"):
+        table.add_column(column, justify="left" if column in ("GPU", "fits") else "right")
+    for fit, perf in rows:
+        table.add_row(fit.gpu, "yes" if fit.fits else "no",
+                      f"{100 * fit.headroom_bytes / fit.usable_bytes:+.0f}%",
+                      f"{1000 * perf.step_time_s:,.0f} ms" if perf else "-",
+                      f"{perf.tokens_per_s:,.0f}" if perf else "-",
+                      duration(perf.training_time_s) if perf else "-",
+                      _cost_cell(perf))
+    console.print(table)
+
+
+def _cost_cell(perf: Performance | None) -> str:
+    """The training's cost; without an amount (--tokens ...), the cost of a million tokens
+    (the column says so), which is what --sort cost then sorts on."""
+    if perf is None:
+        return "-"
+    if perf.cost_usd is not None:
+        return money(perf.cost_usd)
+    if not perf.price_per_hour or not perf.tokens_per_s:
+        return "-"
+    per_million = perf.price_per_hour * perf.num_gpus / perf.tokens_per_s / 3600 * 1e6
+    return money(per_million)
