@@ -5,24 +5,46 @@
     >>> report.peak_allocated  # bytes per GPU
 
 Importing vramplan never imports torch: the formula engine answers instantly; trace,
-measure and track import it when called.
+measure and track import it when called. The names below load on first use (PEP 562), so
+that the command's entry point (cli/entry.py) is running within milliseconds and a Ctrl-C
+while the libraries load gets its one line.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from vramplan._version import __version__
-from vramplan.api import estimate, measure, plan, run_engine, trace
-from vramplan.engines.report import CATEGORIES, GpuFit, MemoryReport, Performance
-from vramplan.errors import (
-    EngineError,
-    JobError,
-    JobFileError,
-    ModelConfigError,
-    UnknownNameError,
-    VramplanError,
-)
-from vramplan.integrations.preflight import preflight
-from vramplan.job import Float8, Job, Offload, Parallel, Peft, Runtime
-from vramplan.search import max_batch_size, max_seq_len, sweep
-from vramplan.tracking import track
+
+if TYPE_CHECKING:
+    from vramplan.api import estimate, measure, plan, run_engine, trace
+    from vramplan.engines.report import CATEGORIES, GpuFit, MemoryReport, Performance
+    from vramplan.errors import (
+        EngineError,
+        JobError,
+        JobFileError,
+        ModelConfigError,
+        UnknownNameError,
+        VramplanError,
+    )
+    from vramplan.integrations.preflight import preflight
+    from vramplan.job import Float8, Job, Offload, Parallel, Peft, Runtime
+    from vramplan.search import max_batch_size, max_seq_len, sweep
+    from vramplan.tracking import track
+
+_HOME = {  # public name -> the module that defines it
+    **dict.fromkeys(("estimate", "measure", "plan", "run_engine", "trace"), "vramplan.api"),
+    **dict.fromkeys(("CATEGORIES", "GpuFit", "MemoryReport", "Performance"),
+                    "vramplan.engines.report"),
+    **dict.fromkeys(("EngineError", "JobError", "JobFileError", "ModelConfigError",
+                     "UnknownNameError", "VramplanError"), "vramplan.errors"),
+    "preflight": "vramplan.integrations.preflight",
+    **dict.fromkeys(("Float8", "Job", "Offload", "Parallel", "Peft", "Runtime"),
+                    "vramplan.job"),
+    **dict.fromkeys(("max_batch_size", "max_seq_len", "sweep"), "vramplan.search"),
+    "track": "vramplan.tracking",
+}
 
 __all__ = [
     "CATEGORIES", "EngineError", "Float8", "GpuFit", "Job", "JobError", "JobFileError",
@@ -30,3 +52,15 @@ __all__ = [
     "UnknownNameError", "VramplanError", "__version__", "estimate", "max_batch_size", "max_seq_len",
     "measure", "plan", "preflight", "run_engine", "sweep", "trace", "track",
 ]
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module 'vramplan' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
