@@ -33,9 +33,8 @@ RESULTS = results_dir()
 THRESHOLD = 0.05
 
 # Dropout rates are written out as the published configs have them (gpt2, bert-base-uncased,
-# t5-small: 0.1): left out, transformers applies its config class's default (0.1) while
-# vramplan's config reader takes 0 (models/derive.py), and the two engines would compare
-# different models (it was the main cause of the T5 differences in the first run).
+# t5-small: 0.1); left out, both engines now take transformers' config class default
+# (models/dropout_defaults.toml), which is the same 0.1.
 CONFIGS = {
     "llama": dict(model_type="llama", hidden_size=128, intermediate_size=344,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

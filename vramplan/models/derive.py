@@ -11,11 +11,14 @@ cross-attention "q"); like peft, a target name selects all of them.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import math
+import tomllib
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from ..errors import ModelConfigError
@@ -25,6 +28,14 @@ _MISSING = object()
 # Larger sizes are typos: no tensor dimension or layer count comes near 2**31 (and torch
 # indexes with int32 in places), and they would overflow the arithmetic downstream.
 MAX_CONFIG_INT = 2**31 - 1
+
+
+@functools.cache
+def _dropout_defaults() -> dict[str, dict[str, float]]:
+    """model_type -> config key -> the rate transformers takes when the key is missing."""
+    with open(Path(__file__).with_name("dropout_defaults.toml"), "rb") as f:
+        data = tomllib.load(f)
+    return {family: rates for family, rates in data.items() if isinstance(rates, dict)}
 
 
 def _short(value: Any) -> str:
@@ -73,11 +84,12 @@ class _Cfg:
     def opt_int(self, key: str, default: int) -> int:
         return self.int(key) if self.raw.get(key) is not None else default
 
-    def float(self, key: str, default: float = 0.0) -> float:
-        """A probability (dropout rates are the only floats read)."""
+    def float(self, key: str) -> float:
+        """A probability (dropout rates are the only floats read); a missing one is what
+        transformers' config class defaults it to (dropout_defaults.toml)."""
         v = self.raw.get(key)
         if v is None:
-            return default
+            return _dropout_defaults().get(self.model_type, {}).get(key, 0.0)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
             raise ModelConfigError(
                 f"{self.name}: config key {key!r} must be a number from 0 to 1, got {_short(v)}")
