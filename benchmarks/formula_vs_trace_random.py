@@ -92,15 +92,6 @@ def cause(job: dict) -> str:
                 "the end of backward are not in the formula")
     if strategy in ("ddp", "zero1"):
         return "suspected: DDP's gradient buckets as the trace allocates them (not investigated)"
-    if job["family"] == "t5" and fields["attention"] == "eager":
-        return ("T5 with eager attention: the formula under-counts what the attention saves "
-                "(scores with the trained position bias, softmax, dropout); T5 was checked "
-                "against the trace with sdpa only")
-    if job["family"] == "t5":
-        return ("suspected: T5 at a 128 width: the formula under-counts T5 activations "
-                "that do not scale with the width (the relative position bias, heads x s x "
-                "s); within 2% at t5-small's width (test_formula_vs_trace), not traced to a "
-                "tensor yet")
     if fields.get("peft", {}).get("method") == "qlora":
         return ("suspected: QLoRA on 128-wide layers: per-tensor 4-bit layout overheads "
                 "and dequantised-weight transients of the trace's low-bit stand-ins are a "
