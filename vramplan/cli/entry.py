@@ -18,7 +18,11 @@ def _interrupted_while_loading(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    previous = signal.signal(signal.SIGINT, _interrupted_while_loading)
+    try:
+        previous = signal.signal(signal.SIGINT, _interrupted_while_loading)
+    except ValueError:  # not the main thread (an embedding program): its handlers stay
+        previous = None
     from vramplan.cli.app import main as run
-    signal.signal(signal.SIGINT, previous)  # from here main() turns Ctrl-C into its line
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)  # from here main() turns Ctrl-C into its line
     run(argv)
