@@ -93,6 +93,10 @@ def main() -> None:
                          saving_pct=100 * (eager - real) / eager, trace_s=trace_s))
         print(f"{name:38s} eager {eager:>9,} traced {traced:>9,} inductor {real:>9,} "
               f"({rows[-1]['error_pct']:+.2f}%)", flush=True)
+        write(rows)  # after every row: the 128k cases take many minutes each
+
+
+def write(rows: list[dict]) -> None:
     if LLM_ONLY and (OUT / "compile_accuracy.json").exists():  # keep the tiny jobs' rows
         ran = {r["name"] for r in rows}
         kept = json.loads((OUT / "compile_accuracy.json").read_text())["rows"]
@@ -104,8 +108,9 @@ def main() -> None:
     (OUT / "compile_accuracy.json").write_text(json.dumps(summary, indent=1) + "\n")
     lines = ["# torch.compile: trace vs Inductor on the CPU\n",
              f"Machine: {summary['machine']}, torch {summary['torch']}. Command: "
-             "`nice .venv/bin/python benchmarks/compile_accuracy.py --llm`. Peaks of step 2 in "
-             "bytes, unrounded; nothing is fitted.\n",
+             "`nice .venv/bin/python benchmarks/compile_accuracy.py"
+             + (" --llm" if any("128k" in r["name"] for r in rows) else "")
+             + "`. Peaks of step 2 in bytes, unrounded; nothing is fitted.\n",
              f"Median |error| {summary['median_abs_error_pct']:.2f}%, max "
              f"{summary['max_abs_error_pct']:.2f}% over {len(rows)} jobs.\n",
              "| job | eager (trace) | compiled (trace) | compiled (Inductor, CPU) | error | "
