@@ -54,14 +54,17 @@ CASES = [  # (name, model config, job fields)
     ("gpt2 bf16-mixed", GPT2, dict()),
 ]
 # LLM-sized vocabulary and sequence on a narrow model: the loss decides the peak, and
-# whether it is compiled (compile_components) moves it by gigabytes. Only with --llm: the
-# real Inductor step took over 7 minutes per case on the 2-core VM (the trace itself takes
-# seconds: tests/test_compile_formula.py checks both engines at 128k x 2048)
+# whether it is compiled (compile_components) moves it by gigabytes. Only with --llm (or
+# --llm-only): about a minute per case on the 2-core VM in fp32 (tests/test_compile_formula.py
+# checks both engines at 128k x 2048)
 LLAMA_128K = dict(LLAMA, vocab_size=128256, max_position_embeddings=4096)
+# fp32: the real CPU step runs with oneDNN off (cpu_profiler_peak), where bf16 GEMMs of a
+# 4096 x 128k head are naive loops (a bf16-mixed case ran past 25 minutes), fp32 ones BLAS
 LLM_CASES = [
-    ("llama 128k vocab, 4096 tokens, blocks+loss", LLAMA_128K, dict(batch_size=1, seq_len=4096)),
-    ("llama 128k vocab, 4096 tokens, blocks only", LLAMA_128K,
-     dict(batch_size=1, seq_len=4096, compile_components="blocks")),
+    ("llama 128k vocab, 4096 tokens, fp32, blocks+loss", LLAMA_128K,
+     dict(batch_size=1, seq_len=4096, precision="fp32")),
+    ("llama 128k vocab, 4096 tokens, fp32, blocks only", LLAMA_128K,
+     dict(batch_size=1, seq_len=4096, precision="fp32", compile_components="blocks")),
 ]
 LLM_ONLY = "--llm-only" in sys.argv
 if LLM_ONLY:
