@@ -1,5 +1,5 @@
 """`python -m vramplan` (also what torchrun runs: torchrun ... -m vramplan measure ...)."""
 
-from vramplan.cli.app import main
+from vramplan.cli.entry import main
 
 main()

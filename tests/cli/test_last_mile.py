@@ -89,6 +89,23 @@ def test_ctrl_c_exits_130_and_says_so(run_cli, monkeypatch):
     assert code == 130 and "interrupted" in err
 
 
+@pytest.mark.parametrize("delay_s", [0.25, 0.5])
+def test_ctrl_c_while_the_command_loads_says_so(delay_s):
+    # the first half second imports typer, pydantic and vramplan: a Ctrl-C there printed an
+    # import traceback (or, on a fast machine, nothing) instead of the one line
+    import signal
+    import subprocess
+    import sys
+    import time
+    process = subprocess.Popen([sys.executable, "-m", "vramplan", "plan", "llama-3.2-1b",
+                                "--tokens", "1B"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    time.sleep(delay_s)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert (process.returncode, err) == (130, "interrupted (Ctrl-C)\n")
+
+
 def test_serve_refuses_a_port_in_use_before_printing_its_url(run_cli):
     import socket
 

@@ -130,3 +130,29 @@ def test_fp8_is_torchaos_float8_linear():
     block_linears = 4096 + 2048 + 2048 + 4096 + 8192 + 8192 + 8192
     assert fp8.categories["activations"] == bf16.categories["activations"]
     assert bf16.categories["temporary"] - fp8.categories["temporary"] == 2 * block_linears * 2
+
+
+def test_t5_tensors_outside_the_blocks_are_pinned():
+    # bf16-pure, batch 1, 128 tokens each side, 128 wide, 4 heads, 2 decoder layers, sdpa:
+    # every count below is b x s x h = 16,384 elements, or s x s = 16,384
+    from vramplan.engines import activations as act
+    from vramplan.engines.precision import Dtypes
+    from vramplan.models.arch import Linear, Stack
+    linears = (Linear("k", 128, 128, False, role="cross_kv"),
+               Linear("v", 128, 128, False, role="cross_kv"))
+    enc = Stack(role="encoder", num_layers=2, hidden_size=128, num_heads=4, num_kv_heads=4,
+                head_dim=32, intermediate_size=256, mlp="relu", norm="rmsnorm", linears=(),
+                params_per_layer=0)
+    dec = Stack(role="decoder", num_layers=2, hidden_size=128, num_heads=4, num_kv_heads=4,
+                head_dim=32, intermediate_size=256, mlp="relu", norm="rmsnorm", linears=linears,
+                params_per_layer=0, cross_attention=True)
+    bf16 = Dtypes(weight=2, grad=2, compute=2, residual=2, autocast=False, linear_saved=2)
+    saved = dict(act.encoder_decoder_outside(
+        (enc, dec), (128, 128), 1, bf16, attention="sdpa", checkpointing="none",
+        adapters=act.Adapters(), final_norm_bytes=6, relative_bias=True, hidden_dropout=0.1))
+    n = 16_384
+    assert saved == {
+        "encoder final norm": (6 + 2) * n, "encoder output": 2 * n,
+        "decoder final norm 16-bit scale input": 2 * n, "final dropout masks": 2 * n,
+        "position buckets int64": 8 * 2 * n, "decoder causal masks": 2 * n,
+        "cross-attention zero bias": 2 * 4 * n}

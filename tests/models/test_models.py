@@ -547,3 +547,41 @@ def test_prequantized_bitsandbytes_weights_are_the_qlora_job_they_load_as():
     report = estimate(job, model_config=config)
     assert any(n.startswith("pre-quantised bitsandbytes NF4") for n in report.notes)
     assert report.peak_allocated == estimate(job, model_config=TINY_LLAMA).peak_allocated
+
+
+MISSING_DROPOUT = {  # configs that leave every dropout key out
+    "gpt2": dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=512,
+                 n_positions=64),
+    "bert": dict(model_type="bert", hidden_size=64, intermediate_size=128,
+                 num_hidden_layers=2, num_attention_heads=4, vocab_size=512,
+                 max_position_embeddings=64),
+    "t5": dict(model_type="t5", d_model=64, d_ff=128, d_kv=16, num_layers=2, num_heads=4,
+               vocab_size=512),
+}
+
+
+@pytest.mark.parametrize("family", sorted(MISSING_DROPOUT))
+def test_a_missing_dropout_rate_is_transformers_default(family):
+    # GPT-2, BERT and T5's config classes default their dropout to 0.1; vramplan read a
+    # missing key as 0, so its model had no dropout masks where transformers' has them
+    arch = architecture_from_config(MISSING_DROPOUT[family], "tiny")
+    assert (arch.hidden_dropout, arch.attention_dropout) == (0.1, 0.1)
+    explicit = {"gpt2": dict(resid_pdrop=0.0, attn_pdrop=0.0), "t5": dict(dropout_rate=0.0),
+                "bert": dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)}
+    arch = architecture_from_config({**MISSING_DROPOUT[family], **explicit[family]}, "tiny")
+    assert (arch.hidden_dropout, arch.attention_dropout) == (0.0, 0.0)
+
+
+def test_dropout_defaults_file_matches_the_installed_transformers():
+    pytest.importorskip("transformers")
+    import tomllib
+    from pathlib import Path
+
+    from transformers import CONFIG_MAPPING
+
+    import vramplan.models.derive as derive
+    data = tomllib.loads(Path(derive.__file__).with_name("dropout_defaults.toml").read_text())
+    for family, rates in data.items():
+        if isinstance(rates, dict):
+            built = CONFIG_MAPPING[family]()
+            assert {key: getattr(built, key) for key in rates} == rates

@@ -150,12 +150,14 @@ def test_the_reader_of_built_models_is_the_one_passed_in(monkeypatch):
         seen.append((config["model_type"], name, source))
         raise ModelConfigError(f"{name}: the stand-in reader")
 
-    monkeypatch.setattr(derive, "_built_model_reader", None)
+    from vramplan import hooks
+
+    monkeypatch.setattr(hooks, "built_model_reader", None)
     derive.use_built_model_reader(reader)
     with pytest.raises(ModelConfigError, match="the stand-in reader; the formula reads"):
         architecture_from_config(TINY["opt"], "opt.json", "a source")
     assert seen == [("opt", "opt.json", "a source")]
-    monkeypatch.setattr(derive, "_built_model_reader", None)
+    monkeypatch.setattr(hooks, "built_model_reader", None)
     with pytest.raises(ModelConfigError, match="no reader of built models was set"):
         architecture_from_config(TINY["opt"], "opt.json")
 

@@ -505,3 +505,47 @@ def compiled_block_unsupported(stack: Stack, *, attention: str, adapters: Adapte
                (attention != "sdpa", f"{attention} attention"), (dropout > 0, "dropout"),
                (adapters.upcast_bytes > 0, "fp32 adapters on a 16-bit model without autocast")]
     return ", ".join(why for bad, why in reasons if bad)
+
+
+def encoder_decoder_outside(stacks: tuple[Stack, ...], seqs: tuple[int, ...], batch: int,
+                            dt: Dtypes, *, attention: str, checkpointing: str,
+                            adapters: Adapters, final_norm_bytes: int,
+                            relative_bias: bool, hidden_dropout: float) -> list[tuple[str, int]]:
+    """(name, bytes) an encoder-decoder keeps outside its blocks besides the embeddings'
+    dropout and the decoder's final norm (counted by the caller): the encoder's final norm
+    and its output, which every cross-attention's k and v read; and T5's (relative_bias)
+    extras, read off a traced T5 step (transformers 5 T5Stack, T5Attention, sdpa_attention):
+      * a dropout after each stack's final norm (a 1-byte mask);
+      * its norm also keeps the 16-bit tensor its weight scales (the block norms' rule);
+      * the first block computes each stack's position buckets, an int64 s x s tensor the
+        bias embedding keeps for its gradient (not with a frozen base, nor when checkpointing
+        recomputes the first block);
+      * under sdpa, each decoder self-attention builds its causal mask (bool s x s), which
+        torch.where keeps to route the bias's gradient, and the cross-attentions share one
+        [1, heads, s_dec, s_enc] zero bias that the memory-efficient kernel keeps.
+    """
+    if len(stacks) < 2:
+        return []
+    saved: list[tuple[str, int]] = []
+    encoder, decoder = stacks[0], stacks[-1]
+    s_enc, s_dec = seqs[0], seqs[-1]
+    n_enc = batch * s_enc * encoder.hidden_size
+    third = dt.residual if relative_bias and dt.residual != 4 else 0
+    saved.append(("encoder final norm", (final_norm_bytes + third) * n_enc))
+    readers = linear_names(decoder, "cross_kv")
+    if not dt.autocast and (adapters.base_trainable or set(readers) & adapters.targets):
+        saved.append(("encoder output", dt.compute * n_enc))  # once, for every layer
+    if not relative_bias:
+        return saved
+    n_dec = batch * s_dec * decoder.hidden_size
+    saved.append(("decoder final norm 16-bit scale input", third * n_dec))
+    if hidden_dropout > 0:
+        saved.append(("final dropout masks", n_enc + n_dec))
+    if adapters.base_trainable and checkpointing == "none":
+        saved.append(("position buckets int64", 8 * (s_enc * s_enc + s_dec * s_dec)))
+        if attention == "sdpa":
+            saved.append(("decoder causal masks", decoder.num_layers * s_dec * s_dec))
+    if attention == "sdpa":
+        saved.append(("cross-attention zero bias", dt.compute * decoder.num_heads
+                      * s_dec * s_enc))
+    return saved

@@ -11,12 +11,16 @@ cross-attention "q"); like peft, a target name selects all of them.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
+import tomllib
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+from .. import hooks
 from ..errors import ModelConfigError
 from .arch import Architecture, LatentAttention, Linear, Stack
 
@@ -24,6 +28,14 @@ _MISSING = object()
 # Larger sizes are typos: no tensor dimension or layer count comes near 2**31 (and torch
 # indexes with int32 in places), and they would overflow the arithmetic downstream.
 MAX_CONFIG_INT = 2**31 - 1
+
+
+@functools.cache
+def _dropout_defaults() -> dict[str, dict[str, float]]:
+    """model_type -> config key -> the rate transformers takes when the key is missing."""
+    with open(Path(__file__).with_name("dropout_defaults.toml"), "rb") as f:
+        data = tomllib.load(f)
+    return {family: rates for family, rates in data.items() if isinstance(rates, dict)}
 
 
 def _short(value: Any) -> str:
@@ -72,11 +84,12 @@ class _Cfg:
     def opt_int(self, key: str, default: int) -> int:
         return self.int(key) if self.raw.get(key) is not None else default
 
-    def float(self, key: str, default: float = 0.0) -> float:
-        """A probability (dropout rates are the only floats read)."""
+    def float(self, key: str) -> float:
+        """A probability (dropout rates are the only floats read); a missing one is what
+        transformers' config class defaults it to (dropout_defaults.toml)."""
         v = self.raw.get(key)
         if v is None:
-            return default
+            return _dropout_defaults().get(self.model_type, {}).get(key, 0.0)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
             raise ModelConfigError(
                 f"{self.name}: config key {key!r} must be a number from 0 to 1, got {_short(v)}")
@@ -801,14 +814,12 @@ def language_model_config(config: dict, name: str) -> tuple[dict, str] | None:
 # device (vramplan.training.meta_architecture). It is passed in (use_built_model_reader) by
 # the package root, a layer above training, so that models/ never imports the torch side.
 BuiltModelReader = Callable[[dict, str, str], Architecture]
-_built_model_reader: BuiltModelReader | None = None
 
 
 def use_built_model_reader(reader: BuiltModelReader) -> None:
     """Set the reader of (config, name, source) for the model types derive.py has no builder
-    for; vramplan/__init__.py passes one that imports torch on first use only."""
-    global _built_model_reader
-    _built_model_reader = reader
+    for; vramplan/__init__.py sets one (in vramplan.hooks) that imports torch on first use."""
+    hooks.built_model_reader = reader
 
 
 def _from_built_model(config: dict, name: str, source: str) -> Architecture:
@@ -823,12 +834,13 @@ def _from_built_model(config: dict, name: str, source: str) -> Architecture:
             "transformers installed (it reads the shapes from the model transformers builds); "
             f"use --engine trace, or a model type it reads: {', '.join(SUPPORTED_MODEL_TYPES)}")
     _refuse_non_finite(config, name)
-    if _built_model_reader is None:  # set by vramplan/__init__.py, which any import runs first
+    reader = hooks.built_model_reader
+    if reader is None:  # set by vramplan/__init__.py, which any import runs first
         raise ModelConfigError(f"{name}: no reader of built models was set for model_type "
                                f"{mt!r}; import vramplan (it passes one in) before "
                                "vramplan.models, or call use_built_model_reader")
     try:
-        return _built_model_reader(config, name, source)
+        return reader(config, name, source)
     except ModelConfigError as error:
         raise ModelConfigError(f"{error}; the formula reads model types "
                                f"{', '.join(SUPPORTED_MODEL_TYPES)} from their configs and "

@@ -129,7 +129,9 @@ def stage_report(step: Step, runtime_gpu: GPU | None, stage: pipeline.Stage) -> 
         "backward_recompute": dict(base, gradients=g_kept, activations=activations
                                    + recompute["activations"],
                                    temporary=cast + recompute["cast"] + gathered + comm + ws),
-        "backward_end": dict(base, inputs=0.0, gradients=g, activations=0.0,
+        # the last gradients are made by the first layer's backward, which still holds the
+        # batch it saved (a patch conv's pixels, an embedding's ids)
+        "backward_end": dict(base, gradients=g, activations=0.0,
                              temporary=gathered + comm + ws + params.tied_grad_transient / tp),
         "optimizer": dict(base, inputs=0.0, gradients=g, activations=0.0,
                           temporary=step_temp + comm + ws),

@@ -97,6 +97,10 @@ def outside_block_activations(job: Job, arch: Architecture, shapes: Shapes, dt: 
     n_last = b * shapes.stack_seq[-1] * last.hidden_size
     norm_bytes = (8 if last.norm == "rmsnorm" else 4) if dt.autocast or dt.residual == 4 else 6
     total += norm_bytes * n_last  # final norm
+    total += sum(b for _, b in act.encoder_decoder_outside(
+        arch.stacks, shapes.stack_seq, b, dt, attention=attention_impl(job, arch),
+        checkpointing=job.checkpointing, adapters=adapters_of(job), final_norm_bytes=norm_bytes,
+        relative_bias=arch.traits.trained_attention_bias, hidden_dropout=arch.hidden_dropout))
     head_trains = job.peft is None  # a frozen head needs no input saved
     if task in ("causal-lm", "masked-lm", "seq2seq", "speech-seq2seq") and head_trains:
         total += c * n_last  # the LM head's (cast) input
