@@ -2,6 +2,8 @@
 formula, the fit table or the report's categories fails a test (mutation testing found
 each of these unpinned: benchmarks/results/mutation_testing.md)."""
 
+import dataclasses
+
 import pytest
 
 from vramplan import Job
@@ -156,3 +158,10 @@ def test_t5_tensors_outside_the_blocks_are_pinned():
         "decoder final norm 16-bit scale input": 2 * n, "final dropout masks": 2 * n,
         "position buckets int64": 8 * 2 * n, "decoder causal masks": 2 * n,
         "cross-attention zero bias": 2 * 4 * n}
+    # a decoder-only model of two stacks (DeepSeek's dense first layers, then MoE) has no
+    # encoder: nothing outside its blocks but the final norm the caller counts
+    plain = dataclasses.replace(dec, cross_attention=False)
+    assert act.encoder_decoder_outside(
+        (plain, plain), (128, 128), 1, bf16, attention="sdpa", checkpointing="none",
+        adapters=act.Adapters(), final_norm_bytes=6, relative_bias=False,
+        hidden_dropout=0.1) == []

@@ -524,7 +524,7 @@ def encoder_decoder_outside(stacks: tuple[Stack, ...], seqs: tuple[int, ...], ba
         torch.where keeps to route the bias's gradient, and the cross-attentions share one
         [1, heads, s_dec, s_enc] zero bias that the memory-efficient kernel keeps.
     """
-    if len(stacks) < 2:
+    if not stacks[-1].cross_attention:  # decoder-only (several stacks: dense, then MoE)
         return []
     saved: list[tuple[str, int]] = []
     encoder, decoder = stacks[0], stacks[-1]

@@ -60,6 +60,16 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def override_value(value: Any, booleans: tuple[str, str], list_separator: str | None) -> str:
+    """A value as a framework's command-line override spells it: its own true/false, and a
+    list joined by list_separator (None: Python's list text, which OmegaConf reads)."""
+    if isinstance(value, bool):
+        return booleans[0] if value else booleans[1]
+    if isinstance(value, list) and list_separator is not None:
+        return list_separator.join(map(str, value))
+    return str(value)
+
+
 def no_overrides(content: dict[str, Any], overrides: list[str], refusal: str) -> dict[str, Any]:
     """A copy of the content of a format whose tool takes no command-line overrides."""
     if overrides:

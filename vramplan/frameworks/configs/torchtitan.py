@@ -126,13 +126,6 @@ def _parallel(flat: dict[str, Any], mapping: Mapping) -> None:
 
 
 def override_line(config_file: str, changes: dict[str, Any]) -> str:
-    parts = [f"--{key}={_toml_value(value)}" for key, value in changes.items()]
+    parts = [f"--{key}={core.override_value(value, ('true', 'false'), ',')}"
+             for key, value in changes.items()]
     return f"torchrun ... -m torchtitan.train --job.config_file {config_file} " + " ".join(parts)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return ",".join(map(str, value))
-    return str(value)

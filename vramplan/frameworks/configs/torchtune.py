@@ -85,11 +85,6 @@ def _read_model(builder: Any, flat: dict[str, Any], table, mapping: Mapping, ctx
 
 def override_line(recipe_file: str, changes: dict[str, Any]) -> str:
     """`tune run RECIPE --config FILE key=value ...`."""
-    parts = [f"{key}={_yaml_scalar(value)}" for key, value in changes.items()]
+    parts = [f"{key}={core.override_value(value, ('True', 'False'), None)}"
+             for key, value in changes.items()]
     return f"tune run <recipe> --config {recipe_file} " + " ".join(parts)
-
-
-def _yaml_scalar(value: Any) -> str:
-    if isinstance(value, bool):
-        return "True" if value else "False"
-    return str(value)
