@@ -22,7 +22,7 @@ from vramplan.models.catalog import list_models  # noqa: E402
 
 MODELS = sorted(e.name for e in list_models())
 SHARDING = ("zero1", "zero2", "zero3", "fsdp", "hybrid-shard")
-FAST = settings(max_examples=60, deadline=None, derandomize=True,
+FAST = settings(max_examples=30, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 
 # Relations of item 6 that do not hold everywhere, and why. Each bound is checked below, so
