@@ -328,8 +328,10 @@ def markdown(result: dict) -> str:
     lines = ["# Step-time accuracy on published training runs", "",
              f"Scored on {result['machine']}. Error = predicted / measured tokens/s per GPU - "
              "1. Cells: median / p90 of |error|. **Out of sample** = leave one source out "
-             "(the shares fitted on the other sources); **in sample** = fitted on all of them "
-             "(those shipped). Fixed rule: r x dense peak / model FLOPs per token.", "",
+             "(the shares fitted on the other fitted sources of its stack); **in sample** = "
+             "fitted on all the fitted sources of its stack (those shipped; a held-out source's "
+             "two figures come from one fit, never trained on it). Fixed rule: r x dense peak / "
+             "model FLOPs per token.", "",
              "| rows | n | out of sample | in sample | fixed rule 0.35 | fixed rule 0.45 |",
              "|---|---:|---:|---:|---:|---:|"]
 
@@ -358,8 +360,9 @@ def markdown(result: dict) -> str:
               + ", ".join(f"{s} {100 * c:.0f}%" for s, c in iv.get(
                   "coverage_by_source", {}).items())
               + "). Each source's interval is the 10th-90th percentile of the other sources' "
-              "out-of-sample errors; the shipped one is that of all rows.", "",
-              "Shares fitted on all sources (in sample, shipped): "
+              "out-of-sample errors; the shipped one is that of all the fitted sources' rows.", "",
+              "Shares fitted on the eager-PyTorch fitted sources (llm-foundry, KempnerForge, our "
+              "H200 runs; in sample, shipped): "
               + ", ".join(f"{k} {v:.3g}" for k, v in result["fit_all_sources_in_sample"].items()),
               "", f"Rows vramplan cannot express: {len(result['skipped'])}"
               + "".join(f"\n* {s['id']}: {s['why']}" for s in result["skipped"]), "",
