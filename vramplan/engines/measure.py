@@ -173,7 +173,7 @@ def _timed_step(setup: TrainingSetup, grad_accum: int, scaler, run: _Run, probe)
 
     def capturing(model, batch):
         if run.saved is not None:  # the batch is counted as inputs, not as activations
-            run.saved.exclude(batch.values() if isinstance(batch, dict) else
+            run.saved.exclude_batch(batch.values() if isinstance(batch, dict) else
                               batch if isinstance(batch, (list, tuple)) else [batch])
         loss = compute_loss(model, batch)
         losses.append(loss.detach())

@@ -15,10 +15,15 @@ import torch
 
 class SavedTensorBytes:
     """Distinct storages saved during one forward, less the excluded ones (parameters,
-    the batch): `snapshot()` at the start of backward fixes the figure for the step."""
+    the batch): `snapshot()` at the start of backward fixes the figure for the step.
+
+    Storages are told apart by address. The parameters keep theirs for the whole run; a
+    batch's tensors are freed after their step, and the allocator hands their addresses to
+    the next step's tensors, so the batch is excluded for one forward only."""
 
     def __init__(self, excluded: Iterable[torch.Tensor] = ()):
-        self.excluded = {_key(t) for t in excluded}
+        self.excluded = {_key(t) for t in excluded}  # for the whole run
+        self._batch: set[int] = set()  # for the current forward
         self._sizes: dict[int, int] = {}
         self.last_forward_bytes = 0  # saved bytes when the last recorded backward began
         self._paused = False
@@ -28,16 +33,18 @@ class SavedTensorBytes:
         save (logits, log-probabilities) are loss buffers, counted as temporary."""
         head.register_forward_pre_hook(lambda module, args: setattr(self, "_paused", True))
 
-    def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
-        self.excluded |= {_key(t) for t in tensors if isinstance(t, torch.Tensor)}
+    def exclude_batch(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Leave out this forward's batch (counted as inputs)."""
+        self._batch |= {_key(t) for t in tensors if isinstance(t, torch.Tensor)}
 
     def reset(self) -> None:
         self._sizes.clear()
+        self._batch.clear()
         self._paused = False
 
     def snapshot(self) -> None:
         self.last_forward_bytes = sum(size for key, size in self._sizes.items()
-                                      if key not in self.excluded)
+                                      if key not in self.excluded and key not in self._batch)
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         storage = _storage(tensor)
