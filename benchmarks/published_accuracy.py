@@ -5,7 +5,8 @@ tables; benchmarks/published_runs.py turns each row into a Job) and our own H200
 (benchmarks/results/gpu_validation.json). The performance model's training shares
 (efficiency.toml [training]: matmul_share, attention_share, memory, kernel_us, overlap) are
 fitted on them, so every figure is scored **leave one source out**: the shares are fitted on
-the other sources and the left-out one is predicted. In-sample figures are labelled.
+the other sources and the left-out one is predicted. Our own runs, not a published source,
+are scored leave one run out. In-sample figures are labelled.
 
 Also reported, on the same rows: a fixed MFU rule (tokens/s = r x dense peak / model FLOPs
 per token, r = 0.35 and 0.45), and the coverage of the 80% interval (the 10th-90th
@@ -69,6 +70,10 @@ CALIBRATION_SET = ("llm-foundry", "megatron-lm", "nemo")
 # fp16 BERT with eager attention and 2022's BLOOM stack are not the kernels of today's LLM
 # stacks; their own figures are in the table either way.)
 FITTED = (*CALIBRATION_SET, "kempnerforge", "vramplan-h200")
+# our own measurements are scored leave one *run* out (a published source, leave one source
+# out): they are the only runs small enough to be host-bound, so without them the per-kernel
+# host time is unconstrained and goes to its bound (200 us; that fold's H200 median was 57%)
+OWN_RUNS = ("vramplan-h200",)
 SHARES = ("matmul_share", "attention_share", "memory", "kernel_us", "overlap")
 START = {"matmul_share": 0.83, "attention_share": 0.7, "memory": 0.656, "kernel_us": 65.3,
          "overlap": 0.8}
@@ -230,7 +235,12 @@ def main() -> None:
             folds[source] = fit(train, start=start, rounds=rounds)
         for r in runs:
             if r["source"] == source:
-                r["loso_tps_gpu"] = predicted_tps_gpu(r, folds[source])
+                fold = folds[source]
+                if source in OWN_RUNS:  # one run out: the others of its stack, ours included
+                    train = [o for o in fitted if o is not r
+                             and STACK[o["source"]] == STACK[source]]
+                    fold = fit(train[::8] if QUICK else train, rounds=rounds)
+                r["loso_tps_gpu"] = predicted_tps_gpu(r, fold)
                 r["loso_error"] = r["loso_tps_gpu"] / r["measured_tps_gpu"] - 1
     all_fit = stack_fits["pytorch"]
     for r in runs:
@@ -328,7 +338,8 @@ def markdown(result: dict) -> str:
     lines = ["# Step-time accuracy on published training runs", "",
              f"Scored on {result['machine']}. Error = predicted / measured tokens/s per GPU - "
              "1. Cells: median / p90 of |error|. **Out of sample** = leave one source out "
-             "(the shares fitted on the other fitted sources of its stack); **in sample** = "
+             "(the shares fitted on the other fitted sources of its stack; our own H200 runs: "
+             "leave one run out); **in sample** = "
              "fitted on all the fitted sources of its stack (those shipped; a held-out source's "
              "two figures come from one fit, never trained on it). Fixed rule: r x dense peak / "
              "model FLOPs per token.", "",
