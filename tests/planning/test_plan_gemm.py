@@ -89,3 +89,17 @@ def test_every_time_carries_its_80_percent_interval():
     assert lo == pytest.approx(perf.step_time_s * low)
     assert hi == pytest.approx(perf.step_time_s * high)
     assert math.isfinite(lo) and lo < perf.step_time_s < hi
+
+
+def test_each_stack_multiplies_its_own_tokens():
+    """A ViT's GEMMs run over its patches and the class token, a T5 decoder's and the head's
+    over the target, not over a default sequence length."""
+    vit = Job(model="vit-base-patch16-224", batch_size=2)
+    arch = load_architecture(vit.model)
+    patches = (224 // 16) ** 2 + 1
+    assert {m for m, _, _, _ in gemm.shapes(vit, arch)} == {2 * patches}
+    t5 = Job(model="t5-small", batch_size=3, seq_len=512, target_len=64)
+    arch = load_architecture(t5.model)
+    encoder, decoder = (len(s.linears) for s in arch.stacks)
+    ms = [m for m, _, _, _ in gemm.shapes(t5, arch)]
+    assert ms == [3 * 512] * encoder + [3 * 64] * decoder + [3 * 64]  # + the head

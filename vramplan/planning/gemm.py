@@ -22,9 +22,11 @@ parallel: q/k/v, up/gate) or K (row-parallel: o, down) and a MoE expert's share 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
+from vramplan.engines.step import Step, describe_step
 from vramplan.job import Job
 from vramplan.models import Architecture
 
@@ -63,17 +65,20 @@ def gemm_seconds(m: int, n: int, k: int, rate: float, model: GemmModel,
         model.overhead_us * 1e-6
 
 
-def shapes(job: Job, arch: Architecture) -> list[tuple[int, int, int, float]]:
+def shapes(job: Job, arch: Architecture, step: Step | None = None
+           ) -> list[tuple[int, int, int, float]]:
     """(m, n, k, copies per step per GPU) of every linear GEMM of one micro-batch's forward;
-    the backward's input- and weight-gradient GEMMs are derived from them."""
+    the backward's input- and weight-gradient GEMMs are derived from them. Each stack's
+    tokens are the step description's (an encoder's, a decoder's target, a ViT's patches)."""
     par = job.parallel
     tp = par.tensor_parallel
-    seq = job.seq_len or arch.max_positions or 512
-    tokens = max(1, job.batch_size * seq // par.context_parallel)
+    stack_seq = (step or describe_step(job, arch)).shapes.stack_seq
     out: list[tuple[int, int, int, float]] = []
     lora = job.peft.rank if job.peft is not None else 0
     targets = set(job.peft.target_modules) if job.peft is not None else set()
-    for stack in arch.stacks:
+    tokens = 1
+    for stack, seq in zip(arch.stacks, stack_seq):
+        tokens = max(1, job.batch_size * seq // par.context_parallel)
         for ln in stack.linears:
             m = tokens
             if ln.count > 1 and stack.num_experts > 1:
@@ -88,19 +93,26 @@ def shapes(job: Job, arch: Architecture) -> list[tuple[int, int, int, float]]:
             if lora and ln.name in targets:
                 out.append((m, lora, k, copies))   # x @ A
                 out.append((m, n, lora, copies))   # (x A) @ B
-    if arch.vocab_size:
+    if arch.vocab_size:  # the head reads the last stack's tokens
         h = arch.stacks[-1].hidden_size if arch.stacks else 0
         out.append((tokens, max(1, arch.vocab_size // tp), h, 1.0))
     return out
 
 
 def shape_efficiency(job: Job, arch: Architecture, model: GemmModel, sms: int | None,
-                     rate: float) -> float:
+                     rate: float, step: Step | None = None) -> float:
     """The FLOP-weighted share of the reference GEMM rate (`rate`, FLOP/s) the step's
     linears reach, in (0, 1]."""
+    return _efficiency(tuple(shapes(job, arch, step)), job.peft is None, model, sms, rate)
+
+
+@functools.lru_cache(maxsize=4096)
+def _efficiency(gemms: tuple[tuple[int, int, int, float], ...], trains_weights: bool,
+                model: GemmModel, sms: int | None, rate: float) -> float:
+    """shape_efficiency of a list of GEMMs, memoised: the planner's jobs that differ only in
+    checkpointing or accumulation share their shapes on every GPU type."""
     flops = seconds = 0.0
-    trains_weights = job.peft is None
-    for m, n, k, copies in shapes(job, arch):
+    for m, n, k, copies in gemms:
         passes = [(m, n, k), (m, k, n)] + ([(k, n, m)] if trains_weights else [])
         for a, b, c in passes:
             flops += copies * 2.0 * a * b * c

@@ -111,11 +111,14 @@ class StepTerms:
 
 _WORK: dict[Job, tuple] = {}  # job -> (flops, traffic, memo, step): the same on every GPU
 _WORK_LIMIT = 4096
+_LAST: list = [None, None]  # the last job asked for (kept alive, so `is` is safe) and its work
 
 
 def _work(job: Job, arch: Architecture):
     """FLOPs and bytes of the job's step, memoised: the planner asks for one job on many
     GPU types (an Architecture is the job's model's, so the job is the key)."""
+    if _LAST[0] is job:  # one step_terms asks five times; a Job's hash walks all its fields
+        return _LAST[1]
     work = _WORK.get(job)
     if work is None:
         if len(_WORK) >= _WORK_LIMIT:
@@ -124,6 +127,7 @@ def _work(job: Job, arch: Architecture):
         step = describe_step(job, arch)
         work = _WORK[job] = (step_flops(job, arch, step=step),
                              step_traffic(job, arch, step=step), {}, step)
+    _LAST[:] = [job, work]
     return work
 
 
@@ -179,7 +183,8 @@ def _shape(job: Job, arch: Architecture, gpu: GPU, peak: float) -> float:
     key = ("shape", gpu.name, peak)
     if key not in memo:
         ceiling = factors_for(gpu, calibrated=False).matmul
-        memo[key] = shape_efficiency(job, arch, gemm_model(), sm_count(gpu), peak * ceiling)
+        memo[key] = shape_efficiency(job, arch, gemm_model(), sm_count(gpu), peak * ceiling,
+                                     step=_work(job, arch)[3])
     return memo[key]
 
 
