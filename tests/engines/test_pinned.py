@@ -13,6 +13,7 @@ from vramplan.engines import step as step_desc
 from vramplan.engines.formula import saved as formula_saved
 from vramplan.hardware import get_gpu
 from vramplan.models import architecture_from_config
+from vramplan.models.families import Traits
 
 MiB = 2**20
 # A tiny Llama: hidden 64, 4 heads of 16 (2 key/value heads), MLP 128, 2 blocks, vocab 256
@@ -29,10 +30,8 @@ def test_a_llama_block_saves_these_tensors():
     stack = arch.stacks[0]
     saved = act.block_saved_tensors(
         stack, act.BlockShape(8, 256, None), step_desc.activation_dtypes(JOB), attention="sdpa",
-        hidden_dropout=0.0, attention_dropout=0.0, activation="silu",
-        adapters=formula_saved.adapters_of(JOB), norms_per_block=2, upcast_softmax=True,
-        score_softcap=False, norm_scales_input=False, trained_bias=False, rotary=True,
-        sdpa_query_contiguous=False)
+        hidden_dropout=0.0, attention_dropout=0.0, adapters=formula_saved.adapters_of(JOB),
+        traits=Traits(activation="silu", upcast_softmax=True, rotary=True), norms_per_block=2)
     assert dict(saved) == {
         "attn norm": 2 * NH,          # RMSNorm keeps its fp32 input and the normalised x
         "attn in": NH,                # q/k/v projections' input (norm output x weight)

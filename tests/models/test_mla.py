@@ -20,6 +20,7 @@ from vramplan.engines import step as step_desc
 from vramplan.engines.formula import saved
 from vramplan.errors import JobError
 from vramplan.models import architecture_from_config, load_architecture
+from vramplan.models.families import Traits
 
 # --- catalog and shapes -----------------------------------------------------------------
 
@@ -97,8 +98,8 @@ def _formula_blocks(job: Job, config: dict) -> list[int]:
     dt = step_desc.activation_dtypes(job)
     return [sum(b for _, b in act.block_saved_tensors(
         st, act.BlockShape(job.batch_size, job.seq_len), dt, attention=job.attention,
-        hidden_dropout=0.0, attention_dropout=0.0, activation="silu",
-        adapters=saved.adapters_of(job)))
+        hidden_dropout=0.0, attention_dropout=0.0, adapters=saved.adapters_of(job),
+        traits=Traits(activation="silu", upcast_softmax=True)))
         for st in arch.stacks]
 
 

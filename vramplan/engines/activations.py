@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from vramplan.engines.precision import Dtypes
 from vramplan.models.arch import Stack
+from vramplan.models.families import Traits
 
 # Tensors an activation function saves besides its own output (which the next linear saves).
 # gelu_new is transformers' tanh formula written out in Python: it keeps x, x**3 terms,
@@ -64,25 +65,26 @@ def _activation_saved_bytes(name: str, dt: Dtypes) -> int:
 
 
 def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attention: str,
-                        hidden_dropout: float, attention_dropout: float, activation: str,
-                        adapters: Adapters, norms_per_block: int = 2,
-                        upcast_softmax: bool = True, score_softcap: bool = False,
-                        norm_scales_input: bool = False,
-                        trained_bias: bool = False,
-                        rotary: bool = True,
-                        sdpa_query_contiguous: bool = False) -> list[tuple[str, int]]:
+                        hidden_dropout: float, attention_dropout: float, adapters: Adapters,
+                        traits: Traits = Traits(),
+                        norms_per_block: int = 2) -> list[tuple[str, int]]:
     """(name, bytes) of every tensor one block keeps for backward, per GPU (no parallelism).
 
+    What the family does beyond its shapes comes from `traits` (Architecture.traits):
     rotary: q and k are rotated (new tensors); without it, a fused q/k/v projection's q,
     k and v are all views of its output.
     sdpa_query_contiguous: the model hands sdpa a q contiguous in [b, heads, s, d] order
     (Whisper's .contiguous(), Phi-3's partial-rotary cat). sdpa's output follows q's layout,
     so merging its heads for the out projection copies it; otherwise q is a transposed view
     of the projection's output, and the merge is a view.
-    trained_bias: self-attention adds a trained position bias (T5); under sdpa each layer
-    passes sdpa its own contiguous [1, heads, s, s] copy of it, which the kernel keeps. The
-    bias comes from an embedding, so it has the weights' dtype (fp32 under autocast).
+    trained_attention_bias: self-attention adds a trained position bias (T5); under sdpa each
+    layer passes sdpa its own contiguous [1, heads, s, s] copy of it, which the kernel keeps.
+    The bias comes from an embedding, so it has the weights' dtype (fp32 under autocast).
     """
+    activation = traits.activation
+    upcast_softmax, score_softcap = traits.upcast_softmax, bool(traits.attention_softcap)
+    norm_scales_input, trained_bias = traits.norm_scales_input, traits.trained_attention_bias
+    rotary, sdpa_query_contiguous = traits.rotary, traits.sdpa_query_contiguous
     b, s = shape.batch, shape.seq
     h, a, d, f = stack.hidden_size, stack.num_heads, stack.head_dim, stack.intermediate_size
     n_h, n_q = b * s * h, b * s * a * d

@@ -29,7 +29,6 @@ def stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
     if job.peft and "all-linear" in job.peft.target_modules:
         adapters = act.Adapters(frozenset(ln.name for s in arch.stacks for ln in s.linears),
                                 adapters.rank, adapters.dropout, False, adapters.upcast_bytes)
-    traits = arch.traits
     for stack, seq in zip(arch.stacks, shapes.stack_seq):
         encoder_seq = shapes.stack_seq[0] if stack.cross_attention else 0
         saved = act.compiled_block_saved_tensors(
@@ -38,12 +37,8 @@ def stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
             act.block_saved_tensors(
             stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
             attention=attention_impl(job, arch), hidden_dropout=arch.hidden_dropout,
-            attention_dropout=arch.attention_dropout, activation=traits.activation,
-            adapters=adapters, norms_per_block=arch.norms_per_block(stack),
-            upcast_softmax=traits.upcast_softmax, score_softcap=bool(traits.attention_softcap),
-            norm_scales_input=traits.norm_scales_input,
-            trained_bias=traits.trained_attention_bias, rotary=traits.rotary,
-            sdpa_query_contiguous=traits.sdpa_query_contiguous)
+            attention_dropout=arch.attention_dropout, adapters=adapters,
+            traits=arch.traits, norms_per_block=arch.norms_per_block(stack))
         block = sum(b for _, b in saved)
         largest = max(largest, block)
         if job.checkpointing == "full":
