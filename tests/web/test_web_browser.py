@@ -330,8 +330,11 @@ def test_plan_never_plans_an_uploaded_configs_file_name(page, server, tmp_path):
     while not held:
         page.wait_for_timeout(20)
     page.wait_for_selector("#kpi-peak_allocated[data-bytes]", state="attached")
+    default = page.get_attribute("#kpi-peak_allocated", "data-bytes")
     page.set_input_files("#config-file", str(path))
     page.wait_for_function("() => document.getElementById('config-state').textContent !== ''")
+    page.wait_for_function(  # the uploaded model's estimate is on screen
+        f"() => document.getElementById('kpi-peak_allocated').dataset.bytes !== '{default}'")
     page.click("#run-plan")
     page.wait_for_function("() => document.getElementById('err-general').textContent"
                            ".includes('catalog models only')")
