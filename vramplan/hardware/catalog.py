@@ -189,8 +189,8 @@ def _user_file(extra_file: str | Path | None) -> Path | None:
     return default if default.is_file() else None
 
 
-def load_gpus(extra_file: str | Path | None = None) -> dict[str, GPU]:
-    """All GPUs by catalog name: the built-in catalog merged with the user file (if any)."""
+def _cached_gpus(extra_file: str | Path | None = None) -> dict[str, GPU]:
+    """The merged catalog as cached (never handed out: see _fresh)."""
     path = _user_file(extra_file)
     mtime = None
     if path is not None:
@@ -198,11 +198,17 @@ def load_gpus(extra_file: str | Path | None = None) -> dict[str, GPU]:
             mtime = path.stat().st_mtime_ns
         except OSError:
             mtime = None  # _read_toml reports the missing/unreadable file with its name
-    gpus = _load(str(path) if path is not None else None, mtime)
-    # Fresh dicts each call: a caller that edits a GPU's tables must not edit the cache.
-    return {name: gpu.model_copy(update={"tflops": dict(gpu.tflops),
-                                         "sources": dict(gpu.sources)})
-            for name, gpu in gpus.items()}
+    return _load(str(path) if path is not None else None, mtime)
+
+
+def _fresh(gpu: GPU) -> GPU:
+    """A copy with its own tables: a caller that edits them must not edit the cache."""
+    return gpu.model_copy(update={"tflops": dict(gpu.tflops), "sources": dict(gpu.sources)})
+
+
+def load_gpus(extra_file: str | Path | None = None) -> dict[str, GPU]:
+    """All GPUs by catalog name: the built-in catalog merged with the user file (if any)."""
+    return {name: _fresh(gpu) for name, gpu in _cached_gpus(extra_file).items()}
 
 
 def _all_labels(gpus: Mapping[str, GPU]) -> list[str]:
@@ -214,7 +220,8 @@ def get_gpu(name: str, gpus: Mapping[str, GPU] | None = None) -> GPU:
 
     Device names as drivers print them ("NVIDIA GeForce RTX 4090") also match.
     """
-    gpus = load_gpus() if gpus is None else gpus
+    if gpus is None:  # copy only the GPU asked for (estimate asks on every call)
+        return _fresh(get_gpu(name, _cached_gpus()))
     if name in gpus:
         return gpus[name]
     wanted = _key(name)
