@@ -18,6 +18,29 @@ def test_plan_prints_the_picks_and_exits_0(run_cli):
     assert "--optimizer-impl fused" in out
 
 
+def test_plan_ranks_by_the_central_estimate_and_gives_each_pick_its_range(run_cli):
+    from vramplan.planning.efficiency import interval
+    from vramplan.views.plan_view import duration, money
+    args = ("plan", "llama-3.2-1b", "-s", "2048", "--tokens", "1B", "--gpus", "L4,H100-SXM",
+            "--max-gpus", "8")
+    code, out, err = run_cli(*args, "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    low, high = interval()
+    for c in plan["candidates"]:
+        assert c["training_time_range_s"] == pytest.approx(
+            [c["training_time_s"] * low, c["training_time_s"] * high])
+        assert c["cost_range_usd"] == pytest.approx([c["cost_usd"] * low, c["cost_usd"] * high])
+    times = [c["training_time_s"] for c in plan["candidates"]]
+    assert times == sorted(times)  # the table's order: central estimates
+    code, out, _ = run_cli(*args)
+    pick = plan["cheapest"]["candidate"]
+    t, c = pick["training_time_range_s"], pick["cost_range_usd"]
+    text = " ".join(out.split())
+    assert (f"(80%: {duration(t[0])}-{duration(t[1])}, {money(c[0])}-{money(c[1])})"
+            in text)
+
+
 def test_plan_json_and_nothing_fits_exits_1(run_cli):
     code, out, _ = run_cli("plan", "llama-3.1-70b", "-s", "2048", "--tokens", "1B", "--gpus",
                            "L4", "--max-gpus", "2", "--json")

@@ -233,8 +233,11 @@ def test_plan_view(page, server):
                                     "gpus": ["L4", "A100-80GB"]})["plan"]
     assert len(page.query_selector_all("#plan-table tbody tr")) == len(expected["candidates"])
     recommended = expected["recommended"]["candidate"]
-    assert (f"{recommended['num_gpus']} x {recommended['gpu']}"
-            in page.inner_text("#plan-picks p[data-label=recommended]"))
+    pick = page.inner_text("#plan-picks p[data-label=recommended]")
+    assert f"{recommended['num_gpus']} x {recommended['gpu']}" in pick
+    low, high = recommended["training_time_range_s"]  # the 80% interval, around the estimate
+    assert low < recommended["training_time_s"] < high
+    assert f"(80%: {low / 3600:.1f}–{high / 3600:.1f} h" in pick
     assert page.problems == []
     page.fill("#plan-max-gpus", "0")  # refused by the API: the message sits beside the field
     page.click("#run-plan")

@@ -60,6 +60,9 @@ class Candidate(_Frozen):
     changes: list[str] = Field(description="what differs from the job asked for")
     flags: str = Field(description="CLI flags that give this configuration")
     step_time_s: float
+    step_time_range_s: tuple[float, float] | None = Field(
+        None, description="80% interval of the step time (Performance.step_time_range_s); "
+        "candidates are ranked by the central estimate")
     tokens_per_s: float
     mfu: float
     bound: Bound = Field("compute", description="what bounds the largest part of its step: "
@@ -68,8 +71,10 @@ class Candidate(_Frozen):
                                                  "on-demand instance has this shape "
                                                  "(planning/rentable.py)")
     training_time_s: float | None = None
+    training_time_range_s: tuple[float, float] | None = None
     gpu_hours: float | None = None
     cost_usd: float | None = None
+    cost_range_usd: tuple[float, float] | None = None
     cost_per_million_tokens: float | None = None
     device_total_bytes: int
     usable_bytes: int
@@ -323,9 +328,12 @@ class _Search:
             self.owned.setdefault(gpu.name, set()).add(job.parallel.num_gpus)
         return Candidate(hardware=owned, gpu=gpu.name, num_gpus=job.parallel.num_gpus, job=job,
                          changes=changes, flags=flags, step_time_s=perf.step_time_s,
+                         step_time_range_s=perf.step_time_range_s,
                          tokens_per_s=perf.tokens_per_s, mfu=perf.mfu, bound=perf.bound,
-                         training_time_s=perf.training_time_s, gpu_hours=perf.gpu_hours,
-                         cost_usd=perf.cost_usd, cost_per_million_tokens=per_million,
+                         training_time_s=perf.training_time_s,
+                         training_time_range_s=perf.training_time_range_s,
+                         gpu_hours=perf.gpu_hours, cost_usd=perf.cost_usd,
+                         cost_range_usd=perf.cost_range_usd, cost_per_million_tokens=per_million,
                          device_total_bytes=fit.required_bytes, usable_bytes=fit.usable_bytes)
 
     def answer(self, max_cost: float | None, deadline_s: float | None, top: int) -> Plan:

@@ -88,13 +88,21 @@ def print_plan(plan, console: Console) -> None:
         for i, c in enumerate(plan.candidates, 1):
             console.print(f"{i}. {c.flags or '(as given)'}", soft_wrap=True)
         for choice in (plan.recommended, plan.cheapest, plan.fastest):
-            console.print(f"[bold]{choice.label}[/bold]: {choice.reason}")
+            console.print(f"[bold]{choice.label}[/bold]: {choice.reason}"
+                          + _ranges(choice.candidate))
     if plan.ruled_out:
         console.print("\nRuled out:")
         for r in plan.ruled_out:
             console.print(f"  {r.gpu}: {r.reason}")
     for note in plan.notes:
         console.print(f"note: {note}")
+
+
+def _ranges(c) -> str:
+    """A pick's 80% intervals (the table ranks by the central estimates)."""
+    spans = [f"{show(span[0])}-{show(span[1])}" for span, show in (
+        (c.training_time_range_s, duration), (c.cost_range_usd, money)) if span]
+    return f" (80%: {', '.join(spans)})" if spans else ""
 
 
 def print_per_gpu(rows, console: Console) -> None:
