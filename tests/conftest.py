@@ -57,6 +57,13 @@ SLOW_ON_TWO_CORES = {
     "test_torchtune_chunked_losses_compiled_follow_the_trace[chunked:torchtune-linear]",
     "tests/engines/test_offload_trace.py::test_formula_matches_trace_with_optimizer_offload",
     "tests/engines/test_formula_vs_trace.py::test_formula_matches_trace[chunked-loss]",
+    # 7-8 s each (2026-12-02): the plain torchtune case and the other properties stay
+    "tests/frameworks/test_frameworks_trace.py::"
+    "test_torchtune_losses_match[torchtune-chunked-output]",
+    "tests/frameworks/test_frameworks_trace.py::"
+    "test_torchtune_losses_match[torchtune-no-checkpointing]",
+    "tests/engines/test_properties.py::"
+    "test_more_gpus_never_need_more_memory_per_gpu_under_sharding",
 }
 
 
