@@ -285,3 +285,14 @@ def test_the_fit_limit_is_usable_memory_less_the_margin():
 
     assert limit_bytes(1000, 0.05) == 950 and limit_bytes(1000, 0.0) == 1000
     assert fits_within(950, 1000, 0.05) and not fits_within(951, 1000, 0.05)
+
+
+def test_the_4070_ti_super_is_the_4090_scaled_by_sms_and_clock():
+    """Its tensor rates are derived, not published: the RTX 4090's (Ada whitepaper, 128 SMs
+    at 2.52 GHz) scaled to 66 SMs at 2.61 GHz, which reproduces NVIDIA's 706 AI TOPS."""
+    small, big = get_gpu("4070 Ti SUPER"), get_gpu("RTX-4090")
+    scale = 66 / 128 * 2.61 / 2.52
+    for dtype in ("fp32", "tf32", "fp16", "bf16", "fp8"):
+        assert small.tflops[dtype] == pytest.approx(big.tflops[dtype] * scale, abs=0.05)
+    assert 4 * small.tflops["fp8"] == pytest.approx(706, abs=1)  # sparse, FP16 accumulate
+    assert small.usable_bytes == 16376 * 2**20 and small.bandwidth_bytes_s == 672e9
