@@ -36,6 +36,7 @@ BENCHMARKS: list[tuple[list[str], bool]] = [
     (["time_accuracy.py"], True),                   # quick: 2 leave-one-out folds
     (["published_accuracy.py"], True),              # quick: a subsample per fold
     (["gemm_shape_fit.py"], True),                  # 6 s: a grid over two constants
+    (["host_ops.py"], True),                        # quick: 2 models, tiny shapes on the CPU
     (["plan_speed.py"], True),
     (["web_fuzz.py"], True),                        # schemathesis against the web API
     (["web_load.py"], True),                        # 20 clients x 5000 estimates

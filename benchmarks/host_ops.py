@@ -1,0 +1,155 @@
+"""Host work of an eager training step: the aten ops PyTorch dispatches, by model family.
+
+An eager step is host-bound when Python, the dispatcher, autograd and the kernel launches
+take longer than the GPU's work. The performance model charges `kernel_us` (efficiency.toml,
+fitted on published and our own runs) per kernel that planning/traffic.py counts. This
+benchmark counts what a real step dispatches instead, on the CPU (the count depends on the
+model's code, not on the device): one forward under bf16 autocast and its backward, through
+transformers' own model (training/setup.py, as the trace and measure run it), with the
+model's shapes shrunk and its depth at 1 and 2 blocks, so that per-block and outside-block
+ops separate and scale to the real depth. It also times the ops on this CPU's tiny tensors,
+an upper bound of the host time per op here.
+
+    PYTHONPATH=. python benchmarks/host_ops.py      # writes results/host_ops.{json,md}
+
+The ratio of dispatched ops to traffic.py's kernels shows whether one kernel_us can serve
+every family: views, casts and autograd's own ops are dispatched but are not kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import QUICK, machine_line, results_dir  # noqa: E402
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from vramplan.job import Job  # noqa: E402
+from vramplan.models import load_architecture  # noqa: E402
+from vramplan.planning.efficiency import shipped_factors  # noqa: E402
+from vramplan.planning.traffic import step_traffic  # noqa: E402
+from vramplan.training.hf_model import load_model_config  # noqa: E402
+from vramplan.training.setup import build_training_setup  # noqa: E402
+
+# the models of our H200 runs (benchmarks/results/gpu_validation.json), as those jobs ran
+JOBS = [Job(model="llama-3.2-1b", batch_size=1, seq_len=64),
+        Job(model="qwen2.5-0.5b", batch_size=1, seq_len=64),
+        Job(model="gemma-2-2b", batch_size=1, seq_len=64, attention="eager"),
+        Job(model="gpt2-medium", batch_size=1, seq_len=64),
+        Job(model="bert-base-uncased", batch_size=1, seq_len=64),
+        Job(model="vit-base-patch16-224", batch_size=1),
+        Job(model="t5-base", batch_size=1, seq_len=64, precision="bf16-pure"),
+        Job(model="whisper-small", batch_size=1, seq_len=64)]
+DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers",
+              "encoder_layers", "decoder_layers")
+SHRUNK = {"hidden_size": 64, "n_embd": 64, "d_model": 64, "intermediate_size": 128,
+          "n_inner": 128, "d_ff": 128, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
+          "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "encoder_attention_heads": 4,
+          "decoder_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "d_kv": 16,
+          "vocab_size": 512}
+
+
+class _Count(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _step_ops(job: Job, depth: int) -> tuple[int, int, float]:
+    """(forward ops, backward ops, seconds per step untimed by the counter) at `depth`."""
+    config = dict(load_model_config(job.model))
+    config.update({k: v for k, v in SHRUNK.items() if k in config})
+    config.update({k: depth for k in DEPTH_KEYS if k in config})
+    for i, k in enumerate(("pad_token_id", "bos_token_id", "eos_token_id",
+                           "decoder_start_token_id")):  # inside the shrunk vocabulary
+        if isinstance(config.get(k), int):
+            config[k] = i
+    setup = build_training_setup(job, "cpu", model_config=config)
+
+    def step(forward=None, backward=None):
+        batch = setup.make_batch()
+        with forward or _Nothing(), setup.autocast():
+            loss = setup.compute_loss(setup.model, batch)
+        with backward or _Nothing():
+            loss.backward()
+        setup.model.zero_grad(set_to_none=True)
+
+    step()  # warm-up
+    forward, backward = _Count(), _Count()
+    step(forward, backward)
+    times = []
+    for _ in range(2 if QUICK else 5):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return forward.ops, backward.ops, statistics.median(times)
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    shares = shipped_factors("hopper")
+    rows = []
+    for job in JOBS[:2] if QUICK else JOBS:
+        f1, b1, _ = _step_ops(job, 1)
+        f2, b2, seconds = _step_ops(job, 2)
+        arch = load_architecture(job.model)
+        depth = arch.stacks[0].num_layers
+        real = {"forward": f1 + (f2 - f1) * (depth - 1), "backward": b1 + (b2 - b1) * (depth - 1)}
+        kernels = step_traffic(job, arch).kernels
+        rows.append({
+            "model": job.model, "blocks": depth, "ops_per_block": {
+                "forward": f2 - f1, "backward": b2 - b1},
+            "ops": real, "traffic_kernels": {p: kernels[p] for p in real},
+            "ops_per_kernel": {p: real[p] / kernels[p] for p in real},
+            "cpu_us_per_op": 1e6 * seconds / (f2 + b2)})
+    per_kernel = [r["ops_per_kernel"][p] for r in rows for p in ("forward", "backward")]
+    result = {"machine": machine_line() + f", torch {torch.__version__}", "rows": rows,
+              "kernel_us_shipped": shares.kernel_us,
+              "ops_per_kernel_median": statistics.median(per_kernel),
+              "kernel_us_per_op_implied": shares.kernel_us / statistics.median(per_kernel),
+              "cpu_us_per_op_median": statistics.median(r["cpu_us_per_op"] for r in rows),
+              "quick": QUICK}
+    out = results_dir()
+    (out / "host_ops.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = ["# Host work of an eager step: dispatched aten ops vs traffic.py's kernels", "",
+             f"Counted on {result['machine']} (the counts do not depend on the device). "
+             "bf16 autocast unless the job says otherwise; the real depth from the "
+             "1- and 2-block counts.", "",
+             "| model | blocks | ops per block fwd / bwd | step ops fwd / bwd | traffic.py "
+             "kernels fwd / bwd | ops per kernel fwd / bwd | us per op on this CPU |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        o, k, q = r["ops"], r["traffic_kernels"], r["ops_per_kernel"]
+        lines.append(f"| {r['model']} | {r['blocks']} | {r['ops_per_block']['forward']} / "
+                     f"{r['ops_per_block']['backward']} | {o['forward']:,} / "
+                     f"{o['backward']:,} | {k['forward']:,.0f} / {k['backward']:,.0f} | "
+                     f"{q['forward']:.2f} / {q['backward']:.2f} | {r['cpu_us_per_op']:.1f} |")
+    lines += ["", f"Median {result['ops_per_kernel_median']:.2f} dispatched ops per kernel "
+              f"traffic.py counts: the shipped {result['kernel_us_shipped']:.1f} us per kernel "
+              f"is {result['kernel_us_per_op_implied']:.1f} us per dispatched op. This CPU "
+              f"runs a tiny-tensor step at {result['cpu_us_per_op_median']:.1f} us per op "
+              "(its kernels included)."]
+    (out / "host_ops.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
