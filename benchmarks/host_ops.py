@@ -18,6 +18,7 @@ every family: views, casts and autograd's own ops are dispatched but are not ker
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
@@ -25,9 +26,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import QUICK, machine_line, results_dir  # noqa: E402
-
 import torch  # noqa: E402
+from common import QUICK, machine_line, results_dir  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from vramplan.job import Job  # noqa: E402
@@ -78,9 +78,9 @@ def _step_ops(job: Job, depth: int) -> tuple[int, int, float]:
 
     def step(forward=None, backward=None):
         batch = setup.make_batch()
-        with forward or _Nothing(), setup.autocast():
+        with forward or contextlib.nullcontext(), setup.autocast():
             loss = setup.compute_loss(setup.model, batch)
-        with backward or _Nothing():
+        with backward or contextlib.nullcontext():
             loss.backward()
         setup.model.zero_grad(set_to_none=True)
 
@@ -93,14 +93,6 @@ def _step_ops(job: Job, depth: int) -> tuple[int, int, float]:
         step()
         times.append(time.perf_counter() - start)
     return forward.ops, backward.ops, statistics.median(times)
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def main() -> None:

@@ -111,14 +111,12 @@ class StepTerms:
 
 _WORK: dict[Job, tuple] = {}  # job -> (flops, traffic, memo, step): the same on every GPU
 _WORK_LIMIT = 4096
-_LAST: list = [None, None]  # the last job asked for (kept alive, so `is` is safe) and its work
 
 
 def _work(job: Job, arch: Architecture):
     """FLOPs and bytes of the job's step, memoised: the planner asks for one job on many
-    GPU types (an Architecture is the job's model's, so the job is the key)."""
-    if _LAST[0] is job:  # one step_terms asks five times; a Job's hash walks all its fields
-        return _LAST[1]
+    GPU types (an Architecture is the job's model's, so the job is the key). step_terms
+    looks it up once and hands it on: a Job's hash walks all its fields."""
     work = _WORK.get(job)
     if work is None:
         if len(_WORK) >= _WORK_LIMIT:
@@ -127,26 +125,24 @@ def _work(job: Job, arch: Architecture):
         step = describe_step(job, arch)
         work = _WORK[job] = (step_flops(job, arch, step=step),
                              step_traffic(job, arch, step=step), {}, step)
-    _LAST[:] = [job, work]
     return work
 
 
-def _collectives(job: Job, arch: Architecture, gpu: GPU):
+def _collectives(job: Job, arch: Architecture, work: tuple, gpu: GPU):
     """collectives(), memoised with the job's work: they depend on the GPU only through
     how many GPUs share a node and how they are joined."""
-    memo = _work(job, arch)[2]
+    memo = work[2]
     key = (gpu.gpus_per_node, gpu.interconnect)
     if key not in memo:
-        memo[key] = collectives(job, arch, gpu, step=_work(job, arch)[3])
+        memo[key] = collectives(job, arch, gpu, step=work[3])
     return memo[key]
 
 
-def _per_gpu_work(job: Job, arch: Architecture) -> dict:
+def _per_gpu_work(job: Job, work: tuple) -> dict:
     """The GPU-independent part of step_terms: FLOPs and bytes per phase on one GPU."""
-    memo = _work(job, arch)[2]
+    flops, traffic, memo, step = work
     if "unit" in memo:
         return memo["unit"]
-    flops, traffic, _, step = _work(job, arch)
     par = job.parallel
     split = par.tensor_parallel * par.context_parallel  # model-parallel ranks share the work
     # a pipeline's slowest stage sets the pace: the last, with its share of the blocks and
@@ -177,14 +173,14 @@ def _per_gpu_work(job: Job, arch: Architecture) -> dict:
     return unit
 
 
-def _shape(job: Job, arch: Architecture, gpu: GPU, peak: float) -> float:
+def _shape(job: Job, arch: Architecture, work: tuple, gpu: GPU, peak: float) -> float:
     """gemm.shape_efficiency, memoised with the job's work (per GPU type)."""
-    memo = _work(job, arch)[2]
+    memo = work[2]
     key = ("shape", gpu.name, peak)
     if key not in memo:
         ceiling = factors_for(gpu, calibrated=False).matmul
         memo[key] = shape_efficiency(job, arch, gemm_model(), sm_count(gpu), peak * ceiling,
-                                     step=_work(job, arch)[3])
+                                     step=work[3])
     return memo[key]
 
 
@@ -194,8 +190,9 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
     dtype, notes = compute_dtype(job, gpu)
     peak = gpu.tflops[dtype] * 1e12
     bandwidth = gpu.bandwidth_bytes_s
-    unit = _per_gpu_work(job, arch)
-    shape = _shape(job, arch, gpu, peak)
+    work = _work(job, arch)
+    unit = _per_gpu_work(job, work)
+    shape = _shape(job, arch, work, gpu, peak)
     attention_peak = peak
     if dtype == "fp8":  # fp8 GEMMs reach a smaller share of their (doubled) peak
         shape *= fp8_ratio(gpu)
@@ -217,7 +214,7 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         phases.append(PhaseTerms("optimizer", 1, 0.0, 0.0, unit["optimizer_bytes"] / bandwidth,
                                  unit["optimizer_kernels"], bytes=unit["optimizer_bytes"]))
     comms = []
-    for c in _collectives(job, arch, gpu):
+    for c in _collectives(job, arch, work, gpu):
         rate = gpu.interconnect_bytes_s if c.link == "interconnect" else min(
             gpu.network_bytes_s * c.nics, gpu.interconnect_bytes_s)
         comms.append(CollectiveTerms(c.name, c.bytes_per_gpu / (rate * c.link_share),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.console import Console
 from rich.table import Table
 
@@ -41,11 +43,8 @@ def print_performance(perf: Performance, console: Console) -> None:
                   f"({perf.tokens_per_s_per_gpu:,.0f} per GPU), {perf.samples_per_s:,.2f} "
                   f"samples/s, MFU {100 * perf.mfu:.0f}%, bound by {perf.bound}")
     if perf.training_time_s is not None:
-        t_span = (f" (80%: {duration(perf.training_time_range_s[0])}-"
-                  f"{duration(perf.training_time_range_s[1])})"
-                  if perf.training_time_range_s else "")
-        c_span = (f" (80%: {money(perf.cost_range_usd[0])}-{money(perf.cost_range_usd[1])})"
-                  if perf.cost_range_usd else "")
+        t_span = _ranges((perf.training_time_range_s, duration))
+        c_span = _ranges((perf.cost_range_usd, money))
         console.print(f"training: {perf.steps:,.0f} steps, {duration(perf.training_time_s)}"
                       f"{t_span}, {perf.gpu_hours:,.1f} GPU-hours, "
                       + (f"{money(perf.cost_usd)}{c_span} at ${perf.price_per_hour:g}/GPU-hour"
@@ -88,8 +87,9 @@ def print_plan(plan, console: Console) -> None:
         for i, c in enumerate(plan.candidates, 1):
             console.print(f"{i}. {c.flags or '(as given)'}", soft_wrap=True)
         for choice in (plan.recommended, plan.cheapest, plan.fastest):
-            console.print(f"[bold]{choice.label}[/bold]: {choice.reason}"
-                          + _ranges(choice.candidate))
+            c = choice.candidate  # the table ranks by the central estimates
+            console.print(f"[bold]{choice.label}[/bold]: {choice.reason}" + _ranges(
+                (c.training_time_range_s, duration), (c.cost_range_usd, money)))
     if plan.ruled_out:
         console.print("\nRuled out:")
         for r in plan.ruled_out:
@@ -98,10 +98,9 @@ def print_plan(plan, console: Console) -> None:
         console.print(f"note: {note}")
 
 
-def _ranges(c) -> str:
-    """A pick's 80% intervals (the table ranks by the central estimates)."""
-    spans = [f"{show(span[0])}-{show(span[1])}" for span, show in (
-        (c.training_time_range_s, duration), (c.cost_range_usd, money)) if span]
+def _ranges(*intervals: tuple[tuple[float, float] | None, Callable[[float], str]]) -> str:
+    """' (80%: low-high, ...)' of the intervals that exist, each shown by its formatter."""
+    spans = [f"{show(span[0])}-{show(span[1])}" for span, show in intervals if span]
     return f" (80%: {', '.join(spans)})" if spans else ""
 
 
