@@ -26,8 +26,8 @@ def test_plan_ranks_by_the_central_estimate_and_gives_each_pick_its_range(run_cl
     code, out, err = run_cli(*args, "--json")
     assert code == 0, err
     plan = json.loads(out)
-    low, high = interval()
     for c in plan["candidates"]:
+        low, high = interval(c["num_gpus"])  # one GPU and several have their own
         assert c["training_time_range_s"] == pytest.approx(
             [c["training_time_s"] * low, c["training_time_s"] * high])
         assert c["cost_range_usd"] == pytest.approx([c["cost_usd"] * low, c["cost_usd"] * high])

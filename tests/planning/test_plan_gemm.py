@@ -1,6 +1,7 @@
 """The GEMM shape model (planning/gemm.py) and the per-architecture factors it scales."""
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -81,14 +82,32 @@ def test_measured_and_borrowed_ceilings_are_said():
     assert fp8_ratio(get_gpu("A100-80GB")) == 1.0
 
 
-def test_every_time_carries_its_80_percent_interval():
-    low, high = interval()
+@pytest.mark.parametrize("num_gpus", [1, 8])
+def test_every_time_carries_its_80_percent_interval(num_gpus):
+    low, high = interval(num_gpus)
     assert low < 1 < high
-    perf = predict(Job(model="llama-3.2-1b", batch_size=2, seq_len=1024), get_gpu("H200"))
+    job = Job(model="llama-3.2-1b", batch_size=2, seq_len=1024,
+              parallel={"num_gpus": num_gpus, "strategy": "ddp" if num_gpus > 1 else "none"})
+    perf = predict(job, get_gpu("H200"))
     lo, hi = perf.step_time_range_s
     assert lo == pytest.approx(perf.step_time_s * low)
     assert hi == pytest.approx(perf.step_time_s * high)
     assert math.isfinite(lo) and lo < perf.step_time_s < hi
+
+
+def test_single_gpu_jobs_get_their_own_interval():
+    """The single-GPU runs miss by more than the pre-training runs: their interval is its own,
+    read from the table (the benchmark writes both pairs)."""
+    import tomllib
+
+    from vramplan.planning import efficiency
+    table = tomllib.loads((Path(efficiency.__file__).parent / "efficiency.toml").read_text())
+    iv = table["interval"]
+    assert interval(1) == pytest.approx((math.exp(iv["single_gpu_log_low"]),
+                                         math.exp(iv["single_gpu_log_high"])))
+    assert interval(64) == pytest.approx((math.exp(iv["multi_gpu_log_low"]),
+                                          math.exp(iv["multi_gpu_log_high"])))
+    assert interval(1) != interval(2)
 
 
 def test_each_stack_multiplies_its_own_tokens():

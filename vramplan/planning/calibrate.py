@@ -183,7 +183,8 @@ def calibrate(paths: list[str | Path], gpu: str | None = None) -> Calibration:
         # your runs' own spread around the fit (measured / predicted), never wider than the
         # shipped interval: a narrower 80% range for this GPU
         ratios = [m / step_time(t, fitted) for t, m in zip(terms, measured)]
-        low, high = interval()
+        shipped = [interval(job.parallel.num_gpus) for job, _, _ in runs]
+        low, high = min(lo for lo, _ in shipped), max(hi for _, hi in shipped)
         update["interval"] = (max(low, min(ratios)), min(high, max(ratios)))
     fitted = fitted.model_copy(update=update)
 

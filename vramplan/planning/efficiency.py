@@ -63,13 +63,14 @@ def gemm_model() -> GemmModel:
     return GemmModel(k0=float(g["k0"]), overhead_us=float(g["overhead_us"]))
 
 
-def interval() -> tuple[float, float]:
+def interval(num_gpus: int) -> tuple[float, float]:
     """(low, high) multipliers of a predicted time that hold the measured one 80% of the
-    time ([interval] of efficiency.toml)."""
+    time, for a job on `num_gpus` GPUs ([interval] of efficiency.toml)."""
     import math
 
     iv = _data()["interval"]
-    return math.exp(iv["log_low"]), math.exp(iv["log_high"])
+    bucket = "single_gpu" if num_gpus == 1 else "multi_gpu"
+    return math.exp(iv[f"{bucket}_log_low"]), math.exp(iv[f"{bucket}_log_high"])
 
 
 def nvlink_mesh_max_gpus() -> int:

@@ -298,7 +298,7 @@ def predict(job: Job, gpu: GPU, amount: TrainingAmount | None = None, *,
         bound=by_time.bound, phases=phases, communication_s=comm_s, factors=factors.source,
         notes=list(terms.notes))
     training = _training(amount, gpu, step, terms.tokens_per_step, terms.samples_per_step, n)
-    low, high = factors.interval or interval()
+    low, high = factors.interval or interval(n)
     perf["step_time_range_s"] = (step * low, step * high)
     if training.get("training_time_s") is not None:
         t = training["training_time_s"]
