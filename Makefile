@@ -33,7 +33,7 @@ test: $(VENV)/.dev
 	$(BIN)/python -m pytest -q
 
 lint: $(VENV)/.dev
-	$(BIN)/ruff check vramplan
+	$(BIN)/ruff check vramplan benchmarks
 	$(BIN)/lint-imports
 
 bench: $(VENV)/.dev

@@ -55,8 +55,8 @@ CASES = [  # (name, model config, job fields)
 ]
 # LLM-sized vocabulary and sequence on a narrow model: the loss decides the peak, and
 # whether it is compiled (compile_components) moves it by gigabytes. Only with --llm (or
-# --llm-only): about a minute per case on the 2-core VM in fp32 (tests/engines/test_compile_formula.py
-# checks both engines at 128k x 2048)
+# --llm-only): about a minute per case on the 2-core VM in fp32
+# (tests/engines/test_compile_formula.py checks both engines at 128k x 2048)
 LLAMA_128K = dict(LLAMA, vocab_size=128256, max_position_embeddings=4096)
 # fp32: the real CPU step runs with oneDNN off (cpu_profiler_peak), where bf16 GEMMs of a
 # 4096 x 128k head are naive loops (a bf16-mixed case ran past 25 minutes), fp32 ones BLAS

@@ -17,7 +17,6 @@ import json
 import platform
 import statistics
 import time
-from pathlib import Path
 
 from common import QUICK, results_dir  # noqa: E402 (benchmarks/common.py)
 
@@ -106,7 +105,8 @@ def markdown(rows: list[dict], summary: dict) -> str:
         job = ", ".join(f"{k}={v}" for k, v in r["job"].items())
         lines.append(f"| {job} | {r['trace_peak'] / 2**30:.2f} | {r['formula_peak'] / 2**30:.2f} "
                      f"| {100 * r['difference']:+.2f}% | {r['trace_phase']}/{r['formula_phase']} "
-                     f"| {r['trace_reserved'] / 2**30:.2f} ({100 * r['trace_allocator_overhead']:.1f}%)"
+                     f"| {r['trace_reserved'] / 2**30:.2f} "
+                     f"({100 * r['trace_allocator_overhead']:.1f}%)"
                      f" | {r['formula_reserved'] / 2**30:.2f} |")
     lines.append("")
     for mode, overheads in summary["trace_allocator_overhead"].items():

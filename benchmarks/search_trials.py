@@ -14,7 +14,6 @@ import json
 import math
 import platform
 import time
-from pathlib import Path
 
 from common import QUICK, results_dir  # noqa: E402 (benchmarks/common.py)
 

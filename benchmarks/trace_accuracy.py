@@ -18,10 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+import torch
 from common import QUICK, results_dir  # noqa: E402 (benchmarks/common.py)
 from ground_truth import cpu_profiler_peak  # noqa: E402 (benchmarks/ground_truth.py)
-
-import torch
 
 from vramplan.engines.trace import run_trace
 from vramplan.job import Job, Peft

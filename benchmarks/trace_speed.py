@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from common import QUICK, results_dir  # noqa: E402 (benchmarks/common.py)
 
