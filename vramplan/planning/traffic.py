@@ -61,6 +61,17 @@ LOOP_KERNELS_PER_TENSOR = 10
 # bitsandbytes 8-bit AdamW (kOptimizer32bit2State / 8bit blockwise): read p (4) g (4)
 # state1 state2 (1 + 1), write p (4) state1 state2 (1 + 1) = 16 bytes per element
 EIGHT_BIT_ADAM_BYTES = 16
+# bitsandbytes PagedAdamW (32-bit states; bitsandbytes 0.50 functional.optimizer_update_32bit):
+# one kernel per parameter tensor reads p g m v and writes p m v; the fp32 states' share:
+PAGED_ADAM_STATE_BYTES = 16
+# torchao AdamW4bit / AdamWFp8 (torchao 0.18 optim/adam.py): one torch.compile'd
+# single_param_adam call per parameter tensor. Beside p and g (read p g, write p): both
+# states read and written at their width (4-bit 2 bytes per element, fp8 4), plus the
+# full-size intermediates Inductor materialises, and the loop nests per call, as
+# benchmarks/torchao_optim_codegen.py reads them from Inductor's (CPU) code for a
+# 1M-element parameter: 4-bit 50 bytes (an int64 code index and an fp32 block copy per
+# state), 12 loop nests; fp8 none, 4 loop nests.
+TORCHAO_ADAM = {"adamw-4bit": (2 + 50, 12), "adamw-fp8": (4, 4)}
 CLIP_PASSES = 3  # clip_grad_norm_: the norm reads each grad; the scale reads and writes it
 
 
@@ -321,6 +332,14 @@ def _optimizer(job: Job, trainable: int, tensors: int, t: Traffic) -> None:
     t.add("clip", "optimizer", CLIP_PASSES * state * trainable, 4)
     if job.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
         t.add("optimizer", "optimizer", EIGHT_BIT_ADAM_BYTES * trainable, tensors)
+        return
+    if job.optimizer == "paged-adamw":
+        t.add("optimizer", "optimizer", (3 * state + PAGED_ADAM_STATE_BYTES) * trainable,
+              tensors)
+        return
+    if job.optimizer in TORCHAO_ADAM:
+        states, kernels = TORCHAO_ADAM[job.optimizer]
+        t.add("optimizer", "optimizer", (3 * state + states) * trainable, kernels * tensors)
         return
     impl = job.optimizer_impl
     passes = OPTIMIZER_PASSES.get((job.optimizer, impl), OPTIMIZER_PASSES[("adamw", "foreach")])
