@@ -68,14 +68,15 @@ CATALOG = {"LLAMA38B": "llama-3.1-8b", "LLAMA370B": "llama-3.1-70b",
 # the files we collected from other public sources (README.md of that folder)
 COLLECTED_FILES = ("lambda_bert_squad.jsonl", "olmocore_throughput.jsonl",
                    "bigscience_bloom.jsonl", "flashattention_gpt3.jsonl", "llmc_gpt2.jsonl",
-                   "llama3_paper.jsonl")
+                   "llama3_paper.jsonl", "lambda_bert_squad_more.jsonl", "nvidia_bert_squad.jsonl")
 # their source groups: which ran fused kernels (timed as compiled blocks) and which attention
 _COLLECTED = {"lambda-bert": {"fused": False, "attention": "eager"},
               "olmo-core": {"fused": False, "attention": "sdpa"},
               "bigscience": {"fused": True, "attention": "eager"},
               "flash-attention": {"fused": True, "attention": "sdpa"},
               "llm.c": {"fused": True, "attention": "sdpa"},
-              "llama3-paper": {"fused": True, "attention": "sdpa"}}
+              "llama3-paper": {"fused": True, "attention": "sdpa"},
+              "nvidia-bert": {"fused": False, "attention": "eager"}}
 
 
 def _catalog_name(model: str) -> str | None:
@@ -172,8 +173,8 @@ def _olmo2(mc: dict, seq: int) -> str:
 def _collected_model(row: dict, seq: int) -> str:
     """The model of a row we collected: a catalog name or a config.json from its shapes."""
     group, mc = row["source_group"], row["model_config"]
-    if group == "lambda-bert":
-        return "bert-large-uncased"
+    if group in ("lambda-bert", "nvidia-bert"):
+        return "bert-base-uncased" if row["model"].startswith("BERT-base") else "bert-large-uncased"
     if group == "llama3-paper":
         return "llama-3.1-405b"
     if group == "olmo-core":
@@ -244,6 +245,13 @@ def _collected_kernels(row: dict, assumed: list[str]) -> tuple[bool, str]:
     return compiled, kind["attention"]
 
 
+def _optimizer_impl(group: str, tech: dict) -> str:
+    """BERT's fp32 runs step with BertAdam, a Python loop over the parameters."""
+    if group == "llm-foundry":
+        return "foreach"
+    return "loop" if "BertAdam" in str(tech.get("optimizer")) else "fused"
+
+
 def case(row: dict) -> Case:
     """The Job of one published row (see the module docstring for the choices)."""
     group = row["source_group"]
@@ -257,6 +265,11 @@ def case(row: dict) -> Case:
         precision = "fp8"
     elif precision_text.startswith("fp16"):
         precision = "fp16-mixed"
+    elif precision_text.startswith("tf32"):
+        return Case(row["id"], group, None, _gpu(row), 0.0, assumed,
+                    skipped="TF32 matmuls: vramplan's fp32 runs at the plain fp32 rate")
+    elif precision_text.startswith("fp32"):
+        precision = "fp32"
     elif precision_text.startswith("pure bf16"):
         precision = "bf16-pure"
     else:
@@ -335,11 +348,11 @@ def case(row: dict) -> Case:
     task = None
     if group in _COLLECTED:
         compiled, attention = _collected_kernels(row, assumed)
-        task = "seq-classification" if group == "lambda-bert" else None
+        task = "seq-classification" if group in ("lambda-bert", "nvidia-bert") else None
     job = Job(model=model, batch_size=micro, grad_accum=grad_accum, seq_len=seq, compile=compiled,
               attention=attention, task=task,
               precision=precision, checkpointing=checkpointing, peft=peft,
-              optimizer_impl="fused" if group != "llm-foundry" else "foreach",
+              optimizer_impl=_optimizer_impl(group, tech),
               parallel={"strategy": strategy, "num_gpus": n, "tensor_parallel": tp,
                         "pipeline_parallel": pp, "context_parallel": cp,
                         "async_tp": "--tp-comm-overlap" in str(tech.get("other")), **pipeline,
