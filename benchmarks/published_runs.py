@@ -68,7 +68,8 @@ CATALOG = {"LLAMA38B": "llama-3.1-8b", "LLAMA370B": "llama-3.1-70b",
 # the files we collected from other public sources (README.md of that folder)
 COLLECTED_FILES = ("lambda_bert_squad.jsonl", "olmocore_throughput.jsonl",
                    "bigscience_bloom.jsonl", "flashattention_gpt3.jsonl", "llmc_gpt2.jsonl",
-                   "llama3_paper.jsonl", "lambda_bert_squad_more.jsonl", "nvidia_bert_squad.jsonl")
+                   "llama3_paper.jsonl", "lambda_bert_squad_more.jsonl", "nvidia_bert_squad.jsonl",
+                   "qwen1_lora_profile.jsonl")
 # their source groups: which ran fused kernels (timed as compiled blocks) and which attention
 _COLLECTED = {"lambda-bert": {"fused": False, "attention": "eager"},
               "olmo-core": {"fused": False, "attention": "sdpa"},
@@ -76,7 +77,8 @@ _COLLECTED = {"lambda-bert": {"fused": False, "attention": "eager"},
               "flash-attention": {"fused": True, "attention": "sdpa"},
               "llm.c": {"fused": True, "attention": "sdpa"},
               "llama3-paper": {"fused": True, "attention": "sdpa"},
-              "nvidia-bert": {"fused": False, "attention": "eager"}}
+              "nvidia-bert": {"fused": False, "attention": "eager"},
+              "qwen1-finetune": {"fused": False, "attention": "sdpa"}}
 
 
 def _catalog_name(model: str) -> str | None:
@@ -170,6 +172,27 @@ def _olmo2(mc: dict, seq: int) -> str:
     return _config(f"olmo2-{mc['layers']}-{mc['hidden']}-{mc['ffn']}", cfg)
 
 
+def _qwen2(mc: dict, seq: int) -> str:
+    """A Qwen-2-style block (transformers' Qwen2Config: Llama block with q/k/v biases) from a
+    row's shapes: Qwen 1 (QwenLM/Qwen) has the same layout with fused c_attn."""
+    cfg = {"model_type": "qwen2", "num_hidden_layers": mc["layers"], "hidden_size": mc["hidden"],
+           "num_attention_heads": mc["heads"], "num_key_value_heads": mc["kv_heads"],
+           "intermediate_size": mc["ffn"], "vocab_size": mc["vocab"],
+           "max_position_embeddings": max(seq, 8192), "rope_theta": 10000.0,
+           "tie_word_embeddings": bool(mc.get("tie_embeddings")), "hidden_act": "silu",
+           "rms_norm_eps": 1e-6}
+    return _config(f"qwen2-{mc['layers']}-{mc['hidden']}-{mc['ffn']}", cfg)
+
+
+def _collected_peft(tech: dict) -> dict | None:
+    """LoRA / QLoRA as a collected row's techniques.peft states it."""
+    peft = tech.get("peft")
+    if not isinstance(peft, dict):
+        return None
+    keys = ("method", "rank", "alpha", "dropout", "target_modules", "double_quant")
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in peft.items() if k in keys}
+
+
 def _collected_model(row: dict, seq: int) -> str:
     """The model of a row we collected: a catalog name or a config.json from its shapes."""
     group, mc = row["source_group"], row["model_config"]
@@ -179,6 +202,8 @@ def _collected_model(row: dict, seq: int) -> str:
         return "llama-3.1-405b"
     if group == "olmo-core":
         return _olmo2(mc, seq) if mc["arch"] == "olmo2" else _llama(mc, seq)
+    if group == "qwen1-finetune":
+        return _qwen2(mc, seq)
     # BLOOM (ALiBi instead of learned positions: 0.02% of its parameters), flash-attention's
     # GPT-3 sizes and llm.c's GPT-2: GPT-2 blocks
     return _gpt(mc["layers"], mc["hidden"], mc["heads"], mc["vocab"], seq)
@@ -332,7 +357,9 @@ def case(row: dict) -> Case:
     else:
         return Case(row["id"], group, None, _gpu(row), 0.0, assumed,
                     skipped=f"model {row['model']} is not in the catalog")
-    if "lora" in row["id"]:
+    if group in _COLLECTED:
+        peft = _collected_peft(tech)
+    elif "lora" in row["id"]:
         peft = {"method": "lora", "target_modules": ("q_proj", "k_proj", "v_proj")}
         assumed.append("LoRA on the attention projections (NeMo's linear_qkv)")
     pipeline = {}
