@@ -69,7 +69,7 @@ CATALOG = {"LLAMA38B": "llama-3.1-8b", "LLAMA370B": "llama-3.1-70b",
 COLLECTED_FILES = ("lambda_bert_squad.jsonl", "olmocore_throughput.jsonl",
                    "bigscience_bloom.jsonl", "flashattention_gpt3.jsonl", "llmc_gpt2.jsonl",
                    "llama3_paper.jsonl", "lambda_bert_squad_more.jsonl", "nvidia_bert_squad.jsonl",
-                   "qwen1_lora_profile.jsonl")
+                   "qwen1_lora_profile.jsonl", "answerai_fsdp_qlora.jsonl")
 # their source groups: which ran fused kernels (timed as compiled blocks) and which attention
 _COLLECTED = {"lambda-bert": {"fused": False, "attention": "eager"},
               "olmo-core": {"fused": False, "attention": "sdpa"},
@@ -78,7 +78,8 @@ _COLLECTED = {"lambda-bert": {"fused": False, "attention": "eager"},
               "llm.c": {"fused": True, "attention": "sdpa"},
               "llama3-paper": {"fused": True, "attention": "sdpa"},
               "nvidia-bert": {"fused": False, "attention": "eager"},
-              "qwen1-finetune": {"fused": False, "attention": "sdpa"}}
+              "qwen1-finetune": {"fused": False, "attention": "sdpa"},
+              "answerai-fsdp-qlora": {"fused": False, "attention": "sdpa"}}
 
 
 def _catalog_name(model: str) -> str | None:
@@ -184,6 +185,20 @@ def _qwen2(mc: dict, seq: int) -> str:
     return _config(f"qwen2-{mc['layers']}-{mc['hidden']}-{mc['ffn']}", cfg)
 
 
+def _decoder(mc: dict, seq: int) -> str:
+    """A Llama / Mistral decoder from a row's shapes (Yi 34B is a Llama; Mistral 7B v0.2
+    has no sliding window)."""
+    kind = mc.get("model_type", "llama")
+    cfg = {"model_type": kind, "num_hidden_layers": mc["layers"], "hidden_size": mc["hidden"],
+           "num_attention_heads": mc["heads"], "num_key_value_heads": mc["kv_heads"],
+           "intermediate_size": mc["ffn"], "vocab_size": mc["vocab"],
+           "max_position_embeddings": max(seq, 4096), "rope_theta": mc.get("rope_theta", 10000.0),
+           "tie_word_embeddings": False, "hidden_act": "silu", "rms_norm_eps": 1e-5}
+    if kind == "mistral":
+        cfg["sliding_window"] = mc.get("sliding_window")
+    return _config(f"{kind}-{mc['layers']}-{mc['hidden']}-{mc['ffn']}", cfg)
+
+
 def _collected_peft(tech: dict) -> dict | None:
     """LoRA / QLoRA as a collected row's techniques.peft states it."""
     peft = tech.get("peft")
@@ -204,6 +219,8 @@ def _collected_model(row: dict, seq: int) -> str:
         return _olmo2(mc, seq) if mc["arch"] == "olmo2" else _llama(mc, seq)
     if group == "qwen1-finetune":
         return _qwen2(mc, seq)
+    if group == "answerai-fsdp-qlora":
+        return mc.get("catalog") or _decoder(mc, seq)
     # BLOOM (ALiBi instead of learned positions: 0.02% of its parameters), flash-attention's
     # GPT-3 sizes and llm.c's GPT-2: GPT-2 blocks
     return _gpt(mc["layers"], mc["hidden"], mc["heads"], mc["vocab"], seq)
@@ -216,6 +233,8 @@ def _collected_strategy(row: dict, dp: int) -> str:
         return "none"
     if group == "olmo-core":  # HSDP sharding within a node; the 32B shards over 32 GPUs
         return "hybrid-shard" if "one replica per node" in str(par.get("fsdp_strategy")) else "fsdp"
+    if par.get("fsdp_strategy") == "FULL_SHARD":
+        return "fsdp"
     optimizer = str((row.get("techniques") or {}).get("optimizer"))
     if "without resharding" in optimizer:  # Llama 3: parameters stay gathered after forward
         return "zero2"
@@ -270,9 +289,14 @@ def _collected_kernels(row: dict, assumed: list[str]) -> tuple[bool, str]:
     return compiled, kind["attention"]
 
 
+# sources that step with torch's AdamW as constructed by default (foreach on CUDA): HF
+# Trainer's adamw_torch (Qwen's finetune.py) and fsdp_qlora's optim.AdamW
+_FOREACH = ("llm-foundry", "qwen1-finetune", "answerai-fsdp-qlora")
+
+
 def _optimizer_impl(group: str, tech: dict) -> str:
     """BERT's fp32 runs step with BertAdam, a Python loop over the parameters."""
-    if group == "llm-foundry":
+    if group in _FOREACH:
         return "foreach"
     return "loop" if "BertAdam" in str(tech.get("optimizer")) else "fused"
 
@@ -376,7 +400,12 @@ def case(row: dict) -> Case:
     if group in _COLLECTED:
         compiled, attention = _collected_kernels(row, assumed)
         task = "seq-classification" if group in ("lambda-bert", "nvidia-bert") else None
+    offload = tech.get("offload") if group in _COLLECTED else None
+    offload = offload if isinstance(offload, dict) else {}
     job = Job(model=model, batch_size=micro, grad_accum=grad_accum, seq_len=seq, compile=compiled,
+              offload={"params": bool(offload.get("params")),
+                       "optimizer": bool(offload.get("optimizer"))},
+              activation_offload=bool(offload.get("activations")),
               attention=attention, task=task,
               precision=precision, checkpointing=checkpointing, peft=peft,
               optimizer_impl=_optimizer_impl(group, tech),
