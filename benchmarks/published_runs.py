@@ -21,8 +21,8 @@ every row of that source:
     work is timed as vramplan times compiled blocks (`compile`: one kernel per fused chain).
 
 Rows we collected ourselves (lambda-bert, olmo-core, bigscience, flash-attention, llm.c,
-llama3-paper; see `_COLLECTED` below) state their GPU as a catalog name (`catalog_gpu`) or a
-family here, and:
+llama3-paper, nvidia-bert, qwen1-finetune, answerai-fsdp-qlora; see `_COLLECTED` below)
+state their GPU as a catalog name (`catalog_gpu`) or a family here, and:
 
   * Lambda's BERT-large SQuAD: the catalog bert-large-uncased with its sequence-classification
     head (the QA head, 2 logits per token, is as small); the 2019 BERT code: eager attention;
@@ -32,7 +32,14 @@ family here, and:
   * Llama 3 405B (its paper's Table 4): FSDP that keeps parameters gathered after forward is
     ZeRO-2; fused kernels; micro-batch 1 and plain 1F1B where the table is silent;
   * OLMo-core's 32B checkpoints only the MLP of each block: full checkpointing (the MLP is
-    ~80% of its block's FLOPs); llm.c's GeLU-only recompute: none.
+    ~80% of its block's FLOPs); llm.c's GeLU-only recompute: none;
+  * NVIDIA's own BERT tables (nvidia-bert) run Lambda's code: the same mapping; their fp32
+    rows step with BertAdam (a Python loop: optimizer_impl loop), fp16 with Apex FusedAdam;
+    TF32 rows are skipped (vramplan's fp32 is the plain fp32 rate);
+  * fine-tuning rows (Qwen's LoRA profile, Answer.AI's fsdp_qlora) take LoRA / QLoRA from
+    techniques.peft and FSDP CPU offload (parameters, gradients and the optimizer step on the
+    CPU) from techniques.offload; Qwen 1 is a qwen2 block; torch's default AdamW (foreach);
+    FSDP FULL_SHARD is fsdp, NO_SHARD is ddp.
 
 Measured tokens/s per GPU: as published where the row gives it; sequences/s (Lambda) times the
 sequence over the GPUs; a step time (BLOOM, llm.c) as global batch x sequence / step / GPUs;

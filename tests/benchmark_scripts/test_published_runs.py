@@ -173,17 +173,21 @@ def test_two_sources_models_of_one_name_keep_their_own_config(rows):
 def test_fine_tuning_rows_keep_their_adapters_offload_and_precision(rows):
     # Answer.AI: QLoRA rank 64 on six projections, FSDP FULL_SHARD with CPU offload, pure bf16;
     # 1,024 samples of 2,048 tokens in 483 s on two 4090s
-    case = published_runs.case(rows["answerai_4090_2x_mistral-7b-v0.2_qlora_fsdp_offload_bs12_ctx2048"])
+    row = rows["answerai_4090_2x_mistral-7b-v0.2_qlora_fsdp_offload_bs12_ctx2048"]
+    case = published_runs.case(row)
     job = case.job
-    assert job.peft.method == "qlora" and job.peft.rank == 64 and "o_proj" not in job.peft.target_modules
+    assert job.peft.method == "qlora" and job.peft.rank == 64
+    assert "o_proj" not in job.peft.target_modules
     assert job.parallel.strategy == "fsdp" and job.offload.params and job.offload.optimizer
     assert job.precision == "bf16-pure" and job.checkpointing == "full"
     assert case.measured_tokens_per_s_per_gpu == pytest.approx(1024 * 2048 / 483 / 2, rel=1e-3)
-    assert published_runs.case(rows["answerai_4090_2x_llama2-7b_lora_ddp_bs4"]).job.parallel.strategy == "ddp"
+    ddp = published_runs.case(rows["answerai_4090_2x_llama2-7b_lora_ddp_bs4"]).job
+    assert ddp.parallel.strategy == "ddp"
     # Qwen: LoRA on every block linear, 8 micro-batches of one padded sequence per s/it
     case = published_runs.case(rows["qwen1_7b_lora_1xa100_seq2048"])
     assert case.job.peft.method == "lora" and len(case.job.peft.target_modules) == 7
-    assert case.job.grad_accum == 8 and case.measured_tokens_per_s_per_gpu == pytest.approx(8 * 2048 / 5.2)
+    assert case.job.grad_accum == 8
+    assert case.measured_tokens_per_s_per_gpu == pytest.approx(8 * 2048 / 5.2)
     assert load_architecture(case.job.model).total_params() == pytest.approx(7.72e9, rel=5e-3)
     # BERT fp32 on V100: plain fp32 and BertAdam's Python loop; BERT-base from its own column
     case = published_runs.case(rows["lambda_bert_base_squad_fp32_8xv100-16gb"])
