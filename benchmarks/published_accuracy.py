@@ -59,7 +59,8 @@ TRITON_ATTENTION_SLOWDOWN = 1.8
 # Llama 3 paper's 4D-parallel stack is Megatron-like (TP/CP/PP with overlapped collectives).
 STACK = {"llm-foundry": "pytorch", "vramplan-h200": "pytorch", "kempnerforge": "pytorch",
          "lambda-bert": "pytorch", "olmo-core": "pytorch", "flash-attention": "pytorch",
-         "llm.c": "pytorch",
+         "llm.c": "pytorch", "nvidia-bert": "pytorch", "qwen1-finetune": "pytorch",
+         "answerai-fsdp-qlora": "pytorch",
          "megatron-lm": "megatron-core", "nemo": "megatron-core",
          "bigscience": "megatron-core", "llama3-paper": "megatron-core"}
 # the calibration set handed over with the project (shared/calibration/): issue 16's target

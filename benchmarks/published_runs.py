@@ -21,8 +21,8 @@ every row of that source:
     work is timed as vramplan times compiled blocks (`compile`: one kernel per fused chain).
 
 Rows we collected ourselves (lambda-bert, olmo-core, bigscience, flash-attention, llm.c,
-llama3-paper; see `_COLLECTED` below) state their GPU as a catalog name (`catalog_gpu`) or a
-family here, and:
+llama3-paper, nvidia-bert, qwen1-finetune, answerai-fsdp-qlora; see `_COLLECTED` below)
+state their GPU as a catalog name (`catalog_gpu`) or a family here, and:
 
   * Lambda's BERT-large SQuAD: the catalog bert-large-uncased with its sequence-classification
     head (the QA head, 2 logits per token, is as small); the 2019 BERT code: eager attention;
@@ -32,7 +32,14 @@ family here, and:
   * Llama 3 405B (its paper's Table 4): FSDP that keeps parameters gathered after forward is
     ZeRO-2; fused kernels; micro-batch 1 and plain 1F1B where the table is silent;
   * OLMo-core's 32B checkpoints only the MLP of each block: full checkpointing (the MLP is
-    ~80% of its block's FLOPs); llm.c's GeLU-only recompute: none.
+    ~80% of its block's FLOPs); llm.c's GeLU-only recompute: none;
+  * NVIDIA's own BERT tables (nvidia-bert) run Lambda's code: the same mapping; their fp32
+    rows step with BertAdam (a Python loop: optimizer_impl loop), fp16 with Apex FusedAdam;
+    TF32 rows are skipped (vramplan's fp32 is the plain fp32 rate);
+  * fine-tuning rows (Qwen's LoRA profile, Answer.AI's fsdp_qlora) take LoRA / QLoRA from
+    techniques.peft and FSDP CPU offload (parameters, gradients and the optimizer step on the
+    CPU) from techniques.offload; Qwen 1 is a qwen2 block; torch's default AdamW (foreach);
+    FSDP FULL_SHARD is fsdp, NO_SHARD is ddp.
 
 Measured tokens/s per GPU: as published where the row gives it; sequences/s (Lambda) times the
 sequence over the GPUs; a step time (BLOOM, llm.c) as global batch x sequence / step / GPUs;
@@ -68,14 +75,18 @@ CATALOG = {"LLAMA38B": "llama-3.1-8b", "LLAMA370B": "llama-3.1-70b",
 # the files we collected from other public sources (README.md of that folder)
 COLLECTED_FILES = ("lambda_bert_squad.jsonl", "olmocore_throughput.jsonl",
                    "bigscience_bloom.jsonl", "flashattention_gpt3.jsonl", "llmc_gpt2.jsonl",
-                   "llama3_paper.jsonl")
+                   "llama3_paper.jsonl", "lambda_bert_squad_more.jsonl", "nvidia_bert_squad.jsonl",
+                   "qwen1_lora_profile.jsonl", "answerai_fsdp_qlora.jsonl")
 # their source groups: which ran fused kernels (timed as compiled blocks) and which attention
 _COLLECTED = {"lambda-bert": {"fused": False, "attention": "eager"},
               "olmo-core": {"fused": False, "attention": "sdpa"},
               "bigscience": {"fused": True, "attention": "eager"},
               "flash-attention": {"fused": True, "attention": "sdpa"},
               "llm.c": {"fused": True, "attention": "sdpa"},
-              "llama3-paper": {"fused": True, "attention": "sdpa"}}
+              "llama3-paper": {"fused": True, "attention": "sdpa"},
+              "nvidia-bert": {"fused": False, "attention": "eager"},
+              "qwen1-finetune": {"fused": False, "attention": "sdpa"},
+              "answerai-fsdp-qlora": {"fused": False, "attention": "sdpa"}}
 
 
 def _catalog_name(model: str) -> str | None:
@@ -169,15 +180,54 @@ def _olmo2(mc: dict, seq: int) -> str:
     return _config(f"olmo2-{mc['layers']}-{mc['hidden']}-{mc['ffn']}", cfg)
 
 
+def _qwen2(mc: dict, seq: int) -> str:
+    """A Qwen-2-style block (transformers' Qwen2Config: Llama block with q/k/v biases) from a
+    row's shapes: Qwen 1 (QwenLM/Qwen) has the same layout with fused c_attn."""
+    cfg = {"model_type": "qwen2", "num_hidden_layers": mc["layers"], "hidden_size": mc["hidden"],
+           "num_attention_heads": mc["heads"], "num_key_value_heads": mc["kv_heads"],
+           "intermediate_size": mc["ffn"], "vocab_size": mc["vocab"],
+           "max_position_embeddings": max(seq, 8192), "rope_theta": 10000.0,
+           "tie_word_embeddings": bool(mc.get("tie_embeddings")), "hidden_act": "silu",
+           "rms_norm_eps": 1e-6}
+    return _config(f"qwen2-{mc['layers']}-{mc['hidden']}-{mc['ffn']}", cfg)
+
+
+def _decoder(mc: dict, seq: int) -> str:
+    """A Llama / Mistral decoder from a row's shapes (Yi 34B is a Llama; Mistral 7B v0.2
+    has no sliding window)."""
+    kind = mc.get("model_type", "llama")
+    cfg = {"model_type": kind, "num_hidden_layers": mc["layers"], "hidden_size": mc["hidden"],
+           "num_attention_heads": mc["heads"], "num_key_value_heads": mc["kv_heads"],
+           "intermediate_size": mc["ffn"], "vocab_size": mc["vocab"],
+           "max_position_embeddings": max(seq, 4096), "rope_theta": mc.get("rope_theta", 10000.0),
+           "tie_word_embeddings": False, "hidden_act": "silu", "rms_norm_eps": 1e-5}
+    if kind == "mistral":
+        cfg["sliding_window"] = mc.get("sliding_window")
+    return _config(f"{kind}-{mc['layers']}-{mc['hidden']}-{mc['ffn']}", cfg)
+
+
+def _collected_peft(tech: dict) -> dict | None:
+    """LoRA / QLoRA as a collected row's techniques.peft states it."""
+    peft = tech.get("peft")
+    if not isinstance(peft, dict):
+        return None
+    keys = ("method", "rank", "alpha", "dropout", "target_modules", "double_quant")
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in peft.items() if k in keys}
+
+
 def _collected_model(row: dict, seq: int) -> str:
     """The model of a row we collected: a catalog name or a config.json from its shapes."""
     group, mc = row["source_group"], row["model_config"]
-    if group == "lambda-bert":
-        return "bert-large-uncased"
+    if group in ("lambda-bert", "nvidia-bert"):
+        return "bert-base-uncased" if row["model"].startswith("BERT-base") else "bert-large-uncased"
     if group == "llama3-paper":
         return "llama-3.1-405b"
     if group == "olmo-core":
         return _olmo2(mc, seq) if mc["arch"] == "olmo2" else _llama(mc, seq)
+    if group == "qwen1-finetune":
+        return _qwen2(mc, seq)
+    if group == "answerai-fsdp-qlora":
+        return mc.get("catalog") or _decoder(mc, seq)
     # BLOOM (ALiBi instead of learned positions: 0.02% of its parameters), flash-attention's
     # GPT-3 sizes and llm.c's GPT-2: GPT-2 blocks
     return _gpt(mc["layers"], mc["hidden"], mc["heads"], mc["vocab"], seq)
@@ -190,6 +240,8 @@ def _collected_strategy(row: dict, dp: int) -> str:
         return "none"
     if group == "olmo-core":  # HSDP sharding within a node; the 32B shards over 32 GPUs
         return "hybrid-shard" if "one replica per node" in str(par.get("fsdp_strategy")) else "fsdp"
+    if par.get("fsdp_strategy") == "FULL_SHARD":
+        return "fsdp"
     optimizer = str((row.get("techniques") or {}).get("optimizer"))
     if "without resharding" in optimizer:  # Llama 3: parameters stay gathered after forward
         return "zero2"
@@ -244,6 +296,18 @@ def _collected_kernels(row: dict, assumed: list[str]) -> tuple[bool, str]:
     return compiled, kind["attention"]
 
 
+# sources that step with torch's AdamW as constructed by default (foreach on CUDA): HF
+# Trainer's adamw_torch (Qwen's finetune.py) and fsdp_qlora's optim.AdamW
+_FOREACH = ("llm-foundry", "qwen1-finetune", "answerai-fsdp-qlora")
+
+
+def _optimizer_impl(group: str, tech: dict) -> str:
+    """BERT's fp32 runs step with BertAdam, a Python loop over the parameters."""
+    if group in _FOREACH:
+        return "foreach"
+    return "loop" if "BertAdam" in str(tech.get("optimizer")) else "fused"
+
+
 def case(row: dict) -> Case:
     """The Job of one published row (see the module docstring for the choices)."""
     group = row["source_group"]
@@ -257,6 +321,11 @@ def case(row: dict) -> Case:
         precision = "fp8"
     elif precision_text.startswith("fp16"):
         precision = "fp16-mixed"
+    elif precision_text.startswith("tf32"):
+        return Case(row["id"], group, None, _gpu(row), 0.0, assumed,
+                    skipped="TF32 matmuls: vramplan's fp32 runs at the plain fp32 rate")
+    elif precision_text.startswith("fp32"):
+        precision = "fp32"
     elif precision_text.startswith("pure bf16"):
         precision = "bf16-pure"
     else:
@@ -319,7 +388,9 @@ def case(row: dict) -> Case:
     else:
         return Case(row["id"], group, None, _gpu(row), 0.0, assumed,
                     skipped=f"model {row['model']} is not in the catalog")
-    if "lora" in row["id"]:
+    if group in _COLLECTED:
+        peft = _collected_peft(tech)
+    elif "lora" in row["id"]:
         peft = {"method": "lora", "target_modules": ("q_proj", "k_proj", "v_proj")}
         assumed.append("LoRA on the attention projections (NeMo's linear_qkv)")
     pipeline = {}
@@ -335,11 +406,16 @@ def case(row: dict) -> Case:
     task = None
     if group in _COLLECTED:
         compiled, attention = _collected_kernels(row, assumed)
-        task = "seq-classification" if group == "lambda-bert" else None
+        task = "seq-classification" if group in ("lambda-bert", "nvidia-bert") else None
+    offload = tech.get("offload") if group in _COLLECTED else None
+    offload = offload if isinstance(offload, dict) else {}
     job = Job(model=model, batch_size=micro, grad_accum=grad_accum, seq_len=seq, compile=compiled,
+              offload={"params": bool(offload.get("params")),
+                       "optimizer": bool(offload.get("optimizer"))},
+              activation_offload=bool(offload.get("activations")),
               attention=attention, task=task,
               precision=precision, checkpointing=checkpointing, peft=peft,
-              optimizer_impl="fused" if group != "llm-foundry" else "foreach",
+              optimizer_impl=_optimizer_impl(group, tech),
               parallel={"strategy": strategy, "num_gpus": n, "tensor_parallel": tp,
                         "pipeline_parallel": pp, "context_parallel": cp,
                         "async_tp": "--tp-comm-overlap" in str(tech.get("other")), **pipeline,
