@@ -134,13 +134,18 @@ def _extra_rows():
                 f"`published_accuracy.py` ({VM}; throughputs as published by their sources)"))
         h = a["collected_rows"]
         loso, r35, r45 = h["loso"], h["rule_035"], h["rule_045"]
+        held = a["held_out_rows"]["loso"]
         yield (f"step time on published runs we collected ({loso['rows']} rows: KempnerForge "
-               "(fitted, left out in turn) and, never fitted, Lambda's BERT, OLMo-core, BLOOM, "
-               "FlashAttention's GPT-3, llm.c, Llama 3; V100 to B200, 1-16384 GPUs)",
+               "and the single-GPU rows of Lambda's and NVIDIA's BERT fine-tuning and Qwen's "
+               "LoRA profile (fitted, each source left out in turn); never fitted: their "
+               "multi-GPU rows, Answer.AI's FSDP QLoRA, OLMo-core, BLOOM, FlashAttention's "
+               "GPT-3, llm.c, Llama 3; V100 to B200, 1-16384 GPUs)",
                (f"out of sample: median \\|error\\| {_pct(loso['median_abs'], 1)}, p90 "
                 f"{_pct(loso['p90_abs'], 1)}; fixed MFU 0.35: {_pct(r35['median_abs'], 1)} / "
                 f"{_pct(r35['p90_abs'], 1)}; 0.45: {_pct(r45['median_abs'], 1)} / "
-                f"{_pct(r45['p90_abs'], 1)}; the held-out rows' 80% interval coverage: "
+                f"{_pct(r45['p90_abs'], 1)}; the {held['rows']} never-fitted rows: "
+                f"{_pct(held['median_abs'], 1)} / {_pct(held['p90_abs'], 1)}, 80% interval "
+                "coverage "
                 f"{_pct(iv['held_out_rows']['coverage_nested'], 0)} nested, "
                 f"{_pct(iv['held_out_rows']['coverage_shipped'], 0)} shipped",
                 f"`published_accuracy.py` ({VM}; throughputs as published by their sources)"))

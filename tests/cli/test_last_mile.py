@@ -97,8 +97,10 @@ def test_ctrl_c_while_the_command_loads_says_so(delay_s):
     import subprocess
     import sys
     import time
-    process = subprocess.Popen([sys.executable, "-m", "vramplan", "plan", "llama-3.2-1b",
-                                "--tokens", "1B"], stdout=subprocess.PIPE,
+    # a plan of seconds (a 1B plan now ends inside half a second on a fast machine)
+    process = subprocess.Popen([sys.executable, "-m", "vramplan", "plan", "llama-3.1-405b",
+                                "--tokens", "1B", "--allow", "global-batch,lora,qlora",
+                                "--max-gpus", "1024"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     time.sleep(delay_s)
     process.send_signal(signal.SIGINT)

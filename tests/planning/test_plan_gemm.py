@@ -122,3 +122,28 @@ def test_each_stack_multiplies_its_own_tokens():
     encoder, decoder = (len(s.linears) for s in arch.stacks)
     ms = [m for m, _, _, _ in gemm.shapes(t5, arch)]
     assert ms == [3 * 512] * encoder + [3 * 64] * decoder + [3 * 64]  # + the head
+
+
+def test_single_gpu_jobs_take_their_own_shares_everywhere():
+    """One GPU: [training_single_gpu]'s shares (fitted on single-GPU runs); several: [training]'s.
+    The planner times a candidate with the same factors as predict()."""
+    import tomllib
+
+    from vramplan.planning import efficiency
+    from vramplan.planning.efficiency import factors_for
+    from vramplan.planning.planner import plan
+    table = tomllib.loads((Path(efficiency.__file__).parent / "efficiency.toml").read_text())
+    gpu = get_gpu("H100-SXM")
+    one, several = factors_for(gpu, num_gpus=1), factors_for(gpu, num_gpus=8)
+    assert one.kernel_us == table["training_single_gpu"]["kernel_us"]
+    assert several.kernel_us == table["training"]["kernel_us"]
+    assert one.module_us == several.module_us == table["training"]["module_us"]
+    assert "single-GPU shares" in one.source and "single-GPU" not in several.source
+    job = Job(model="llama-3.2-1b", batch_size=2, seq_len=1024)
+    perf = predict(job, gpu)
+    assert perf.factors == one.source
+    result = plan(job, gpus=["H100-SXM"], tokens=10**8, max_gpus=1)
+    single = [c for c in result.candidates if c.num_gpus == 1]
+    assert single
+    for c in single:
+        assert c.step_time_s == pytest.approx(predict(c.job, gpu).step_time_s)

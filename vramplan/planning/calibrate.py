@@ -164,7 +164,7 @@ def calibrate(paths: list[str | Path], gpu: str | None = None) -> Calibration:
         if other != chosen.name:
             raise JobError(f"calibrate: a run was measured on {device!r}, not on "
                            f"{chosen.name}: give runs of one GPU type (and --gpu for it)")
-    base = factors_for(chosen)
+    base = factors_for(chosen, num_gpus=runs[0][0].parallel.num_gpus)
     terms = [step_terms(job, chosen) for job, _, _ in runs]
     measured = [m for _, m, _ in runs]
     # a step faster than the datasheet peaks allow (every factor at 100%) was not this job

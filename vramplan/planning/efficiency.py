@@ -93,14 +93,17 @@ def fp8_ratio(gpu: GPU) -> float:
     return row.get("mamf_fp8", row["mamf"]) / row["mamf"]
 
 
-def shipped_factors(arch: str, training: dict | None = None) -> Factors:
+def shipped_factors(arch: str, training: dict | None = None, *,
+                    single_gpu: bool = False) -> Factors:
     """The factors of an architecture: its measured matmul ceiling (or the one it borrows)
-    times the training shares of efficiency.toml (or `training`, when fitting)."""
+    times the training shares of efficiency.toml (a single-GPU job's own where it has them;
+    `training`, when fitting)."""
     data = _data()
     table = data["architectures"]
     lender = arch if arch in table else data["borrowed"].get(arch, "hopper")
+    own = data["training_single_gpu"] if single_gpu else {}
     shares = {**{k: v for k, v in data["training"].items() if k != "sources"},
-              **(training or {})}
+              **{k: v for k, v in own.items() if k != "sources"}, **(training or {})}
     row = table[lender]
     matmul = min(1.0, row["mamf"] * shares.pop("matmul_share"))
     flash_from = lender if "flash" in row else data["borrowed_flash"].get(lender, "hopper")
@@ -113,6 +116,8 @@ def shipped_factors(arch: str, training: dict | None = None) -> Factors:
                   "(efficiency.toml)")
     if flash_from != lender:
         source += f"; attention rate borrowed from {flash_from.capitalize()}"
+    if single_gpu and training is None:
+        source += "; single-GPU shares"
     return Factors(matmul=matmul, attention=attention, **shares, source=source)
 
 
@@ -152,14 +157,14 @@ def _ignored(gpu: GPU, note: str) -> Factors:
     return base.model_copy(update={"source": f"{base.source}; {note}"})
 
 
-def factors_for(gpu: GPU, *, calibrated: bool = True) -> Factors:
+def factors_for(gpu: GPU, *, calibrated: bool = True, num_gpus: int = 2) -> Factors:
     """The factors calibrated on the user's own runs of `gpu` if any (and `calibrated`);
-    else those of its architecture, or of the architecture it borrows from, and `source`
-    says which."""
+    else those of its architecture, or of the architecture it borrows from, for a job on
+    `num_gpus` of them (one GPU has its own shares), and `source` says which."""
     own = _calibrated(gpu) if calibrated else None
     if own is not None:
         return own
-    return shipped_factors(architecture_of(gpu))
+    return shipped_factors(architecture_of(gpu), single_gpu=num_gpus == 1)
 
 
 # ------------------------------------------------------------ the user's calibration store

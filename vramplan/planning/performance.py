@@ -279,7 +279,7 @@ def predict(job: Job, gpu: GPU, amount: TrainingAmount | None = None, *,
             arch: Architecture | None = None, factors: Factors | None = None) -> Performance:
     """Predicted step time, throughput, MFU and (with `amount`) training time and cost of
     `job` on `job.parallel.num_gpus` GPUs of type `gpu`."""
-    factors = factors or factors_for(gpu)
+    factors = factors or factors_for(gpu, num_gpus=job.parallel.num_gpus)
     terms = step_terms(job, gpu, arch)
     phases, comm_s = phase_times(terms, factors)
     step = sum(p.time_s * p.per_step for p in phases) + comm_s

@@ -220,7 +220,8 @@ class _Search:
         self.checks = 0
         self.owned: dict[str, set[int]] = {}  # GPU -> counts no on-demand instance has
         self.gpus = {g.name: g for g in catalog}
-        self.factors = {g.name: factors_for(g) for g in catalog}
+        self.factors = {(g.name, n): factors_for(g, num_gpus=n) for g in catalog
+                        for n in (1, 2)}  # one GPU has its own shares; 2: several
         self.formula = get_engine("formula")
 
     def memory(self, job: Job, gpus: tuple[GPU, ...]):
@@ -305,7 +306,8 @@ class _Search:
 
     def consider(self, gpu: GPU, job: Job) -> None:
         terms = step_terms(job, gpu, self.arch)
-        seconds_per_token = step_time(terms, self.factors[gpu.name]) / terms.tokens_per_step
+        factors = self.factors[gpu.name, min(job.parallel.num_gpus, 2)]
+        seconds_per_token = step_time(terms, factors) / terms.tokens_per_step
         key = (gpu.name, job.parallel.num_gpus)
         if key not in self.best or seconds_per_token < self.best[key][0]:
             self.best[key] = (seconds_per_token, job, 0)
