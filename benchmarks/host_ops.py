@@ -35,6 +35,7 @@ from vramplan.models import load_architecture  # noqa: E402
 from vramplan.planning.efficiency import shipped_factors  # noqa: E402
 from vramplan.planning.traffic import step_traffic  # noqa: E402
 from vramplan.training.hf_model import load_model_config  # noqa: E402
+from vramplan.training.saved import SavedTensorBytes  # noqa: E402
 from vramplan.training.setup import build_training_setup  # noqa: E402
 
 # the models of our H200 runs (benchmarks/results/gpu_validation.json), as those jobs ran
@@ -65,8 +66,10 @@ class _Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _step_ops(job: Job, depth: int) -> tuple[int, int, float]:
-    """(forward ops, backward ops, seconds per step untimed by the counter) at `depth`."""
+def _step_ops(job: Job, depth: int) -> tuple[int, int, float, float]:
+    """(forward ops, backward ops, seconds per step untimed by the counter, the same with
+    `vramplan measure`'s hooks on: saved-tensor recording and a per-parameter gradient hook)
+    at `depth`."""
     config = dict(load_model_config(job.model))
     config.update({k: v for k, v in SHRUNK.items() if k in config})
     config.update({k: depth for k in DEPTH_KEYS if k in config})
@@ -87,12 +90,24 @@ def _step_ops(job: Job, depth: int) -> tuple[int, int, float]:
     step()  # warm-up
     forward, backward = _Count(), _Count()
     step(forward, backward)
-    times = []
-    for _ in range(2 if QUICK else 5):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return forward.ops, backward.ops, statistics.median(times)
+
+    def timed(hooked: bool) -> float:
+        saved = SavedTensorBytes([*setup.model.parameters()])
+        hooks = [q.register_post_accumulate_grad_hook(lambda q: None)
+                 for q in setup.model.parameters() if q.requires_grad] if hooked else []
+        times = []
+        for _ in range(2 if QUICK else 7):
+            start = time.perf_counter()
+            if hooked:
+                saved.reset()
+            step(saved.recording() if hooked else None)
+            times.append(time.perf_counter() - start)
+        for hook in hooks:
+            hook.remove()
+        return statistics.median(times)
+
+    plain = timed(False)
+    return forward.ops, backward.ops, plain, timed(True)
 
 
 def main() -> None:
@@ -100,8 +115,8 @@ def main() -> None:
     shares = shipped_factors("hopper")
     rows = []
     for job in JOBS[:2] if QUICK else JOBS:
-        f1, b1, _ = _step_ops(job, 1)
-        f2, b2, seconds = _step_ops(job, 2)
+        f1, b1, _, _ = _step_ops(job, 1)
+        f2, b2, seconds, hooked = _step_ops(job, 2)
         arch = load_architecture(job.model)
         depth = arch.stacks[0].num_layers
         real = {"forward": f1 + (f2 - f1) * (depth - 1), "backward": b1 + (b2 - b1) * (depth - 1)}
@@ -111,13 +126,16 @@ def main() -> None:
                 "forward": f2 - f1, "backward": b2 - b1},
             "ops": real, "traffic_kernels": {p: kernels[p] for p in real},
             "ops_per_kernel": {p: real[p] / kernels[p] for p in real},
-            "cpu_us_per_op": 1e6 * seconds / (f2 + b2)})
+            "cpu_us_per_op": 1e6 * seconds / (f2 + b2),
+            "measure_hooks_extra": hooked / seconds - 1})
     per_kernel = [r["ops_per_kernel"][p] for r in rows for p in ("forward", "backward")]
     result = {"machine": machine_line() + f", torch {torch.__version__}", "rows": rows,
               "kernel_us_shipped": shares.kernel_us,
               "ops_per_kernel_median": statistics.median(per_kernel),
               "kernel_us_per_op_implied": shares.kernel_us / statistics.median(per_kernel),
               "cpu_us_per_op_median": statistics.median(r["cpu_us_per_op"] for r in rows),
+              "measure_hooks_extra_median": statistics.median(r["measure_hooks_extra"]
+                                                              for r in rows),
               "quick": QUICK}
     out = results_dir()
     (out / "host_ops.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -126,19 +144,24 @@ def main() -> None:
              "bf16 autocast unless the job says otherwise; the real depth from the "
              "1- and 2-block counts.", "",
              "| model | blocks | ops per block fwd / bwd | step ops fwd / bwd | traffic.py "
-             "kernels fwd / bwd | ops per kernel fwd / bwd | us per op on this CPU |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "kernels fwd / bwd | ops per kernel fwd / bwd | us per op on this CPU | "
+             "measure's hooks: extra step time |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         o, k, q = r["ops"], r["traffic_kernels"], r["ops_per_kernel"]
         lines.append(f"| {r['model']} | {r['blocks']} | {r['ops_per_block']['forward']} / "
                      f"{r['ops_per_block']['backward']} | {o['forward']:,} / "
                      f"{o['backward']:,} | {k['forward']:,.0f} / {k['backward']:,.0f} | "
-                     f"{q['forward']:.2f} / {q['backward']:.2f} | {r['cpu_us_per_op']:.1f} |")
+                     f"{q['forward']:.2f} / {q['backward']:.2f} | {r['cpu_us_per_op']:.1f} | "
+                     f"{100 * r['measure_hooks_extra']:+.0f}% |")
     lines += ["", f"Median {result['ops_per_kernel_median']:.2f} dispatched ops per kernel "
               f"traffic.py counts: the shipped {result['kernel_us_shipped']:.1f} us per kernel "
               f"is {result['kernel_us_per_op_implied']:.1f} us per dispatched op. This CPU "
               f"runs a tiny-tensor step at {result['cpu_us_per_op_median']:.1f} us per op "
-              "(its kernels included)."]
+              "(its kernels included). `vramplan measure`'s hooks (saved-tensor recording, "
+              "a hook per parameter's gradient), which were on when our H200 runs were "
+              f"timed, add {100 * result['measure_hooks_extra_median']:.0f}% (median) to "
+              "this host-bound tiny step."]
     (out / "host_ops.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -299,7 +299,6 @@ def main() -> None:
     runs, skipped = load()
     sources = sorted({r["source"] for r in runs})
     rounds = 2 if QUICK else 4
-    fitted = [r for r in runs if is_fitted(r)]
     shipped = fit(fit_pool(runs, "pytorch"), rounds=rounds)
     stack_fits = {"pytorch": shipped}
     for stack in sorted({stack_of(r) for r in runs} - {"pytorch"}):
