@@ -40,7 +40,10 @@ from published_runs import cases  # noqa: E402
 from vramplan.hardware import get_gpu  # noqa: E402
 from vramplan.job import Job  # noqa: E402
 from vramplan.planning.efficiency import architecture_of, shipped_factors  # noqa: E402
+from vramplan.engines.step import describe_step  # noqa: E402
+from vramplan.models import load_architecture  # noqa: E402
 from vramplan.planning.performance import step_terms, step_time  # noqa: E402
+from vramplan.planning.traffic import step_traffic  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 # llm-foundry's runs used its Triton FlashAttention kernel (attn_impl: triton, the default of
@@ -125,6 +128,8 @@ def load() -> tuple[list[dict], list[dict]]:
             run["terms"] = step_terms(run["job"], gpu)
             if run.get("attention_kernel") == "triton":
                 run["terms"] = _slower_attention(run["terms"], TRITON_ATTENTION_SLOWDOWN)
+            if STACK[run["source"]] == "megatron-core":
+                run["terms"] = _sixteen_bit_model(run["terms"], run["job"], gpu)
         except Exception as error:  # said, never dropped silently
             skipped.append({"id": run["id"], "source": run["source"],
                             "why": f"{type(error).__name__}: {error}"})
@@ -135,6 +140,36 @@ def load() -> tuple[list[dict], list[dict]]:
             run["measured_tps_gpu"] = run["terms"].tokens_per_step / run["measured_step_s"] / n
         kept.append(run)
     return kept, skipped
+
+
+# Megatron-LM, NeMo and Megatron-DeepSpeed keep the model itself in 16-bit (Float16Module;
+# DeepSpeed's bf16 optimizer) with fp32 main parameters in the optimizer, so no micro-batch
+# casts the weights (vramplan's bf16-mixed is autocast, which does); the weight-gradient
+# GEMMs accumulate into the fp32 main_grad buffer themselves (gradient_accumulation_fusion,
+# on by default), so no separate pass adds them; and Transformer Engine casts each weight to
+# fp8 on a step's first micro-batch only (is_first_microbatch). (Megatron-LM
+# megatron/core/transformer/module.py Float16Module, megatron/training/arguments.py
+# --no-gradient-accumulation-fusion, megatron/core/extensions/transformer_engine.py.)
+SIXTEEN_BIT_MODEL_OPS = {"weight cast": 0.0, "grad accumulate": 0.0, "fp8 scaling": None}
+
+
+def _sixteen_bit_model(terms, job: Job, gpu):
+    """The step terms less the per-micro-batch weight work a 16-bit model does not do (fp8
+    scaling: once per step, not per micro-batch)."""
+    arch = load_architecture(job.model)
+    traffic = step_traffic(job, arch)
+    share = describe_step(job, arch).stages[-1].layer_share
+    split = job.parallel.tensor_parallel * job.parallel.context_parallel
+    phases = []
+    for p in terms.phases:
+        dropped = 0.0
+        for op, keep in SIXTEEN_BIT_MODEL_OPS.items():
+            nbytes = traffic.by_op_phase.get((op, p.phase), 0.0)
+            kept = 1 / job.grad_accum if keep is None else keep
+            dropped += share * nbytes * (1 - kept) / split
+        phases.append(dataclasses.replace(
+            p, memory_s=p.memory_s - dropped / gpu.bandwidth_bytes_s, bytes=p.bytes - dropped))
+    return dataclasses.replace(terms, phases=tuple(phases))
 
 
 def _slower_attention(terms, factor: float):

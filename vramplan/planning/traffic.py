@@ -85,6 +85,7 @@ class Traffic:
     kernels: dict[str, float] = field(default_factory=lambda: {
         "forward": 0.0, "backward": 0.0, "recompute": 0.0, "optimizer": 0.0})
     by_op: dict[str, float] = field(default_factory=dict)  # op -> bytes (all phases)
+    by_op_phase: dict[tuple[str, str], float] = field(default_factory=dict)  # (op, phase)
     # nn.Module calls (Python __call__, hooks) per micro-batch; backward calls no module
     modules: dict[str, float] = field(default_factory=lambda: {
         "forward": 0.0, "backward": 0.0, "recompute": 0.0, "optimizer": 0.0})
@@ -93,6 +94,7 @@ class Traffic:
         self.bytes[phase] += nbytes
         self.kernels[phase] += kernels
         self.by_op[op] = self.by_op.get(op, 0.0) + nbytes
+        self.by_op_phase[op, phase] = self.by_op_phase.get((op, phase), 0.0) + nbytes
 
 
 def step_traffic(job: Job, arch: Architecture | None = None, *,
