@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import QUICK, machine_line, results_dir  # noqa: E402
 from published_runs import cases  # noqa: E402
 
+from vramplan.engines.step import describe_step  # noqa: E402
 from vramplan.hardware import get_gpu  # noqa: E402
 from vramplan.job import Job  # noqa: E402
-from vramplan.planning.efficiency import architecture_of, shipped_factors  # noqa: E402
-from vramplan.engines.step import describe_step  # noqa: E402
 from vramplan.models import load_architecture  # noqa: E402
+from vramplan.planning.efficiency import architecture_of, shipped_factors  # noqa: E402
 from vramplan.planning.performance import step_terms, step_time  # noqa: E402
 from vramplan.planning.traffic import step_traffic  # noqa: E402
 
