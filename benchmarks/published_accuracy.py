@@ -135,6 +135,7 @@ def load() -> tuple[list[dict], list[dict]]:
                             "why": f"{type(error).__name__}: {error}"})
             continue
         run["arch"] = architecture_of(gpu)
+        run["gpu_name"] = gpu.name  # a catalog GPU may have its own matmul ceiling
         n = run["job"].parallel.num_gpus
         if "measured_step_s" in run:
             run["measured_tps_gpu"] = run["terms"].tokens_per_step / run["measured_step_s"] / n
@@ -179,7 +180,7 @@ def _slower_attention(terms, factor: float):
 
 
 def predicted_tps_gpu(run: dict, shares: dict) -> float:
-    factors = shipped_factors(run["arch"], shares)
+    factors = shipped_factors(run["arch"], shares, gpu=run["gpu_name"])
     step = step_time(run["terms"], factors)
     return run["terms"].tokens_per_step / step / run["job"].parallel.num_gpus
 

@@ -73,13 +73,45 @@ def test_tensor_parallelism_splits_column_and_row_parallel_layers():
 
 def test_measured_and_borrowed_ceilings_are_said():
     hopper = factors_for(get_gpu("H100-SXM"), calibrated=False)
-    ada = factors_for(get_gpu("L4"), calibrated=False)
+    ada = factors_for(get_gpu("RTX-4070-Ti-SUPER"), calibrated=False)
     assert "measured" in hopper.source
     assert "Ampere's borrowed" in ada.source
     ampere = shipped_factors("ampere")
     assert ada.matmul == ampere.matmul
     assert fp8_ratio(get_gpu("H100-SXM")) == pytest.approx(0.734 / 0.801)
     assert fp8_ratio(get_gpu("A100-80GB")) == 1.0
+
+
+def _toml() -> dict:
+    import tomllib
+
+    return tomllib.loads((Path(gemm.__file__).parent / "efficiency.toml").read_text())
+
+
+def test_a_gpu_with_its_own_measured_ceiling_uses_it_for_matmuls_and_attention():
+    """The L4 (72 W) reaches far less of its datasheet peak than the A100 its architecture
+    would borrow from; its own ceiling sets the matmul rate and scales the attention rate."""
+    data = _toml()
+    shares, ampere = data["training"], data["architectures"]["ampere"]
+    l4 = factors_for(get_gpu("L4"), calibrated=False)
+    ceiling = data["gpu_ceilings"]["L4"]
+    assert l4.matmul == pytest.approx(ceiling * shares["matmul_share"])
+    assert l4.attention == pytest.approx(
+        ampere["flash"] * ceiling / ampere["mamf"] * shares["attention_share"])
+    assert l4.source.startswith("L4: its own measured matmul ceiling")
+    assert "Ampere's, scaled by that ceiling" in l4.source
+    assert l4.matmul < shipped_factors("ada").matmul  # the borrowed A100 figure is higher
+
+
+def test_a_geforce_card_may_pass_its_datasheet_peak():
+    """GeForce cards boost past the datasheet clock: the RTX 3090 measures 1.08x its peak,
+    and a single-GPU job (matmul share 1) keeps that, not a cap at 1."""
+    data = _toml()
+    one = factors_for(get_gpu("RTX-3090"), calibrated=False, num_gpus=1)
+    share = data["training_single_gpu"]["matmul_share"]
+    assert one.matmul == pytest.approx(min(max(1.0, data["gpu_ceilings"]["RTX-3090"]),
+                                           data["gpu_ceilings"]["RTX-3090"] * share))
+    assert one.matmul > 1.0
 
 
 @pytest.mark.parametrize("num_gpus", [1, 8])

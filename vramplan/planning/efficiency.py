@@ -20,8 +20,9 @@ class Factors(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    matmul: float = Field(gt=0, le=1)
-    attention: float = Field(gt=0, le=1)
+    # of the datasheet peak: a GeForce card boosts past its datasheet clock, so up to 1.5
+    matmul: float = Field(gt=0, le=1.5)
+    attention: float = Field(gt=0, le=1.5)
     memory: float = Field(gt=0, le=1)
     kernel_us: float = Field(ge=0)
     module_us: float = Field(0.0, ge=0)  # host time per nn.Module call
@@ -93,11 +94,16 @@ def fp8_ratio(gpu: GPU) -> float:
     return row.get("mamf_fp8", row["mamf"]) / row["mamf"]
 
 
+def gpu_ceiling(gpu_name: str) -> float | None:
+    """The GPU's own measured matmul ceiling / its dense peak ([gpu_ceilings]), if any."""
+    return _data()["gpu_ceilings"].get(gpu_name)
+
+
 def shipped_factors(arch: str, training: dict | None = None, *,
-                    single_gpu: bool = False) -> Factors:
-    """The factors of an architecture: its measured matmul ceiling (or the one it borrows)
-    times the training shares of efficiency.toml (a single-GPU job's own where it has them;
-    `training`, when fitting)."""
+                    single_gpu: bool = False, gpu: str | None = None) -> Factors:
+    """The factors of an architecture: its measured matmul ceiling (or the one it borrows;
+    `gpu`'s own, where it has one) times the training shares of efficiency.toml (a
+    single-GPU job's own where it has them; `training`, when fitting)."""
     data = _data()
     table = data["architectures"]
     lender = arch if arch in table else data["borrowed"].get(arch, "hopper")
@@ -105,16 +111,25 @@ def shipped_factors(arch: str, training: dict | None = None, *,
     shares = {**{k: v for k, v in data["training"].items() if k != "sources"},
               **{k: v for k, v in own.items() if k != "sources"}, **(training or {})}
     row = table[lender]
-    matmul = min(1.0, row["mamf"] * shares.pop("matmul_share"))
+    own_ceiling = gpu_ceiling(gpu) if gpu else None
+    ceiling = row["mamf"] if own_ceiling is None else own_ceiling
+    matmul = min(max(1.0, ceiling), ceiling * shares.pop("matmul_share"))
     flash_from = lender if "flash" in row else data["borrowed_flash"].get(lender, "hopper")
-    attention = min(1.0, table[flash_from]["flash"] * shares.pop("attention_share"))
-    if lender == arch:
+    # a GPU's own ceiling scales its attention rate as well (efficiency.toml [gpu_ceilings])
+    flash = table[flash_from]["flash"] * ceiling / row["mamf"]
+    attention = min(1.0, flash * shares.pop("attention_share"))
+    if own_ceiling is not None:
+        source = (f"{gpu}: its own measured matmul ceiling; shares fitted on published runs "
+                  "(efficiency.toml)")
+    elif lender == arch:
         source = (f"{arch}: measured matmul ceiling; shares fitted on published runs "
                   "(efficiency.toml)")
     else:
         source = (f"{arch}: no measured matmul ceiling; {lender.capitalize()}'s borrowed "
                   "(efficiency.toml)")
-    if flash_from != lender:
+    if own_ceiling is not None and flash_from != arch:
+        source += f"; attention rate {flash_from.capitalize()}'s, scaled by that ceiling"
+    elif flash_from != lender:
         source += f"; attention rate borrowed from {flash_from.capitalize()}"
     if single_gpu and training is None:
         source += "; single-GPU shares"
@@ -164,7 +179,7 @@ def factors_for(gpu: GPU, *, calibrated: bool = True, num_gpus: int = 2) -> Fact
     own = _calibrated(gpu) if calibrated else None
     if own is not None:
         return own
-    return shipped_factors(architecture_of(gpu), single_gpu=num_gpus == 1)
+    return shipped_factors(architecture_of(gpu), single_gpu=num_gpus == 1, gpu=gpu.name)
 
 
 # ------------------------------------------------------------ the user's calibration store
