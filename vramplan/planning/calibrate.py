@@ -23,6 +23,7 @@ from vramplan.errors import JobError
 from vramplan.hardware import get_gpu
 from vramplan.job import Job
 from vramplan.planning.efficiency import (
+    MAX_OF_PEAK,
     Factors,
     clear_cache,
     factors_for,
@@ -101,8 +102,9 @@ def load_runs(paths: list[str | Path]) -> list[tuple[Job, float, str | None]]:
 
 def _factors(base: Factors, matmul: float, memory: float, kernel_us: float) -> Factors:
     # the runs cannot tell attention from matmul apart: attention moves with matmul
-    return base.model_copy(update=dict(matmul=min(matmul, 1.0),
-                                       attention=min(base.attention * matmul / base.matmul, 1.0),
+    return base.model_copy(update=dict(matmul=min(matmul, MAX_OF_PEAK),
+                                       attention=min(base.attention * matmul / base.matmul,
+                                                     MAX_OF_PEAK),
                                        memory=min(memory, 1.0), kernel_us=kernel_us))
 
 
@@ -136,7 +138,9 @@ def fit(base: Factors, terms: list, measured: list[float],
     def loss(point):
         return _loss(terms, measured, _factors(base, *point))
 
-    best = min(((a, b, c) for a in grid(0.3, 0.95, 14) for b in grid(0.3, 1.0, 15)
+    # up to the shipped matmul factor at least: a GeForce card's passes 0.95
+    best = min(((a, b, c) for a in grid(0.3, max(0.95, base.matmul), 14)
+                for b in grid(0.3, 1.0, 15)
                 for c in grid(0.0, 140.0, 15)), key=loss)
     steps = (0.05, 0.05, 10.0)
     for _ in range(3):  # refine around the best point

@@ -14,15 +14,18 @@ from vramplan.errors import JobError
 from vramplan.hardware.gpu import GPU
 from vramplan.planning.gemm import GemmModel
 
+# The most of its datasheet peak a GPU's tensor cores may reach: GeForce cards boost past
+# their datasheet clock (the RTX 3090 measures 1.08x, efficiency.toml [gpu_ceilings]).
+MAX_OF_PEAK = 1.5
+
 
 class Factors(BaseModel):
     """What a training step reaches of the datasheet peaks (see efficiency.toml)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # of the datasheet peak: a GeForce card boosts past its datasheet clock, so up to 1.5
-    matmul: float = Field(gt=0, le=1.5)
-    attention: float = Field(gt=0, le=1.5)
+    matmul: float = Field(gt=0, le=MAX_OF_PEAK)
+    attention: float = Field(gt=0, le=MAX_OF_PEAK)
     memory: float = Field(gt=0, le=1)
     kernel_us: float = Field(ge=0)
     module_us: float = Field(0.0, ge=0)  # host time per nn.Module call
@@ -127,7 +130,7 @@ def shipped_factors(arch: str, training: dict | None = None, *,
     else:
         source = (f"{arch}: no measured matmul ceiling; {lender.capitalize()}'s borrowed "
                   "(efficiency.toml)")
-    if own_ceiling is not None and flash_from != arch:
+    if own_ceiling is not None:
         source += f"; attention rate {flash_from.capitalize()}'s, scaled by that ceiling"
     elif flash_from != lender:
         source += f"; attention rate borrowed from {flash_from.capitalize()}"
