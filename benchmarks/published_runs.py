@@ -80,7 +80,9 @@ COLLECTED_FILES = ("lambda_bert_squad.jsonl", "olmocore_throughput.jsonl",
 # their source groups: which ran fused kernels (timed as compiled blocks) and which attention
 _COLLECTED = {"lambda-bert": {"fused": False, "attention": "eager"},
               "olmo-core": {"fused": False, "attention": "sdpa"},
-              "bigscience": {"fused": True, "attention": "eager"},
+              # Megatron-DeepSpeed in 2022: no sequence parallelism (tr11-176B-ml.slurm passes
+              # no --sequence-parallel)
+              "bigscience": {"fused": True, "attention": "eager", "sequence_parallel": False},
               "flash-attention": {"fused": True, "attention": "sdpa"},
               "llm.c": {"fused": True, "attention": "sdpa"},
               "llama3-paper": {"fused": True, "attention": "sdpa"},
@@ -399,8 +401,11 @@ def case(row: dict) -> Case:
         pipeline = {"pipeline_schedule": "interleaved", "pipeline_chunks": min(int(vpp), 64)}
     fused = group in ("megatron-lm", "nemo")
     compiled = fused or bool(tech.get("compile"))
-    # Megatron-LM 2021 predates FlashAttention: unfused QK^T and PV with a fused softmax
-    attention = "eager" if "WITH recomputation" in str(row.get("unit")) else "sdpa"
+    # Megatron-LM 2021 predates FlashAttention (unfused QK^T and PV with a fused softmax)
+    # and Megatron-LM's sequence parallelism (2022): its tensor-parallel ranks keep the norms
+    # and residual stream whole
+    megatron_2021 = "WITH recomputation" in str(row.get("unit"))
+    attention = "eager" if megatron_2021 else "sdpa"
     if fused:
         assumed.append("Transformer Engine / Megatron fused kernels timed as compiled blocks")
     task = None
@@ -419,6 +424,8 @@ def case(row: dict) -> Case:
               parallel={"strategy": strategy, "num_gpus": n, "tensor_parallel": tp,
                         "pipeline_parallel": pp, "context_parallel": cp,
                         "async_tp": "--tp-comm-overlap" in str(tech.get("other")), **pipeline,
+                        "sequence_parallel": not megatron_2021 and _COLLECTED.get(
+                            group, {}).get("sequence_parallel", True),
                         # a row's own node size where it states one, else the catalog GPU's
                         **({"gpus_per_node": int(row["gpus_per_node"])}
                            if row.get("gpus_per_node") else {})})

@@ -140,6 +140,10 @@ class Parallel(_Strict):
     pipeline_parallel: int = Field(1, ge=1, le=1024)
     pipeline_schedule: PipelineSchedule = "1f1b"
     pipeline_chunks: int = Field(2, ge=2, le=64)  # interleaved: model chunks per GPU
+    # tensor parallelism splits the norms, dropouts and residual stream over its ranks too
+    # (sequence parallelism: torchtitan always; Megatron-LM's --sequence-parallel, off by
+    # default there). False: each tensor-parallel rank keeps them whole and does their work
+    sequence_parallel: bool = True
     # tensor-parallel collectives overlapped with the GEMMs beside them (torchtitan's async
     # TP, Megatron-LM's --tp-comm-overlap); False: on the critical path (planning/comm.py)
     async_tp: bool = False

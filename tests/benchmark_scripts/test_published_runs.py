@@ -159,6 +159,15 @@ def test_a_rows_own_node_size_and_tp_overlap_reach_the_job(rows):
     assert not kempner.async_tp
 
 
+def test_megatron_2021_rows_ran_before_sequence_parallelism(rows):
+    old = published_runs.case(rows["megatron_a100_2021_gpt_1t_3072gpu"]).job.parallel
+    new = published_runs.case(rows["megatron_h100_weak_gpt_16b_192gpu"]).job.parallel
+    bloom = published_runs.case(rows["bigscience_bloom176b_384xa100_tp4_pp12_mbs2"]).job.parallel
+    assert old.tensor_parallel > 1 and not old.sequence_parallel
+    assert bloom.tensor_parallel == 4 and not bloom.sequence_parallel
+    assert new.sequence_parallel
+
+
 def test_two_sources_models_of_one_name_keep_their_own_config(rows):
     # KempnerForge's and OLMo-core's Llama-3 8B share layers, hidden and ffn (the config's
     # name) but not every key: each row must read its own config.json

@@ -64,6 +64,22 @@ def _activation_saved_bytes(name: str, dt: Dtypes) -> int:
     return ACTIVATION_SAVES.get(name, 1) * dt.compute
 
 
+# Saved tensors as wide as the residual stream (names of block_saved_tensors and
+# compiled_block_saved_tensors, with what follows them: "attn in cast x3"): the norms' inputs
+# and outputs, the inputs of the linears they feed, the residual dropouts' masks. Tensor
+# parallelism without sequence parallelism keeps these whole on every rank; the rest is
+# split over the heads or the MLP width.
+HIDDEN_WIDE = ("attn norm", "attn in", "attn resid dropout", "cross norm", "cross q in",
+               "mlp norm", "mlp in", "mlp resid dropout", "extra norm", "block input",
+               "residual rebuild")
+
+
+def hidden_wide_bytes(saved: list[tuple[str, int]]) -> float:
+    """Bytes of the residual-stream-wide tensors among `saved` (HIDDEN_WIDE)."""
+    return sum(b for name, b in saved
+               if any(name == w or name.startswith(w + " ") for w in HIDDEN_WIDE))
+
+
 def block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes, *, attention: str,
                         hidden_dropout: float, attention_dropout: float, adapters: Adapters,
                         traits: Traits = Traits(),

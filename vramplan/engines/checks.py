@@ -61,6 +61,12 @@ def check_parallel(job: Job, arch: Architecture) -> None:
         raise JobError("context_parallel is supported for decoder-only language models only")
     if arch.kind == "cnn" and (tp > 1):
         raise JobError("tensor_parallel is not supported for CNNs: use ddp or fsdp")
+    if tp > 1 and not job.parallel.sequence_parallel and (
+            job.checkpointing not in ("none", "full") or job.activation_offload):
+        raise JobError(f"parallel.sequence_parallel=false is modelled with checkpointing none "
+                       f"or full and no activation offload, not {job.checkpointing}"
+                       f"{' with activation offload' if job.activation_offload else ''}: "
+                       "set one of those, or keep sequence parallelism on")
 
 
 def check_context_parallel_split(job: Job, shapes: Shapes) -> None:

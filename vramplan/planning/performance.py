@@ -44,7 +44,7 @@ from vramplan.planning.efficiency import (
 from vramplan.planning.flops import check_timed, step_flops
 from vramplan.planning.gemm import shape_efficiency
 from vramplan.planning.results import Performance, PhaseTime
-from vramplan.planning.traffic import step_traffic
+from vramplan.planning.traffic import HIDDEN_WIDE_OPS, step_traffic
 
 MICRO_PHASES = ("forward", "backward", "recompute")
 
@@ -155,6 +155,9 @@ def _per_gpu_work(job: Job, work: tuple) -> dict:
               + (by.get("frontend", 0) if share == 1 else 0)) / split
         attention = share * by.get("attention", 0) / split
         moved = share * traffic.bytes[phase] / split
+        if par.tensor_parallel > 1 and not par.sequence_parallel:  # whole on each TP rank
+            wide = sum(traffic.by_op_phase.get((op, phase), 0.0) for op in HIDDEN_WIDE_OPS)
+            moved += share * wide * (1 - 1 / par.tensor_parallel) / par.context_parallel
         if mm or attention or moved:
             phases.append((phase, mm, attention, moved, share * traffic.kernels[phase],
                            share * traffic.modules[phase]))

@@ -56,6 +56,9 @@ OPTIMIZER_PASSES = {
     ("lion", "foreach"): 10, ("lion", "loop"): 10,
     ("adafactor", "foreach"): 14, ("adafactor", "loop"): 14,
 }
+# The ops whose tensors are as wide as the residual stream: tensor parallelism without
+# sequence parallelism runs them whole on every rank (the others split over heads or width)
+HIDDEN_WIDE_OPS = ("norm", "input cast", "residual", "dropout")
 # kernels per parameter tensor of a for-loop optimizer (one op at a time), per step
 LOOP_KERNELS_PER_TENSOR = 10
 # bitsandbytes 8-bit AdamW (kOptimizer32bit2State / 8bit blockwise): read p (4) g (4)
@@ -192,7 +195,7 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
             if arch.positions == "alibi":  # the bias is one more add over the scores
                 add("softmax", scores * 2 * c, 1)
             if arch.attention_dropout > 0:
-                add("dropout", scores * (2 * c + 1), 1)
+                add("attention dropout", scores * (2 * c + 1), 1)
             add("attention io", c * (3 * n_q + 2 * n_q), 4)  # repeat_kv, transposes
         else:
             # flash / memory-efficient: read q, k, v, write o (and an fp32 logsumexp)

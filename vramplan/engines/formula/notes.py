@@ -18,6 +18,11 @@ def technique_notes(job: Job, arch: Architecture) -> list[str]:
     if arch.shapes_from != "config":
         notes.append(f"{arch.model_type}: the formula has no table entry for this family; its "
                      f"shapes were read from the {arch.shapes_from}")
+    tp = job.parallel.tensor_parallel
+    if tp > 1 and not job.parallel.sequence_parallel:
+        notes.append(f"tensor parallelism without sequence parallelism: each of the {tp} ranks "
+                     "keeps the norms', residual dropouts' and residual stream's tensors whole "
+                     "and does their memory-bound work whole (memory and time)")
     if job.attention != "eager" and arch.traits.eager_in_transformers:
         notes.append(f"{arch.model_type}: {job.attention} attention is modelled, as the "
                      "family's own trainer runs it (llm-foundry: FlashAttention); transformers' "

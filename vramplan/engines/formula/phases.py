@@ -12,6 +12,7 @@ from vramplan.engines.formula.loss import loss_buffers
 from vramplan.engines.formula.notes import framework_notes, technique_notes
 from vramplan.engines.formula.per_gpu import per_gpu_params
 from vramplan.engines.formula.saved import (
+    hidden_wide_activations,
     offloaded_activations,
     outside_block_activations,
     stack_activations,
@@ -74,6 +75,11 @@ def stage_report(step: Step, runtime_gpu: GPU | None, stage: pipeline.Stage) -> 
     if job.activation_offload and arch.stacks:  # (a CNN has no blocks to offload)
         activations = offloaded_activations(job, arch, shapes, dt, task, stage,
                                              layer_acts) / (tp * cp)
+    replicated = 0.0  # per GPU, beyond the 1/tp share already counted
+    if tp > 1 and not job.parallel.sequence_parallel:  # (checks.py: checkpointing none/full)
+        wide, wide_block = hidden_wide_activations(job, arch, shapes, dt, task, stage)
+        activations += wide * (tp - 1) / (tp * cp)
+        replicated = wide_block * (tp - 1) / (tp * cp)
     logits_fwd, logits_bwd = (loss_buffers(job, arch, shapes, dt, task) if stage.head
                               else (0.0, 0.0))
 
@@ -111,7 +117,8 @@ def stage_report(step: Step, runtime_gpu: GPU | None, stage: pipeline.Stage) -> 
         # its activations and weight copies
         block_cast = max(0.0, cast - params.cast_head / tp)
         cast -= block_cast * checkpointed_share(job, arch)
-        recompute = dict(activations=block_acts / (tp * cp), cast=block_cast / layers)
+        recompute = dict(activations=block_acts / (tp * cp) + replicated,
+                         cast=block_cast / layers)
         if job.compiles_blocks:  # a compiled block casts its weights in its graph: no cache
             cast_fwd = cast
 

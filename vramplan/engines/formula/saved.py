@@ -20,25 +20,37 @@ def adapters_of(job: Job) -> act.Adapters:
                         base_trainable=False, upcast_bytes=upcast)
 
 
+def _adapters(job: Job, arch: Architecture) -> act.Adapters:
+    adapters = adapters_of(job)
+    if job.peft and "all-linear" in job.peft.target_modules:
+        adapters = act.Adapters(frozenset(ln.name for s in arch.stacks for ln in s.linears),
+                                adapters.rank, adapters.dropout, False, adapters.upcast_bytes)
+    return adapters
+
+
+def _block_saved(job: Job, arch: Architecture, stack, seq: int, encoder_seq: int, dt: Dtypes,
+                 adapters: act.Adapters) -> list[tuple[str, int]]:
+    """What one block of `stack` saves for backward, before checkpointing."""
+    if job.compiles_blocks:
+        return act.compiled_block_saved_tensors(
+            stack, act.BlockShape(job.batch_size, seq), dt, adapters,
+            fp32_adapters=dt.autocast and adapter_bytes(job) == 4)
+    return act.block_saved_tensors(
+        stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
+        attention=attention_impl(job, arch), hidden_dropout=arch.hidden_dropout,
+        attention_dropout=arch.attention_dropout, adapters=adapters,
+        traits=arch.traits, norms_per_block=arch.norms_per_block(stack))
+
+
 def stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
     """Saved activations of all blocks (after checkpointing), and of the largest block
     (what checkpointing recomputes at a time: the whole block, or under selective
     checkpointing what it does not keep)."""
     total, largest, recomputed = 0.0, 0.0, 0.0
-    adapters = adapters_of(job)
-    if job.peft and "all-linear" in job.peft.target_modules:
-        adapters = act.Adapters(frozenset(ln.name for s in arch.stacks for ln in s.linears),
-                                adapters.rank, adapters.dropout, False, adapters.upcast_bytes)
+    adapters = _adapters(job, arch)
     for stack, seq in zip(arch.stacks, shapes.stack_seq):
         encoder_seq = shapes.stack_seq[0] if stack.cross_attention else 0
-        saved = act.compiled_block_saved_tensors(
-            stack, act.BlockShape(job.batch_size, seq), dt, adapters,
-            fp32_adapters=dt.autocast and adapter_bytes(job) == 4) if job.compiles_blocks else \
-            act.block_saved_tensors(
-            stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
-            attention=attention_impl(job, arch), hidden_dropout=arch.hidden_dropout,
-            attention_dropout=arch.attention_dropout, adapters=adapters,
-            traits=arch.traits, norms_per_block=arch.norms_per_block(stack))
+        saved = _block_saved(job, arch, stack, seq, encoder_seq, dt, adapters)
         block = sum(b for _, b in saved)
         largest = max(largest, block)
         if job.checkpointing == "full":
@@ -71,6 +83,47 @@ def stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
     return total, largest
 
 
+def hidden_wide_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes,
+                            task: str, stage: pipeline.Stage = pipeline.WHOLE
+                            ) -> tuple[float, float]:
+    """The residual-stream-wide part (activations.HIDDEN_WIDE) of what the blocks keep
+    (after checkpointing none or full, for the stage's blocks and micro-batches in flight,
+    with the embedding's dropout mask, the final norm and the head's input where the stage
+    holds them) and of the largest block: what tensor parallelism without sequence
+    parallelism keeps whole on every rank."""
+    b, c = job.batch_size, dt.compute
+    layers, largest, largest_block = 0.0, 0.0, -1.0
+    adapters = _adapters(job, arch)
+    for stack, seq in zip(arch.stacks, shapes.stack_seq):
+        encoder_seq = shapes.stack_seq[0] if stack.cross_attention else 0
+        saved = _block_saved(job, arch, stack, seq, encoder_seq, dt, adapters)
+        wide = act.hidden_wide_bytes(saved)
+        if sum(n for _, n in saved) > largest_block:
+            largest_block, largest = sum(n for _, n in saved), wide
+        block_input = dt.residual * b * seq * stack.hidden_size
+        layers += stack.num_layers * (block_input if job.checkpointing == "full" else wide)
+    layers *= stage.layer_share * stage.in_flight
+    embedding = (sum(b * s * st.hidden_size for st, s in zip(arch.stacks, shapes.stack_seq))
+                 if arch.hidden_dropout > 0 else 0.0)
+    n_last = b * shapes.stack_seq[-1] * arch.stacks[-1].hidden_size
+    head = _final_norm_bytes(arch, dt) * n_last + (
+        c * n_last if task in HEAD_INPUT_TASKS and job.peft is None else 0.0)
+    if stage is pipeline.WHOLE:
+        return layers + embedding + head, largest
+    return (layers + (embedding * stage.in_flight if stage.embedding else 0.0)
+            + (head if stage.head else 0.0)), largest
+
+
+# tasks whose head is a trained linear over the last hidden states (its input is saved)
+HEAD_INPUT_TASKS = ("causal-lm", "masked-lm", "seq2seq", "speech-seq2seq")
+
+
+def _final_norm_bytes(arch: Architecture, dt: Dtypes) -> int:
+    """Bytes per element the final norm saves."""
+    rms = arch.stacks[-1].norm == "rmsnorm"
+    return (8 if rms else 4) if dt.autocast or dt.residual == 4 else 6
+
+
 def outside_block_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes,
                               task: str, stage: pipeline.Stage = pipeline.WHOLE) -> float:
     """Embeddings, final norm, task head input, vision/audio frontends (of a pipeline
@@ -90,14 +143,14 @@ def outside_block_activations(job: Job, arch: Architecture, shapes: Shapes, dt: 
     total = first
     last = arch.stacks[-1]
     n_last = b * shapes.stack_seq[-1] * last.hidden_size
-    norm_bytes = (8 if last.norm == "rmsnorm" else 4) if dt.autocast or dt.residual == 4 else 6
+    norm_bytes = _final_norm_bytes(arch, dt)
     total += norm_bytes * n_last  # final norm
     total += sum(b for _, b in act.encoder_decoder_outside(
         arch.stacks, shapes.stack_seq, b, dt, attention=attention_impl(job, arch),
         checkpointing=job.checkpointing, adapters=adapters_of(job), final_norm_bytes=norm_bytes,
         relative_bias=arch.traits.trained_attention_bias, hidden_dropout=arch.hidden_dropout))
     head_trains = job.peft is None  # a frozen head needs no input saved
-    if task in ("causal-lm", "masked-lm", "seq2seq", "speech-seq2seq") and head_trains:
+    if task in HEAD_INPUT_TASKS and head_trains:
         total += c * n_last  # the LM head's (cast) input
     if task == "masked-lm":
         total += (2 * c + 4) * n_last  # MLM transform: dense, gelu, LayerNorm
