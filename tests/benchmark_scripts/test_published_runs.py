@@ -202,3 +202,19 @@ def test_fine_tuning_rows_keep_their_adapters_offload_and_precision(rows):
     case = published_runs.case(rows["lambda_bert_base_squad_fp32_8xv100-16gb"])
     assert case.job.precision == "fp32" and case.job.optimizer_impl == "loop"
     assert case.job.model == "bert-base-uncased"
+
+
+def test_apex_o2_bert_rows_are_timed_as_a_sixteen_bit_model(rows):
+    """NVIDIA's run_squad.py runs fp16 as Apex AMP O2 (an fp16 model): those rows carry the
+    marker published_accuracy.py times them by; its fp32 rows do not."""
+    import published_accuracy
+
+    fp16 = published_runs.case(rows["lambda_bert_large_squad_fp16_1xv100-16gb"])
+    fp32 = [published_runs.case(r) for i, r in rows.items()
+            if i.startswith("nvidia_bert") and "_fp32_" in i][0]
+    assert fp16.sixteen_bit_model and fp16.job.precision == "fp16-mixed"
+    assert not fp32.sixteen_bit_model
+    timed = published_accuracy._timed_job({"job": fp16.job, "sixteen_bit_model": True})
+    assert timed.precision == "bf16-pure"
+    assert timed.model_copy(update={"precision": "fp16-mixed"}) == fp16.job
+    assert published_accuracy._timed_job({"job": fp32.job}) is fp32.job
