@@ -73,7 +73,7 @@ def test_tensor_parallelism_splits_column_and_row_parallel_layers():
 
 def test_measured_and_borrowed_ceilings_are_said():
     hopper = factors_for(get_gpu("H100-SXM"), calibrated=False)
-    ada = factors_for(get_gpu("RTX-4070-Ti-SUPER"), calibrated=False)
+    ada = factors_for(get_gpu("RTX-6000-Ada"), calibrated=False)
     assert "measured" in hopper.source
     assert "Ampere's borrowed" in ada.source
     ampere = shipped_factors("ampere")

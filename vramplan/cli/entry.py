@@ -22,7 +22,18 @@ def main(argv: list[str] | None = None) -> None:
         previous = signal.signal(signal.SIGINT, _interrupted_while_loading)
     except ValueError:  # not the main thread (an embedding program): its handlers stay
         previous = None
-    from vramplan.cli.app import main as run
-    if previous is not None:
-        signal.signal(signal.SIGINT, previous)  # from here main() turns Ctrl-C into its line
-    run(argv)
+    try:
+        from vramplan.cli.app import main as run
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)  # from here main() turns Ctrl-C into its line
+        run(argv)
+    except KeyboardInterrupt:  # one that lands between the two handlers, or before run's own
+        _interrupted_while_loading(signal.SIGINT, None)
+    except SystemExit as done:
+        if done.code == EXIT_INTERRUPTED and previous is not None:  # (not an embedding)
+            # leave at once: a Ctrl-C caught late in the libraries' loading could otherwise
+            # end the process by the signal itself during shutdown (exit -2, not 130)
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os._exit(EXIT_INTERRUPTED)
+        raise
