@@ -21,6 +21,12 @@ JOBS = [
      {"tokens": 2_000_000_000}),
     (["qwen2.5-0.5b", "--peft", "lora", "--gpu", "L4"],
      Job(model="qwen2.5-0.5b", peft={"method": "lora"}, gpu="L4"), {}),
+    # a GPU with its own measured matmul ceiling, tensor parallelism without sequence
+    # parallelism
+    (["llama-3.1-8b", "-b", "2", "-s", "4096", "--gpu", "L4", "--num-gpus", "8", "--tp", "8",
+      "--checkpointing", "full", "--set", "parallel.sequence_parallel=false"],
+     Job(model="llama-3.1-8b", batch_size=2, seq_len=4096, gpu="L4", checkpointing="full",
+         parallel={"num_gpus": 8, "tensor_parallel": 8, "sequence_parallel": False}), {}),
 ]
 
 

@@ -121,18 +121,16 @@ def shipped_factors(arch: str, training: dict | None = None, *,
     # a GPU's own ceiling scales its attention rate as well (efficiency.toml [gpu_ceilings])
     flash = table[flash_from]["flash"] * ceiling / row["mamf"]
     attention = min(1.0, flash * shares.pop("attention_share"))
+    fitted = "shares fitted on published runs (efficiency.toml)"
     if own_ceiling is not None:
-        source = (f"{gpu}: its own measured matmul ceiling; shares fitted on published runs "
-                  "(efficiency.toml)")
+        source = (f"{gpu}: its own measured matmul ceiling; {fitted}; attention rate "
+                  f"{flash_from.capitalize()}'s, scaled by that ceiling")
     elif lender == arch:
-        source = (f"{arch}: measured matmul ceiling; shares fitted on published runs "
-                  "(efficiency.toml)")
+        source = f"{arch}: measured matmul ceiling; {fitted}"
     else:
         source = (f"{arch}: no measured matmul ceiling; {lender.capitalize()}'s borrowed "
                   "(efficiency.toml)")
-    if own_ceiling is not None:
-        source += f"; attention rate {flash_from.capitalize()}'s, scaled by that ceiling"
-    elif flash_from != lender:
+    if own_ceiling is None and flash_from != lender:
         source += f"; attention rate borrowed from {flash_from.capitalize()}"
     if single_gpu and training is None:
         source += "; single-GPU shares"

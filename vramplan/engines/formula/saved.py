@@ -97,9 +97,9 @@ def hidden_wide_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dt
     for stack, seq in zip(arch.stacks, shapes.stack_seq):
         encoder_seq = shapes.stack_seq[0] if stack.cross_attention else 0
         saved = _block_saved(job, arch, stack, seq, encoder_seq, dt, adapters)
-        wide = act.hidden_wide_bytes(saved)
-        if sum(n for _, n in saved) > largest_block:
-            largest_block, largest = sum(n for _, n in saved), wide
+        wide, block = act.hidden_wide_bytes(saved), sum(n for _, n in saved)
+        if block > largest_block:  # stack_activations' largest block, and its wide part
+            largest_block, largest = block, wide
         block_input = dt.residual * b * seq * stack.hidden_size
         layers += stack.num_layers * (block_input if job.checkpointing == "full" else wide)
     layers *= stage.layer_share * stage.in_flight
