@@ -119,14 +119,13 @@ def load() -> tuple[list[dict], list[dict]]:
             continue
         runs.append({"id": c.id, "source": c.source, "job": c.job, "gpu": c.gpu,
                      "measured_tps_gpu": c.measured_tokens_per_s_per_gpu,
-                     "assumed": c.assumed, "attention_kernel": c.attention_kernel,
-                     "sixteen_bit_model": c.sixteen_bit_model})
+                     "assumed": c.assumed, "attention_kernel": c.attention_kernel})
     runs += _h200_runs()
     kept = []
     for run in runs:
         gpu = get_gpu(run["gpu"])
         try:
-            run["terms"] = step_terms(_timed_job(run), gpu)
+            run["terms"] = step_terms(run["job"], gpu)
             if run.get("attention_kernel") == "triton":
                 run["terms"] = _slower_attention(run["terms"], TRITON_ATTENTION_SLOWDOWN)
             if STACK[run["source"]] == "megatron-core":
@@ -172,18 +171,6 @@ def _sixteen_bit_model(terms, job: Job, gpu):
         phases.append(dataclasses.replace(
             p, memory_s=p.memory_s - dropped / gpu.bandwidth_bytes_s, bytes=p.bytes - dropped))
     return dataclasses.replace(terms, phases=tuple(phases))
-
-
-def _timed_job(run: dict) -> Job:
-    """The job whose step is timed: an Apex AMP O2 row's as a 16-bit model. vramplan has no
-    precision for a 16-bit model with fp32 master weights; bf16-pure's traffic is that of
-    its forward and backward (16-bit weights, activations and residual stream, no autocast
-    casts), timed at the fp16 rate where a GPU lacks bf16 (V100) and the same rate where it
-    has both. Its optimizer step moves about half the bytes of fp32 master weights and
-    states; it is 0.5-3% of these steps, so they come out at most about 3% fast."""
-    job = run["job"]
-    return job.model_copy(update={"precision": "bf16-pure"}) if run.get(
-        "sixteen_bit_model") else job
 
 
 def _slower_attention(terms, factor: float):

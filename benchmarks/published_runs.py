@@ -95,6 +95,19 @@ def _catalog_name(model: str) -> str | None:
     return CATALOG.get(re.sub(r"[-_.]", "", model.upper()))
 
 
+# Sources whose 16-bit training keeps the model itself in 16-bit with fp32 master weights in
+# the optimizer (vramplan's bf16-mixed / fp16-mixed are autocast over fp32 weights): Megatron-
+# Core's Float16Module (Megatron-LM, NeMo; megatron/core/transformer/module.py), Megatron-
+# DeepSpeed's bf16 optimizer (BLOOM), and Apex AMP O2, the fp16 path of NVIDIA's run_squad.py
+# that both BERT sources ran (data/published_runs/README.md). Megatron's fp32 main_grad
+# buffer differs from the master precisions' 16-bit gradients: published_accuracy.py drops
+# the per-micro-batch gradient adds it fuses.
+MASTER_WEIGHTS = {"bf16-mixed": "bf16-master", "fp16-mixed": "fp16-master"}
+_MEGATRON_CORE = ("megatron-lm", "nemo", "bigscience", "llama3-paper")
+MASTER_WEIGHT_GROUPS = {"bf16-mixed": _MEGATRON_CORE,
+                        "fp16-mixed": (*_MEGATRON_CORE, "lambda-bert", "nvidia-bert")}
+
+
 @dataclass
 class Case:
     id: str
@@ -105,9 +118,6 @@ class Case:
     assumed: list[str] = field(default_factory=list)
     skipped: str = ""    # why vramplan cannot express the row (empty when it can)
     attention_kernel: str = "sdpa"  # "triton": llm-foundry's Triton FlashAttention
-    # Apex AMP O2 (NVIDIA's BERT code): the model itself in fp16, fp32 master weights in the
-    # optimizer; vramplan's fp16-mixed is autocast (fp32 weights and residual stream)
-    sixteen_bit_model: bool = False
 
 
 def load_rows() -> list[dict]:
@@ -337,6 +347,8 @@ def case(row: dict) -> Case:
         precision = "bf16-mixed"
         if "not stated" in precision_text:
             assumed.append("precision bf16")
+    if precision in MASTER_WEIGHTS and group in MASTER_WEIGHT_GROUPS.get(precision, ()):
+        precision = MASTER_WEIGHTS[precision]
     tp = int(par.get("tp") or 1)
     pp = int(par.get("pp") or 1)
     cp = int(par.get("cp") or 1)
@@ -436,13 +448,7 @@ def case(row: dict) -> Case:
     if not math.isfinite(measured) or measured <= 0:
         return Case(row["id"], group, None, _gpu(row), 0.0, assumed, skipped="no throughput")
     kernel = "triton" if "triton" in str(row["model_config"].get("attn_impl", "")) else "sdpa"
-    # both BERT sources ran NVIDIA's run_squad.py, whose fp16 path is Apex AMP O2
-    # (benchmarks/data/published_runs/README.md)
-    apex_o2 = group in ("lambda-bert", "nvidia-bert") and precision == "fp16-mixed"
-    if apex_o2:
-        assumed.append("Apex AMP O2 (an fp16 model) timed as a 16-bit model")
-    return Case(row["id"], group, job, _gpu(row), measured, assumed, attention_kernel=kernel,
-                sixteen_bit_model=apex_o2)
+    return Case(row["id"], group, job, _gpu(row), measured, assumed, attention_kernel=kernel)
 
 
 def cases() -> list[Case]:

@@ -73,7 +73,7 @@ JOB_FIELDS: tuple[JobField, ...] = (
                   "q_proj,k_proj,v_proj,o_proj; GPT-2: c_attn, BERT: query,value, T5: q,v)"),
     JobField("lora_dtype", ("peft", "adapter_dtype"),
              help="dtype of LoRA adapters and their states: fp32 (peft) or model (torchtune); "
-                  "default fp32, bf16 in a bf16-pure job"),
+                  "default fp32, 16-bit in a bf16-pure or master-weight job"),
     JobField("optimizer_in_backward", ("optimizer_in_backward",), help="step inside backward"),
     JobField("keep_grads", ("keep_grads_between_steps",),
              help="zero_grad(set_to_none=False): gradients stay allocated into the next forward"),

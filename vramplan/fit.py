@@ -57,8 +57,9 @@ def fits_within(required: int, usable: int, margin: float = SAFETY_MARGIN) -> bo
 
 # The dtype whose matmuls a precision setting needs; gpus.toml lists a dtype under a GPU's
 # tflops only when its tensor (matrix) units run it (no bf16 on T4/V100, fp8 from Ada/Hopper)
-PRECISION_MATMUL_DTYPE = {"bf16-mixed": "bf16", "bf16-pure": "bf16", "fp8": "fp8",
-                          "fp16-mixed": "fp16"}
+PRECISION_MATMUL_DTYPE = {"fp32": "fp32", "bf16-mixed": "bf16", "bf16-pure": "bf16",
+                          "bf16-master": "bf16", "fp8": "fp8", "fp16-mixed": "fp16",
+                          "fp16-master": "fp16"}
 
 # MXFP8's block-scaled matmuls (32 float8 values share one e8m0 scale) run on Blackwell's
 # tensor cores: torchao's mx_formats check is_sm_at_least_100(), torchtitan's converter

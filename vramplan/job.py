@@ -22,7 +22,14 @@ Task = Literal[
     "causal-lm", "masked-lm", "seq-classification", "seq2seq", "image-classification",
     "speech-seq2seq",
 ]
-Precision = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-pure", "fp8"]
+# bf16-master / fp16-master: a 16-bit model whose optimizer keeps fp32 master weights
+# (DeepSpeed's bf16 / fp16, Apex AMP O2); engines/precision.py says what each keeps
+Precision = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-pure", "fp8", "bf16-master",
+                    "fp16-master"]
+MASTER_PRECISIONS = ("bf16-master", "fp16-master")
+# optimizers a master-weight step runs on its fp32 copies (the low-bit ones keep their own
+# states and have no master-weight path in DeepSpeed or Apex)
+MASTER_OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adafactor", "lion")
 Optimizer = Literal[
     "sgd", "sgd-momentum", "adam", "adamw", "adamw-8bit", "paged-adamw-8bit", "adafactor", "lion",
     # bitsandbytes PagedAdamW (32-bit states in CUDA unified memory); torchao AdamW4bit and
@@ -347,7 +354,7 @@ class Job(_Strict):
         if self.peft and self.peft.method == "qlora" and self.precision == "fp8":
             problems.append("QLoRA computes in 16-bit; fp8 training of a 4-bit base is not "
                             "supported: use bf16-mixed or fp16-mixed")
-        problems += self._fp8_problems()
+        problems += self._fp8_problems() + self._master_problems()
         if self.optimizer in ("paged-adamw-8bit", "paged-adamw") and self.offload.optimizer:
             problems.append(f"{self.optimizer} already pages its states to the CPU; drop "
                             "offload.optimizer")
@@ -386,6 +393,20 @@ class Job(_Strict):
         settings = get_profile(self.framework).settings
         return Float8(**{name.removeprefix("fp8."): setting.value
                          for name, setting in settings.items() if name.startswith("fp8.")})
+
+    def _master_problems(self) -> list[str]:
+        if self.precision not in MASTER_PRECISIONS:
+            return []
+        problems = []
+        if self.optimizer not in MASTER_OPTIMIZERS:
+            problems.append(f"precision {self.precision} runs the optimizer on fp32 master "
+                            f"weights; {self.optimizer} keeps low-bit states of its own: use "
+                            f"one of {', '.join(MASTER_OPTIMIZERS)}, or precision bf16-pure "
+                            "or bf16-mixed")
+        if self.optimizer_in_backward:
+            problems.append(f"precision {self.precision} steps the fp32 master weights after "
+                            "backward: drop optimizer_in_backward")
+        return problems
 
     def _framework_problems(self) -> list[str]:
         if self.framework == "plain":

@@ -55,7 +55,7 @@ def test_megatron_2021_counts_the_recomputed_forward(rows):
     per_token = 96 * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
     case = published_runs.case(row)
     assert case.measured_tokens_per_s_per_gpu == pytest.approx(137e12 / per_token)
-    assert case.job.checkpointing == "full" and case.job.precision == "fp16-mixed"
+    assert case.job.checkpointing == "full" and case.job.precision == "fp16-master"
 
 
 def test_kempnerforge_rows_match_the_report_s_own_counts(rows):
@@ -113,7 +113,7 @@ def test_sequences_per_second_and_step_times_become_tokens_per_second_per_gpu(ro
     # Lambda: 2167 sequences/s of 384 tokens over 8 H100s
     case = published_runs.case(rows["lambda_bert_large_squad_fp16_8xh100-sxm"])
     assert case.measured_tokens_per_s_per_gpu == pytest.approx(2167 * 384 / 8)
-    assert case.job.task == "seq-classification" and case.job.precision == "fp16-mixed"
+    assert case.job.task == "seq-classification" and case.job.precision == "fp16-master"
     assert case.job.parallel.strategy == "ddp" and case.job.batch_size == 112
     # BLOOM: 2048 sequences of 2048 tokens in 104.70 s on 384 GPUs, TP 4 x PP 12 x DP 8
     case = published_runs.case(rows["bigscience_bloom176b_384xa100_tp4_pp12_mbs2"])
@@ -204,17 +204,18 @@ def test_fine_tuning_rows_keep_their_adapters_offload_and_precision(rows):
     assert case.job.model == "bert-base-uncased"
 
 
-def test_apex_o2_bert_rows_are_timed_as_a_sixteen_bit_model(rows):
-    """NVIDIA's run_squad.py runs fp16 as Apex AMP O2 (an fp16 model): those rows carry the
-    marker published_accuracy.py times them by; its fp32 rows do not."""
-    import published_accuracy
-
+def test_sixteen_bit_models_with_fp32_master_weights_are_expressed_as_such(rows):
+    """NVIDIA's run_squad.py runs fp16 as Apex AMP O2 (an fp16 model, fp32 master weights)
+    and Megatron-Core keeps its model in bf16 (Float16Module): fp16-master / bf16-master.
+    fp32 rows, and llm-foundry's autocast, stay as they are."""
     fp16 = published_runs.case(rows["lambda_bert_large_squad_fp16_1xv100-16gb"])
     fp32 = [published_runs.case(r) for i, r in rows.items()
             if i.startswith("nvidia_bert") and "_fp32_" in i][0]
-    assert fp16.sixteen_bit_model and fp16.job.precision == "fp16-mixed"
-    assert not fp32.sixteen_bit_model
-    timed = published_accuracy._timed_job({"job": fp16.job, "sixteen_bit_model": True})
-    assert timed.precision == "bf16-pure"
-    assert timed.model_copy(update={"precision": "fp16-mixed"}) == fp16.job
-    assert published_accuracy._timed_job({"job": fp32.job}) is fp32.job
+    assert (fp16.job.precision, fp32.job.precision) == ("fp16-master", "fp32")
+    megatron = [published_runs.case(r) for r in rows.values()
+                if r.get("source_group") == "megatron-lm"]
+    assert {c.job.precision for c in megatron if c.job} <= {"bf16-master", "fp16-master", "fp8"}
+    assert "bf16-master" in {c.job.precision for c in megatron if c.job}
+    foundry = [published_runs.case(r) for r in rows.values()
+               if r.get("source_group") == "llm-foundry"]
+    assert "bf16-master" not in {c.job.precision for c in foundry if c.job}

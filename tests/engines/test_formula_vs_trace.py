@@ -26,8 +26,12 @@ from vramplan.engines.trace import trace  # noqa: E402
     # FSDP2 keeps its root unit (embeddings, head) gathered from forward to backward
     dict(model="qwen2.5-0.5b", batch_size=2, seq_len=1024,
          parallel={"strategy": "fsdp", "num_gpus": 2}),
+    # a 16-bit model with fp32 master weights, its peak in the optimizer step
+    dict(model="qwen2.5-0.5b", batch_size=1, seq_len=256, precision="bf16-master"),
+    dict(model="qwen2.5-0.5b", batch_size=1, seq_len=256, precision="bf16-master",
+         parallel={"strategy": "zero3", "num_gpus": 4}),
 ], ids=["chunked-loss", "masked-lm-autocast", "t5-sdpa", "gpt2-fused-qkv", "gpt2-eager-dropout",
-        "fsdp-root-unit"])
+        "fsdp-root-unit", "master-weights", "master-weights-zero3"])
 def test_formula_matches_trace(fields):
     job = Job.model_validate(fields)
     traced, predicted = trace(job).peak_allocated, estimate(job).peak_allocated

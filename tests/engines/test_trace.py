@@ -43,6 +43,9 @@ def _job(**changes) -> Job:
     # peft without a task type: its seq2seq wrapper would hand Whisper input_ids twice
     (WHISPER, dict(precision="bf16-mixed", peft=Peft(rank=4, dropout=0.0))),
     (LLAMA, dict(precision="bf16-mixed", checkpointing="selective")),
+    # fp32 master weights made at the first step; fp32 gradient copies at every step
+    (LLAMA, dict(precision="bf16-master")),
+    (LLAMA, dict(precision="fp16-master", grad_accum=2, peft=Peft(rank=4))),
 ])
 def test_traced_peak_matches_real_cpu_step(config, changes):
     job = _job(**changes)

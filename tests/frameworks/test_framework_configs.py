@@ -214,8 +214,9 @@ def test_accelerate_deepspeed_plugin_reads_the_json_it_names():
     ds = json.loads((DATA / "deepspeed_config_templates" / "zero_stage1_config.json")
                     .read_text())
     read = read_config(AC / "deepspeed.yaml", model=MODEL)
+    # DeepSpeed's fp16: the module in fp16, fp32 master weights in the optimizer
     hand = Job(model=MODEL, framework="accelerate",
-               precision="fp16-mixed" if ds["fp16"]["enabled"] else "fp32",
+               precision="fp16-master" if ds["fp16"]["enabled"] else "fp32",
                grad_accum=ds["gradient_accumulation_steps"],
                parallel=Parallel(strategy=f"zero{ds['zero_optimization']['stage']}",
                                  num_gpus=raw(AC / "deepspeed.yaml")["num_processes"]))
@@ -230,13 +231,15 @@ def test_deepspeed_json(name, strategy, offload):
     stage = d["zero_optimization"]["stage"]
     assert strategy == f"zero{stage}"
     fp16 = d.get("fp16", {}).get("enabled")
-    hand = Job(model=MODEL, framework="plain", precision="fp16-mixed" if fp16 is True
-               else "bf16-mixed", parallel=Parallel(strategy=strategy),
+    # fp16 / bf16 on: a 16-bit module with fp32 master weights; "auto" (the HF integration
+    # fills it from the launcher's bf16 / fp16) reads as bf16, unless the job says otherwise
+    hand = Job(model=MODEL, framework="plain", precision="fp16-master" if fp16 is True
+               else "bf16-master", parallel=Parallel(strategy=strategy),
                offload={"optimizer": offload, "params": offload})
     read = read_config(DS / name, model=MODEL)
-    # "auto" (the HF integration fills it) leaves the field to the job
-    job = read.job(precision="bf16-mixed") if fp16 == "auto" else read.job()
-    same_estimate(job, hand)
+    same_estimate(read.job(), hand)
+    if fp16 == "auto":
+        assert read.job(precision="fp16-mixed").precision == "fp16-mixed"
 
 
 # --- Axolotl and LLaMA-Factory --------------------------------------------------------------
@@ -637,7 +640,9 @@ def test_trl_use_peft_takes_trl_and_peft_defaults(tmp_path):
                                             ("trl_zero3.yaml", "zero3")])
 def test_trl_accelerate_configs(name, strategy):
     cfg = raw(AC / name)
-    hand = Job(model=MODEL, framework="accelerate", precision="bf16-mixed",
+    # accelerate's bf16 under DeepSpeed is DeepSpeed's bf16: fp32 master weights
+    precision = "bf16-master" if cfg["distributed_type"] == "DEEPSPEED" else "bf16-mixed"
+    hand = Job(model=MODEL, framework="accelerate", precision=precision,
                parallel=Parallel(strategy=strategy, num_gpus=cfg["num_processes"]))
     read = read_config(AC / name, model=MODEL)
     same_estimate(read.job(), hand)

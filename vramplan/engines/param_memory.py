@@ -13,7 +13,6 @@ from vramplan.engines.precision import (
     NF4_BYTES_PER_PARAM,
     NF4_DOUBLE_QUANT_BYTES_PER_PARAM,
     STATE_COPIES,
-    Dtypes,
     adapter_bytes,
     dtypes_for,
     eight_bit_state_bytes,
@@ -55,6 +54,8 @@ class ParamMemory:
     notes: tuple[str, ...] = ()
     # FSDP float8 all-gather: the largest block as FSDP2 gathers it (0: in param dtype)
     fp8_gathered_block: float = 0.0
+    # the fp32 gradients a master-weight step makes (the 16-bit ones are freed after)
+    master_grads: float = 0.0
 
 
 def param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
@@ -106,18 +107,22 @@ def param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
         block_bytes = max((block_base_bytes(job, arch, s, base) for s in arch.stacks), default=0)
         # the largest trained tensor: an adapter matrix (or the classifier head)
         largest = max((n for n, _ in trainable_tensors(job, arch, task)), default=1)
-        dt = Dtypes(adapter_bytes(job), adapter_bytes(job), dt.compute, dt.residual,
-                    dt.autocast, dt.linear_saved)
+        dt = replace(dt, weight=adapter_bytes(job), grad=adapter_bytes(job))
     grads = trainable * dt.grad
+    state = dt.state_bytes
     if job.optimizer in opt_states.PER_TENSOR_OPTIMIZERS:
         optimizer, _ = opt_states.split_state_bytes(
-            job.optimizer, trainable_tensors(job, arch, task), dt.weight)
+            job.optimizer, trainable_tensors(job, arch, task), state)
     else:
-        optimizer = optimizer_bytes(job, arch, trainable, dt.weight)
-    step_temp = optimizer_step_temp_copies(job) * trainable * dt.weight
+        optimizer = optimizer_bytes(job, arch, trainable, state)
+    # a master-weight optimizer: its fp32 copy of every trainable weight, kept with the
+    # states, and the fp32 gradients each step makes from the 16-bit ones
+    optimizer += trainable * dt.master
+    master_grads = trainable * dt.master
+    step_temp = optimizer_step_temp_copies(job) * trainable * state
     if job.optimizer_impl == "loop" or job.optimizer == "lion":
         # one param's update at a time: its temporaries, in copies of the largest param
-        step_temp = max(step_temp, LOOP_STEP_COPIES.get(job.optimizer, 0) * largest * dt.weight)
+        step_temp = max(step_temp, LOOP_STEP_COPIES.get(job.optimizer, 0) * largest * state)
     # autograd sums the head's and the lookup's gradients out of place (add): both and
     # their sum are live at once, before the sum becomes .grad; when micro-steps
     # accumulate, the .grad (counted in gradients) is already there, so one more
@@ -126,9 +131,14 @@ def param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
             if job.peft is None and arch.tied_embeddings else 0.0)
     in_blocks = sum(s.num_layers * s.params_per_layer for s in arch.stacks)
     outside = (total - in_blocks) * (dt.weight if job.peft is None else frozen_base_bytes(job))
+    if dt.master:
+        notes.append(f"{job.precision}: the optimizer keeps an fp32 master copy of every "
+                     "trainable weight (counted with its states); each step copies the "
+                     "16-bit gradients to fp32 and frees them (counted in temporary)")
     return ParamMemory(total, trainable, weights, grads, optimizer, cast, step_temp,
                        block_bytes, cast_head, tied, outside_blocks=outside, notes=tuple(notes),
-                       fp8_gathered_block=fp8_gathered_block(job, arch))
+                       fp8_gathered_block=fp8_gathered_block(job, arch),
+                       master_grads=master_grads)
 
 
 def stage_params(job: Job, arch: Architecture, task: str, whole: ParamMemory,
@@ -153,7 +163,7 @@ def stage_params(job: Job, arch: Architecture, task: str, whole: ParamMemory,
         whole, total=round(stage.layer_share * in_blocks + here),
         trainable=round(whole.trainable * trained), weights=weights,
         gradients=whole.gradients * trained, optimizer=whole.optimizer * trained,
-        step_temp=whole.step_temp * trained,
+        step_temp=whole.step_temp * trained, master_grads=whole.master_grads * trained,
         cast_copies=whole.cast_copies * stage.layer_share,
         # the head's 16-bit copy lives with the head; QLoRA's is one dequantised weight
         cast_head=whole.cast_head if (stage.head or qlora) else 0.0,
@@ -270,7 +280,7 @@ def trainable_tensors(job: Job, arch: Architecture, task: str) -> opt_states.Ten
 def largest_trainable_bytes(job: Job, arch: Architecture, task: str) -> float:
     """One step temporary of the largest trainable parameter (optimizer in backward)."""
     largest = max((n for n, _ in trainable_tensors(job, arch, task)), default=0)
-    per = dtypes_for(job).weight if job.peft is None else adapter_bytes(job)
+    per = dtypes_for(job).state_bytes if job.peft is None else adapter_bytes(job)
     return largest * per
 
 

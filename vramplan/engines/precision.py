@@ -10,13 +10,21 @@ Precision semantics follow the Hugging Face Trainer / Lightning conventions:
               matmul_with_hp_or_float8_args, torchao 0.19); no autocast weight copies.
               Job.fp8.recipe picks torchao's scaling (tensorwise, rowwise,
               rowwise_with_gw_hp: the same saved tensors) or MXFP8Linear (mxfp8)
+  bf16-master, fp16-master
+              the model, its gradients and activations in 16-bit (no autocast); the
+              optimizer keeps an fp32 master copy of every trainable weight and fp32 states,
+              and each step copies the 16-bit gradients to fp32, frees them, updates the
+              masters and copies them back: DeepSpeed's bf16 / fp16 with ZeRO (engine.py
+              casts the module, zero/stage_1_and_2.py step(): flat fp32 gradient partition,
+              16-bit gradients released; DeepSpeed 0.19.6) and Apex AMP O2. Megatron-Core's
+              fp32 main_grad buffer is not this (it keeps fp32 gradients throughout)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vramplan.job import Job
+from vramplan.job import MASTER_PRECISIONS, Job
 
 # bitsandbytes block sizes, shared by the formula and the trace's low-bit stand-ins.
 # 4-bit NF4 (functional.quantize_4bit; QLoRA paper sec. 2): two codes per byte and one
@@ -43,6 +51,12 @@ class Dtypes:
     residual: int      # the residual stream between blocks (fp32 under autocast)
     autocast: bool     # torch.autocast is active
     linear_saved: int  # bytes per element a linear saves of its input for backward
+    state: int = 0     # an optimizer state element (0: the weight's own bytes)
+    master: int = 0    # the optimizer's master copy of a trainable element (0: none)
+
+    @property
+    def state_bytes(self) -> int:
+        return self.state or self.weight
 
 
 def dtypes_for(job: Job) -> Dtypes:
@@ -51,7 +65,15 @@ def dtypes_for(job: Job) -> Dtypes:
         return Dtypes(weight=4, grad=4, compute=4, residual=4, autocast=False, linear_saved=4)
     if p == "bf16-pure":
         return Dtypes(weight=2, grad=2, compute=2, residual=2, autocast=False, linear_saved=2)
+    if p in MASTER_PRECISIONS:
+        return Dtypes(weight=2, grad=2, compute=2, residual=2, autocast=False, linear_saved=2,
+                      state=4, master=4)
     return Dtypes(weight=4, grad=4, compute=2, residual=4, autocast=True, linear_saved=2)
+
+
+def sixteen_bit_model(job: Job) -> bool:
+    """The model itself is stored in 16-bit (no fp32 weights, no autocast)."""
+    return job.precision == "bf16-pure" or job.precision in MASTER_PRECISIONS
 
 
 def frozen_base_bytes(job: Job) -> int:
@@ -62,10 +84,11 @@ def frozen_base_bytes(job: Job) -> int:
 def adapter_bytes(job: Job) -> int:
     """Bytes per element of LoRA adapters (and their gradients): fp32 as peft upcasts them
     (autocast_adapter_dtype=True), or the model's dtype as torchtune builds them. Unset, a
-    bf16-pure job keeps them in bf16 (as vramplan.training.peft asks peft to)."""
+    bf16-pure job keeps them in bf16 (as vramplan.training.peft asks peft to), and so does a
+    master-weight job (DeepSpeed casts the whole module, adapters included)."""
     dtype = job.peft.adapter_dtype if job.peft else None
     if dtype is None:
-        dtype = "model" if job.precision == "bf16-pure" else "fp32"
+        dtype = "model" if sixteen_bit_model(job) else "fp32"
     return 4 if dtype == "fp32" else frozen_base_bytes(job)
 
 

@@ -12,11 +12,11 @@ whose memory can be the largest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vramplan.engines import pipeline
 from vramplan.engines.param_memory import ParamMemory, param_memory, stage_params
-from vramplan.engines.precision import Dtypes, dtypes_for
+from vramplan.engines.precision import Dtypes, dtypes_for, sixteen_bit_model
 from vramplan.errors import JobError
 from vramplan.job import Job
 from vramplan.models import Architecture
@@ -132,9 +132,11 @@ def shapes_of(job: Job, arch: Architecture, task: str) -> Shapes:
 
 
 def float_bytes(job: Job) -> int:
-    """Pixels and audio features as the data loader hands them over: bf16 when the whole
-    model is, else fp32 (autocast casts them inside the model)."""
-    return 2 if job.precision == "bf16-pure" else 4
+    """Pixels and audio features as the data loader hands them over: 16-bit when the whole
+    model is (transformers 5.24 Trainer._prepare_input casts a DeepSpeed model's float
+    inputs to its dtype), else fp32
+    (autocast casts them inside the model)."""
+    return 2 if sixteen_bit_model(job) else 4
 
 
 def text_length(requested: int | None, arch: Architecture, field: str, notes: list[str]) -> int:
@@ -148,8 +150,7 @@ def activation_dtypes(job: Job) -> Dtypes:
     sixteen_bit_base = job.peft is not None or job.parallel.strategy in (
         "zero3", "fsdp", "hybrid-shard")
     if dt.autocast and sixteen_bit_base:
-        return Dtypes(dt.weight, dt.grad, dt.compute, residual=2, autocast=True,
-                      linear_saved=dt.linear_saved)
+        return replace(dt, residual=2)
     return dt
 
 

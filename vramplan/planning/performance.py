@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from vramplan.engines import pipeline
 from vramplan.engines.step import describe_step
+from vramplan.fit import PRECISION_MATMUL_DTYPE
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job
 from vramplan.models import Architecture, load_architecture
@@ -52,8 +53,7 @@ MICRO_PHASES = ("forward", "backward", "recompute")
 def compute_dtype(job: Job, gpu: GPU) -> tuple[str, list[str]]:
     """The tensor-core rate the job's matmuls run at on `gpu`, and why when it differs."""
     notes: list[str] = []
-    wanted = {"fp32": "fp32", "fp16-mixed": "fp16", "bf16-mixed": "bf16", "bf16-pure": "bf16",
-              "fp8": "fp8"}[job.precision]
+    wanted = PRECISION_MATMUL_DTYPE[job.precision]
     if wanted == "fp32":
         notes.append("fp32 matmuls at the plain fp32 rate (torch leaves TF32 off by default)")
     if wanted == "fp8" and "fp8" not in gpu.tflops:

@@ -331,10 +331,14 @@ def _trainable_tensors(job: Job, arch: Architecture) -> int:
 
 
 def _optimizer(job: Job, trainable: int, tensors: int, t: Traffic) -> None:
-    state = 2 if job.precision == "bf16-pure" else 4
+    dt = dtypes_for(job)
+    state = dt.state_bytes
     if job.peft is not None:
-        state = 4  # peft keeps adapters in fp32
-    t.add("clip", "optimizer", CLIP_PASSES * state * trainable, 4)
+        state = 4  # peft keeps adapters in fp32 (a master-weight step works on fp32 copies)
+    grad = 2 if dt.master else state
+    t.add("clip", "optimizer", CLIP_PASSES * grad * trainable, 4)
+    if dt.master:  # 16-bit gradients to fp32, and the updated fp32 masters back to 16-bit
+        t.add("master copies", "optimizer", 2 * (grad + dt.master) * trainable, 2 * tensors)
     if job.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
         t.add("optimizer", "optimizer", EIGHT_BIT_ADAM_BYTES * trainable, tensors)
         return

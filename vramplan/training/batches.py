@@ -10,6 +10,7 @@ from vramplan.errors import ModelConfigError
 from vramplan.job import Job
 from vramplan.models import families
 from vramplan.models.derive import architecture_from_config
+from vramplan.training.tensors import model_dtype
 
 
 def hf_batch_factory(config: dict, task: str, job: Job, device: torch.device,
@@ -18,7 +19,7 @@ def hf_batch_factory(config: dict, task: str, job: Job, device: torch.device,
     Hugging Face then skips building a [B, 1, L, L] mask, as it does for all-ones masks)."""
     b, vocab = job.batch_size, int(config.get("vocab_size") or 2)
     seq = text_len(job.seq_len, config, "seq_len", notes)
-    floats = torch.bfloat16 if job.precision == "bf16-pure" else torch.float32
+    floats = model_dtype(job)
     num_labels = int(config.get("num_labels") or len(config.get("id2label") or {}) or 2)
 
     def tokens(length: int) -> torch.Tensor:

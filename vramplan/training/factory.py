@@ -13,7 +13,7 @@ from torch import nn
 from vramplan.errors import EngineError, ModelConfigError
 from vramplan.job import Job
 from vramplan.training.losses import generic_loss
-from vramplan.training.tensors import replace_tensors
+from vramplan.training.tensors import model_dtype, replace_tensors
 
 
 def is_factory_ref(ref: str) -> bool:
@@ -61,7 +61,7 @@ def from_factory(job: Job, device: torch.device, notes: list[str]):
                                "torch.nn.Module (return a module, (module, batch_fn) or "
                                "{'model': module, 'input_shapes': ...})")
     model = result
-    floats = torch.bfloat16 if job.precision == "bf16-pure" else None
+    floats = model_dtype(job) if model_dtype(job) != torch.float32 else None
     replace_tensors(model, lambda t: t.to(device, floats if t.is_floating_point() else None))
     if job.peft is not None:
         raise EngineError("peft on a factory model is not supported yet: apply LoRA inside "
@@ -69,7 +69,7 @@ def from_factory(job: Job, device: torch.device, notes: list[str]):
     if job.checkpointing != "none":
         notes.append("checkpointing is applied to Hugging Face models only: a factory model "
                      "has to checkpoint itself")
-    floats = torch.bfloat16 if job.precision == "bf16-pure" else torch.float32
+    floats = model_dtype(job)
     if batch_fn is None and shapes is None:  # a bare module: inputs from its first layer
         batch_fn = _inputs_of_first_layer(model, job, floats, notes)
     if batch_fn is not None:

@@ -18,7 +18,7 @@ from vramplan.training.emulate import lowbit
 from vramplan.training.hf_config import to_hf_config
 from vramplan.training.kernels import BNB, TORCHAO, Kernels
 from vramplan.training.peft import apply_peft
-from vramplan.training.tensors import replace_tensors
+from vramplan.training.tensors import SIXTEEN_BIT, model_dtype, replace_tensors
 
 AUTO_CLASSES = {
     "causal-lm": "AutoModelForCausalLM",
@@ -43,8 +43,6 @@ _TASK_ORDER = (  # encoder-decoders first, encoders (which also have LM heads) b
 )
 # Whisper gets no task type: peft's seq2seq wrapper passes input_ids, which Whisper's
 # decoder then receives twice (Hugging Face's Whisper LoRA recipes leave task_type unset)
-SIXTEEN_BIT = {"fp16-mixed": torch.float16, "bf16-mixed": torch.bfloat16,
-               "bf16-pure": torch.bfloat16, "fp8": torch.bfloat16}
 
 
 def load_model_config(ref: str) -> dict:
@@ -107,7 +105,7 @@ def build_hf_model(config: dict, task: str, job: Job, *, device: torch.device, e
     hf_config = _hf_config(config, task, job)
     auto = getattr(transformers, AUTO_CLASSES[task])
     if job.peft is None:
-        dtype = torch.bfloat16 if job.precision == "bf16-pure" else torch.float32
+        dtype = model_dtype(job)
     else:  # frozen base: no master copy needed, stored in the compute dtype
         dtype = SIXTEEN_BIT.get(job.precision, torch.float32)
     # empty: everything up to the materialisation runs on meta, outside the caller's

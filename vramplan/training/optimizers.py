@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from vramplan.errors import EngineError, ModelConfigError
-from vramplan.job import Job
+from vramplan.job import MASTER_PRECISIONS, Job
 from vramplan.training.emulate import lowbit
 from vramplan.training.kernels import BNB, TORCHAO, Kernels
 
@@ -61,7 +61,16 @@ def build_optimizer(job: Job, params: list[nn.Parameter], notes: list[str],
                     kernels: Kernels | None = None):
     """kernels.optimizer names the real library to use (training/kernels.py); else the
     stand-ins of training/emulate. With offload.optimizer the step runs on the host."""
-    optimizer = _build(job, params, notes, kernels)
+    if job.precision in MASTER_PRECISIONS:
+        from vramplan.training.master import MasterWeights
+
+        optimizer = MasterWeights(params, lambda masters: _build(job, masters, notes, kernels))
+        notes.append(f"{job.precision}: fp32 master weights in the optimizer (made at the "
+                     "first step), 16-bit gradients copied to fp32 and freed at each step"
+                     + ("; no loss scaling (a dynamic loss scaler keeps no tensors)"
+                        if job.precision == "fp16-master" else ""))
+    else:
+        optimizer = _build(job, params, notes, kernels)
     if job.offload.optimizer:
         from vramplan.training.offload import HostStepOptimizer
 

@@ -12,6 +12,7 @@ from vramplan.errors import ModelConfigError
 from vramplan.job import Job
 from vramplan.training.emulate import lowbit
 from vramplan.training.kernels import BNB, Kernels
+from vramplan.training.tensors import SIXTEEN_BIT
 
 # Whisper gets no task type: peft's seq2seq wrapper passes input_ids, which Whisper's
 # decoder then receives twice (Hugging Face's Whisper LoRA recipes leave task_type unset)
@@ -48,7 +49,7 @@ def apply_peft(model: nn.Module, task: str, job: Job, skip: set[int],
                                f"this model ({str(error).splitlines()[0]}); its linear layers "
                                f"are named: {', '.join(linears)}") from None
     if adapter_bytes(job) != 4:
-        _cast_adapters(model, SIXTEEN_BIT_BASE.get(job.precision))
+        _cast_adapters(model, SIXTEEN_BIT.get(job.precision))  # the base's dtype
     if spec.method == "qlora" and (kernels is None or kernels.qlora != BNB):
         for module in model.modules():
             if isinstance(module, ModulesToSaveWrapper):
@@ -59,11 +60,6 @@ def apply_peft(model: nn.Module, task: str, job: Job, skip: set[int],
                      + (", double-quantised" if spec.double_quant else "")
                      + "); each matmul dequantises its weight to a temporary, as bitsandbytes")
     return model
-
-
-# the frozen base's dtype by precision (training/hf_model.py builds it so)
-SIXTEEN_BIT_BASE = {"fp16-mixed": torch.float16, "bf16-mixed": torch.bfloat16,
-                    "bf16-pure": torch.bfloat16, "fp8": torch.bfloat16}
 
 
 def _cast_adapters(model: nn.Module, dtype: torch.dtype | None) -> None:

@@ -19,6 +19,8 @@ What each precision means here (Hugging Face Trainer conventions):
   fp16/bf16-mixed  fp32 weights + torch.autocast; with peft the frozen base is stored in
                the 16-bit dtype and the adapters in fp32 (peft's autocast_adapter_dtype)
   bf16-pure    every weight, gradient and optimizer state in bf16
+  bf16-master / fp16-master  a 16-bit model; the optimizer keeps fp32 master weights and
+               states (training/master.py), as DeepSpeed's bf16 / fp16 do
   fp8          as bf16-mixed, with block linears run on float8 copies (training/emulate/lowbit.py)
 On a CPU the autocast op lists differ from CUDA's; train_step applies CUDA's lists there
 (training/emulate/autocast.py).
@@ -44,15 +46,11 @@ from vramplan.training.compiled import apply_compile, trace_backend
 from vramplan.training.emulate import lowbit
 from vramplan.training.emulate.autocast import cuda_autocast_policy, cuda_dropout_kernels
 from vramplan.training.factory import from_factory, is_factory_ref
-from vramplan.training.hf_model import (
-    SIXTEEN_BIT,
-    build_hf_model,
-    load_model_config,
-    task_of_config,
-)
+from vramplan.training.hf_model import build_hf_model, load_model_config, task_of_config
 from vramplan.training.kernels import Kernels
 from vramplan.training.losses import LOSSES
 from vramplan.training.optimizers import build_optimizer
+from vramplan.training.tensors import SIXTEEN_BIT
 
 MAX_GRAD_NORM = 1.0       # Hugging Face Trainer default
 

@@ -1,4 +1,5 @@
-"""Replacing a module's parameters and buffers in place (keeping tied ones tied)."""
+"""The torch dtypes of a job's precision; replacing a module's parameters and buffers in
+place (keeping tied ones tied)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,20 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from vramplan.engines.precision import sixteen_bit_model
+from vramplan.job import Job
+
+# the 16-bit dtype of each precision: what autocast computes in, a PEFT base is stored in,
+# and (sixteen_bit_model) the whole model is stored in
+SIXTEEN_BIT = {"fp16-mixed": torch.float16, "bf16-mixed": torch.bfloat16,
+               "bf16-pure": torch.bfloat16, "fp8": torch.bfloat16,
+               "bf16-master": torch.bfloat16, "fp16-master": torch.float16}
+
+
+def model_dtype(job: Job) -> torch.dtype:
+    """The dtype a fully trained model's weights (and float inputs) are stored in."""
+    return SIXTEEN_BIT[job.precision] if sixteen_bit_model(job) else torch.float32
 
 
 def _materialize(model: nn.Module, device: torch.device) -> None:

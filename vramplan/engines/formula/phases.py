@@ -103,8 +103,11 @@ def stage_report(step: Step, runtime_gpu: GPU | None, stage: pipeline.Stage) -> 
         g = min(g, params.largest_block / (tp * job.parallel.shard_degree))
         # one parameter is stepped at a time: no buffer spans all parameters
         step_temp = min(step_temp, largest_trainable_bytes(job, arch, task) / tp)
+    # a master-weight step copies the 16-bit gradients to fp32 (both live), frees the
+    # 16-bit ones, then updates the masters with its own temporaries
+    master_grads = params.master_grads / (tp * job.parallel.shard_degree)
     if job.offload.optimizer:
-        step_temp = 0.0  # the step runs on the CPU, next to the offloaded states
+        step_temp = master_grads = 0.0  # the step runs on the CPU, next to the offloaded states
     unified = (unified_state_bytes(job, arch, task) / (tp * job.parallel.shard_degree)
                * params.trainable / max(whole.trainable, 1))  # a pipeline stage's share
 
@@ -143,6 +146,14 @@ def stage_report(step: Step, runtime_gpu: GPU | None, stage: pipeline.Stage) -> 
         "optimizer": dict(base, inputs=0.0, gradients=g, activations=0.0,
                           temporary=step_temp + comm + ws),
     }
+    if master_grads:
+        # the fp32 gradients with the 16-bit ones, or, once the step's own 16-bit gradients
+        # are freed, with the update's temporaries (zero1 keeps the other ranks' gradients
+        # until zero_grad; DeepSpeed frees them first: this errs on the safe side)
+        freed = g / job.parallel.shard_degree if job.parallel.strategy == "zero1" else g
+        phases["optimizer"].update(
+            (dict(gradients=g, temporary=master_grads + comm + ws) if freed > step_temp else
+             dict(gradients=g - freed, temporary=master_grads + step_temp + comm + ws)))
     totals = {name: sum(parts.values()) for name, parts in phases.items()}
     peak_name = max(totals, key=totals.get)
     at_peak = {k: int(round(v)) for k, v in phases[peak_name].items()}

@@ -25,10 +25,12 @@ def read(content: dict[str, Any], ctx) -> Mapping:
     flat = core.flatten(content)
     mapping = Mapping(table)
     key = "deepspeed_config.deepspeed_config_file"
-    if key in flat:
-        deepspeed.include(mapping, flat[key], key, ctx)
     core.map_keys(table, flat, mapping, handled={key})
     kind = flat.get("distributed_type")
+    if kind == "DEEPSPEED":  # mixed_precision is DeepSpeed's
+        deepspeed.as_master_weights(mapping)
+    if key in flat:
+        deepspeed.include(mapping, flat[key], key, ctx)
     if kind == "FSDP" and any(k.startswith("deepspeed_config.") for k in flat):
         raise ConfigError("conflicting settings in this accelerate config: distributed_type "
                           "FSDP with a deepspeed_config; keep one of them "

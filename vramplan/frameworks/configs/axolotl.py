@@ -25,8 +25,7 @@ def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, 
 def read(content: dict[str, Any], ctx) -> Mapping:
     table = core.load_table(NAME)
     content = {k: v for k, v in content.items() if k != "datasets"}  # a list of sources
-    had_deepspeed = "deepspeed" in content
-    ds_config = content.pop("deepspeed", None)  # a path, or the DeepSpeed config itself
+    ds = {"deepspeed": content.pop("deepspeed")} if "deepspeed" in content else {}
     flat = core.flatten(content)
     mapping = Mapping(table)
     mapping.ignored.append("datasets")
@@ -50,15 +49,12 @@ def read(content: dict[str, Any], ctx) -> Mapping:
         mapping.mapped.append("lora_target_modules")
         mapping.assign("peft.target_modules", tuple([targets] if isinstance(targets, str)
                                                     else targets), "lora_target_modules")
-    if ds_config:
-        deepspeed.include(mapping, ds_config, "deepspeed", ctx)
-    elif had_deepspeed:
-        mapping.ignored.append("deepspeed")  # null or empty: no DeepSpeed
     core.map_keys(table, flat, mapping, handled={"base_model", "lora_target_modules", "deepspeed",
                                             "load_in_4bit", "load_in_8bit"})
     for key in ("load_in_4bit", "load_in_8bit"):
         if key in flat:
             mapping.mapped.append(key)
+    deepspeed.include_named(mapping, ds, ctx)  # last: the config's bf16 / fp16 are DeepSpeed's
     return mapping
 
 

@@ -23,8 +23,40 @@ def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, 
                              "command line; use vramplan's flags (--strategy, -b, --grad-accum)")
 
 
+# a launcher's autocast precision, as DeepSpeed runs it: the module cast to 16-bit
+# (runtime/engine.py _configure_distributed_model), fp32 master weights in its optimizer
+MASTER_WEIGHTS = {"bf16-mixed": "bf16-master", "fp16-mixed": "fp16-master"}
+
+
 def read(content: dict[str, Any], ctx) -> Mapping:
-    return core.map_keys(core.load_table(NAME), core.flatten(content))
+    """A DeepSpeed JSON on its own. bf16.enabled "auto" is the launcher's bf16, which
+    nearly every run sets: bf16-master unless the job says otherwise."""
+    flat = core.flatten(content)
+    mapping = core.map_keys(core.load_table(NAME), flat)
+    if flat.get("bf16.enabled") == "auto" and flat.get("fp16.enabled") in ("auto", None, False):
+        mapping.assign("precision", "bf16-master", "bf16.enabled auto (the launcher's bf16)",
+                       weak=True)
+    return mapping
+
+
+def as_master_weights(mapping: Mapping) -> None:
+    """A launcher's bf16 / fp16 under DeepSpeed turn DeepSpeed's own on (accelerate 1.16
+    DeepSpeedPlugin.set_mixed_precision; the Trainer fills "auto" from its arguments): the
+    16-bit model with fp32 master weights, not autocast."""
+    value, key, weak = mapping.assigned.get("precision", (None, "", False))
+    if value in MASTER_WEIGHTS:
+        mapping.assigned["precision"] = (MASTER_WEIGHTS[value], f"{key} under DeepSpeed", weak)
+
+
+def include_named(parent: Mapping, content: dict[str, Any], ctx) -> None:
+    """A training config's `deepspeed` key (popped from `content`'s copy by the caller and
+    passed here with it), read once the config's own keys are mapped: their bf16 / fp16
+    are then DeepSpeed's (as_master_weights). null or empty: no DeepSpeed."""
+    if content.get("deepspeed"):
+        as_master_weights(parent)
+        include(parent, content["deepspeed"], "deepspeed", ctx)
+    elif "deepspeed" in content:
+        parent.ignored.append("deepspeed")
 
 
 def include(parent: Mapping, value: Any, key: str, ctx) -> None:
@@ -43,7 +75,7 @@ def include(parent: Mapping, value: Any, key: str, ctx) -> None:
         raise ConfigError(f"{parent.table.title} config key {key!r}: expected a path to a "
                           f"DeepSpeed JSON or its content, got {json.dumps(value)[:60]} "
                           f"(see {parent.table.docs})")
-    child = read(content, ctx)
+    child = core.map_keys(core.load_table(NAME), core.flatten(content))
     parent.mapped.append(key)
     for dotted, (field_value, source, weak) in child.assigned.items():
         parent.assign(dotted, field_value, f"{key} ({source})", weak=weak)

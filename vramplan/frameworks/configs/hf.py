@@ -33,8 +33,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
     if isinstance(peft_config, dict):  # a LoraConfig's keys, as if at the top
         content = {**peft_config, **content}
         content.setdefault("peft_type", "LORA")
-    had_deepspeed = "deepspeed" in content
-    ds_config = content.pop("deepspeed", None)  # a path, or the DeepSpeed config itself
+    ds = {"deepspeed": content.pop("deepspeed")} if "deepspeed" in content else {}
     flat = core.flatten(content)
     mapping = Mapping(table)
     handled = {"model_name_or_path", "fsdp", "deepspeed", "lora_target_modules",
@@ -56,10 +55,6 @@ def read(content: dict[str, Any], ctx) -> Mapping:
         if model:
             mapping.assign("model", model, "model_name_or_path")
     _fsdp(flat, table, mapping)
-    if ds_config:
-        deepspeed.include(mapping, ds_config, "deepspeed", ctx)
-    elif had_deepspeed:
-        mapping.ignored.append("deepspeed")  # null or empty: no DeepSpeed
     _targets(flat, table, mapping)
     if flat.get("load_in_8bit"):
         raise ConfigError("load_in_8bit: an 8-bit base model is not modelled by vramplan; "
@@ -67,6 +62,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
     core.map_keys(table, flat, mapping, handled=handled)
     check_adapter(flat.get("load_in_4bit"), bool(flat.get("use_peft")) or "peft_type" in flat,
                   mapping, "load_in_4bit", "use_peft: true")
+    deepspeed.include_named(mapping, ds, ctx)  # last: the config's bf16 / fp16 are DeepSpeed's
     return mapping
 
 

@@ -23,8 +23,7 @@ def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, 
 def read(content: dict[str, Any], ctx) -> Mapping:
     table, hf_table = core.load_table(NAME), core.load_table(hf.NAME)
     content = dict(content)
-    had_deepspeed = "deepspeed" in content
-    ds_config = content.pop("deepspeed", None)  # a path, or the DeepSpeed config itself
+    ds = {"deepspeed": content.pop("deepspeed")} if "deepspeed" in content else {}
     flat = core.flatten(content)
     mapping = Mapping(table)
     stage = flat.get("stage", "sft")
@@ -54,10 +53,6 @@ def read(content: dict[str, Any], ctx) -> Mapping:
             mapping.mapped.append("lora_target")
             mapping.assign("peft.target_modules", ("all-linear",) if target == "all" else
                            tuple(t.strip() for t in target.split(",")), "lora_target")
-    if ds_config:
-        deepspeed.include(mapping, ds_config, "deepspeed", ctx)
-    elif had_deepspeed:
-        mapping.ignored.append("deepspeed")  # null or empty: no DeepSpeed
     own = {k: v for k, v in flat.items() if k in table.entries or k in table.ignored}
     rest = {k: v for k, v in flat.items() if k not in own}
     handled = {"model_name_or_path", "lora_target", "deepspeed"}
@@ -71,6 +66,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
     for dotted, value in hf_table.defaults.items():  # TrainingArguments' own defaults
         if dotted not in mapping.assigned and not dotted.startswith("peft."):
             mapping.assign(dotted, value, "TrainingArguments default", weak=True)
+    deepspeed.include_named(mapping, ds, ctx)  # last: the config's bf16 / fp16 are DeepSpeed's
     return mapping
 
 
