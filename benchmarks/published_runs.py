@@ -35,7 +35,7 @@ state their GPU as a catalog name (`catalog_gpu`) or a family here, and:
     ~80% of its block's FLOPs); llm.c's GeLU-only recompute: none;
   * NVIDIA's own BERT tables (nvidia-bert) run Lambda's code: the same mapping; their fp32
     rows step with BertAdam (a Python loop: optimizer_impl loop), fp16 with Apex FusedAdam;
-    TF32 rows are skipped (vramplan's fp32 is the plain fp32 rate);
+    TF32 rows are fp32 with tf32 (fp32 matmuls at the TF32 tensor-core rate);
   * fine-tuning rows (Qwen's LoRA profile, Answer.AI's fsdp_qlora) take LoRA / QLoRA from
     techniques.peft and FSDP CPU offload (parameters, gradients and the optimizer step on the
     CPU) from techniques.offload; Qwen 1 is a qwen2 block; torch's default AdamW (foreach);
@@ -337,8 +337,7 @@ def case(row: dict) -> Case:
     elif precision_text.startswith("fp16"):
         precision = "fp16-mixed"
     elif precision_text.startswith("tf32"):
-        return Case(row["id"], group, None, _gpu(row), 0.0, assumed,
-                    skipped="TF32 matmuls: vramplan's fp32 runs at the plain fp32 rate")
+        precision = "fp32"  # with tf32 (below)
     elif precision_text.startswith("fp32"):
         precision = "fp32"
     elif precision_text.startswith("pure bf16"):
@@ -434,7 +433,8 @@ def case(row: dict) -> Case:
                        "optimizer": bool(offload.get("optimizer"))},
               activation_offload=bool(offload.get("activations")),
               attention=attention, task=task,
-              precision=precision, checkpointing=checkpointing, peft=peft,
+              precision=precision, tf32=precision_text.startswith("tf32"),
+              checkpointing=checkpointing, peft=peft,
               optimizer_impl=_optimizer_impl(group, tech),
               parallel={"strategy": strategy, "num_gpus": n, "tensor_parallel": tp,
                         "pipeline_parallel": pp, "context_parallel": cp,

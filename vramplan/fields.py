@@ -77,6 +77,7 @@ JOB_FIELDS: tuple[JobField, ...] = (
     JobField("optimizer_in_backward", ("optimizer_in_backward",), help="step inside backward"),
     JobField("keep_grads", ("keep_grads_between_steps",),
              help="zero_grad(set_to_none=False): gradients stay allocated into the next forward"),
+    JobField("tf32", ("tf32",), help="fp32 matmuls on TF32 tensor cores (time only)"),
     JobField("compile", ("compile",), help="torch.compile each transformer block and the loss"),
     JobField("activation_offload", ("activation_offload",), help="offload saved activations"),
     JobField("num_gpus", ("parallel", "num_gpus"), short=("-n",), help="GPUs in the job"),

@@ -291,6 +291,9 @@ class Job(_Strict):
     keep_grads_between_steps: bool = Field(False, description="zero_grad(set_to_none=False): "
                                            "gradients stay allocated into the next forward "
                                            "(torch < 2.0's default; torchtitan)")
+    tf32: bool = Field(False, description="fp32 matmuls on TF32 tensor cores (torch.backends."
+                       "cuda.matmul.allow_tf32; the HF Trainer's tf32=True): the step time of "
+                       "an fp32 job changes, its memory does not; no effect on 16-bit matmuls")
     compile: bool = Field(False, description="torch.compile of each transformer block and "
                           "of the loss (as torchtitan and torchtune compile; what is "
                           "compiled: compile_components)")

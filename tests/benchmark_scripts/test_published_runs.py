@@ -21,10 +21,12 @@ def test_every_row_once_and_every_row_a_job(rows):
     # 107 fine-tuning rows from four more (Lambda's other BERT columns, NVIDIA's BERT tables,
     # Qwen's LoRA profile, Answer.AI's fsdp_qlora benchmarks)
     assert len(rows) == 77 + 216 - 36 + 14 + 54 + 107
-    # only NVIDIA's TF32 BERT rows cannot be a Job (vramplan's fp32 is plain fp32)
-    skipped = [c for c in published_runs.cases() if c.job is None]
-    assert len(skipped) == 5
-    assert all(c.source == "nvidia-bert" and "TF32" in c.skipped for c in skipped)
+    # every row is a Job (NVIDIA's TF32 BERT rows: fp32 with tf32)
+    cases = published_runs.cases()
+    assert [c.id for c in cases if c.job is None] == []
+    tf32 = [c for c in cases if c.job.tf32]
+    assert len(tf32) == 5 and all(c.source == "nvidia-bert" and c.job.precision == "fp32"
+                                  and "_tf32_" in c.id for c in tf32)
 
 
 @pytest.mark.parametrize("row_id", [
@@ -86,8 +88,6 @@ def test_every_collected_row_becomes_a_job_on_a_catalog_gpu(rows):
     counts = {group: sum(c.source == group for c in cases) for group in COLLECTED}
     assert counts == COLLECTED
     for c in cases:
-        if "TF32" in c.skipped:
-            continue
         assert c.job is not None, (c.id, c.skipped)
         assert get_gpu(c.gpu).name == c.gpu
         assert c.measured_tokens_per_s_per_gpu > 0

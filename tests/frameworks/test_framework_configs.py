@@ -250,7 +250,7 @@ def test_axolotl_examples():
     hand = Job(model="gemma-2-9b", framework="hf-trainer", batch_size=g["micro_batch_size"],
                grad_accum=g["gradient_accumulation_steps"], seq_len=g["sequence_len"],
                precision="bf16-mixed", checkpointing="full", optimizer="adamw-8bit",
-               optimizer_impl="foreach", attention="sdpa",
+               optimizer_impl="foreach", attention="sdpa", tf32=g["tf32"],
                peft=Peft(method="qlora", rank=g["lora_r"], alpha=g["lora_alpha"],
                          dropout=g["lora_dropout"], target_modules=("all-linear",)))
     same_estimate(read_config(AX / "gemma2_qlora.yml").job(), hand)

@@ -125,6 +125,8 @@ def measure_setup(setup: TrainingSetup, job: Job, *, steps: int = 5, warmup: int
     if emulate_gpu and not cuda:
         probe.notes.append(f"--emulate-gpu {emulate_gpu} applies on CUDA only: ignored on "
                            "the CPU (use a budget)")
+    if cuda:  # the job's TF32 setting, as the Trainer's tf32 sets it (fp32 matmuls only)
+        torch.backends.cuda.matmul.allow_tf32 = job.tf32
     run = _Run(steps=warmup + steps, warmup=warmup)
     run.saved = SavedTensorBytes([*setup.model.parameters(), *setup.model.buffers()])
     head = getattr(setup.model, "get_output_embeddings", lambda: None)()

@@ -54,8 +54,15 @@ def compute_dtype(job: Job, gpu: GPU) -> tuple[str, list[str]]:
     """The tensor-core rate the job's matmuls run at on `gpu`, and why when it differs."""
     notes: list[str] = []
     wanted = PRECISION_MATMUL_DTYPE[job.precision]
-    if wanted == "fp32":
-        notes.append("fp32 matmuls at the plain fp32 rate (torch leaves TF32 off by default)")
+    if wanted == "fp32" and job.tf32 and "tf32" in gpu.tflops:
+        wanted = "tf32"
+        notes.append("fp32 matmuls on TF32 tensor cores (tf32), reaching the same share of "
+                     "their peak as 16-bit ones (assumption)")
+    elif wanted == "fp32":
+        notes.append(f"{gpu.name} has no TF32 tensor cores: fp32 matmuls at the plain fp32 "
+                     "rate" if job.tf32 else
+                     "fp32 matmuls at the plain fp32 rate (torch leaves TF32 off by default; "
+                     "--tf32 turns it on)")
     if wanted == "fp8" and "fp8" not in gpu.tflops:
         notes.append(f"{gpu.name} has no fp8 tensor cores: fp8 matmuls timed at the bf16 rate")
         wanted = "bf16"
