@@ -57,7 +57,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vramplan.job import Job
+from vramplan.job import MASTER_OF, Job
 
 DATA = Path(__file__).parent / "data" / "published_runs"
 _CONFIGS = Path(tempfile.mkdtemp(prefix="vramplan-published-"))
@@ -102,7 +102,6 @@ def _catalog_name(model: str) -> str | None:
 # that both BERT sources ran (data/published_runs/README.md). Megatron's fp32 main_grad
 # buffer differs from the master precisions' 16-bit gradients: published_accuracy.py drops
 # the per-micro-batch gradient adds it fuses.
-MASTER_WEIGHTS = {"bf16-mixed": "bf16-master", "fp16-mixed": "fp16-master"}
 _MEGATRON_CORE = ("megatron-lm", "nemo", "bigscience", "llama3-paper")
 MASTER_WEIGHT_GROUPS = {"bf16-mixed": _MEGATRON_CORE,
                         "fp16-mixed": (*_MEGATRON_CORE, "lambda-bert", "nvidia-bert")}
@@ -346,8 +345,8 @@ def case(row: dict) -> Case:
         precision = "bf16-mixed"
         if "not stated" in precision_text:
             assumed.append("precision bf16")
-    if precision in MASTER_WEIGHTS and group in MASTER_WEIGHT_GROUPS.get(precision, ()):
-        precision = MASTER_WEIGHTS[precision]
+    if group in MASTER_WEIGHT_GROUPS.get(precision, ()):
+        precision = MASTER_OF[precision]
     tp = int(par.get("tp") or 1)
     pp = int(par.get("pp") or 1)
     cp = int(par.get("cp") or 1)

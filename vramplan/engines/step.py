@@ -134,8 +134,7 @@ def shapes_of(job: Job, arch: Architecture, task: str) -> Shapes:
 def float_bytes(job: Job) -> int:
     """Pixels and audio features as the data loader hands them over: 16-bit when the whole
     model is (transformers 5.24 Trainer._prepare_input casts a DeepSpeed model's float
-    inputs to its dtype), else fp32
-    (autocast casts them inside the model)."""
+    inputs to its dtype), else fp32 (autocast casts them inside the model)."""
     return 2 if sixteen_bit_model(job) else 4
 
 

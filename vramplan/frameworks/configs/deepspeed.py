@@ -8,6 +8,7 @@ from typing import Any
 
 from vramplan.frameworks.configs import core
 from vramplan.frameworks.configs.core import ConfigError, Mapping
+from vramplan.job import MASTER_OF
 
 NAME = "deepspeed"
 _MARKERS = {"zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size",
@@ -21,11 +22,6 @@ def detect(content: dict[str, Any], syntax: str) -> bool:
 def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     return core.no_overrides(content, overrides, "a DeepSpeed JSON takes no overrides on the "
                              "command line; use vramplan's flags (--strategy, -b, --grad-accum)")
-
-
-# a launcher's autocast precision, as DeepSpeed runs it: the module cast to 16-bit
-# (runtime/engine.py _configure_distributed_model), fp32 master weights in its optimizer
-MASTER_WEIGHTS = {"bf16-mixed": "bf16-master", "fp16-mixed": "fp16-master"}
 
 
 def read(content: dict[str, Any], ctx) -> Mapping:
@@ -42,10 +38,11 @@ def read(content: dict[str, Any], ctx) -> Mapping:
 def as_master_weights(mapping: Mapping) -> None:
     """A launcher's bf16 / fp16 under DeepSpeed turn DeepSpeed's own on (accelerate 1.16
     DeepSpeedPlugin.set_mixed_precision; the Trainer fills "auto" from its arguments): the
-    16-bit model with fp32 master weights, not autocast."""
+    16-bit model with fp32 master weights, not autocast: DeepSpeed casts the module
+    (runtime/engine.py _configure_distributed_model)."""
     value, key, weak = mapping.assigned.get("precision", (None, "", False))
-    if value in MASTER_WEIGHTS:
-        mapping.assigned["precision"] = (MASTER_WEIGHTS[value], f"{key} under DeepSpeed", weak)
+    if value in MASTER_OF:
+        mapping.assigned["precision"] = (MASTER_OF[value], f"{key} under DeepSpeed", weak)
 
 
 def include_named(parent: Mapping, content: dict[str, Any], ctx) -> None:
