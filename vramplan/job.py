@@ -26,9 +26,9 @@ Task = Literal[
 # (DeepSpeed's bf16 / fp16, Apex AMP O2); engines/precision.py says what each keeps
 Precision = Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-pure", "fp8", "bf16-master",
                     "fp16-master"]
-MASTER_PRECISIONS = ("bf16-master", "fp16-master")
 # the master-weight precision of each autocast one (the same 16-bit dtype)
 MASTER_OF = {"bf16-mixed": "bf16-master", "fp16-mixed": "fp16-master"}
+MASTER_PRECISIONS = tuple(MASTER_OF.values())
 # optimizers a master-weight step runs on its fp32 copies (the low-bit ones keep their own
 # states and have no master-weight path in DeepSpeed or Apex)
 MASTER_OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adafactor", "lion")

@@ -125,8 +125,6 @@ def measure_setup(setup: TrainingSetup, job: Job, *, steps: int = 5, warmup: int
     if emulate_gpu and not cuda:
         probe.notes.append(f"--emulate-gpu {emulate_gpu} applies on CUDA only: ignored on "
                            "the CPU (use a budget)")
-    if cuda:  # the job's TF32 setting, as the Trainer's tf32 sets it (fp32 matmuls only)
-        torch.backends.cuda.matmul.allow_tf32 = job.tf32
     run = _Run(steps=warmup + steps, warmup=warmup)
     run.saved = SavedTensorBytes([*setup.model.parameters(), *setup.model.buffers()])
     head = getattr(setup.model, "get_output_embeddings", lambda: None)()
@@ -135,6 +133,10 @@ def measure_setup(setup: TrainingSetup, job: Job, *, steps: int = 5, warmup: int
     scaler = torch.amp.GradScaler(setup.device.type) if job.precision == "fp16-mixed" else None
     probe.watch_gradients(setup)
     probe.start()
+    # the job's TF32 setting for these steps, as the Trainer's tf32 sets it (fp32 matmuls);
+    # the caller's is restored after
+    tf32, torch.backends.cuda.matmul.allow_tf32 = (torch.backends.cuda.matmul.allow_tf32,
+                                                   job.tf32)
     try:
         for index in range(warmup + steps):
             with probe.step(index):
@@ -147,6 +149,7 @@ def measure_setup(setup: TrainingSetup, job: Job, *, steps: int = 5, warmup: int
         run.stopped = (f"stopped by {type(error).__name__}: {error} (after "
                        f"{len(run.losses)} of {run.steps} steps)")
     finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
         probe.stop()
         probe.unwatch_gradients()
     return _report(job, setup, run, probe)

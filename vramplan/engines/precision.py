@@ -51,12 +51,12 @@ class Dtypes:
     residual: int      # the residual stream between blocks (fp32 under autocast)
     autocast: bool     # torch.autocast is active
     linear_saved: int  # bytes per element a linear saves of its input for backward
-    state: int = 0     # an optimizer state element (0: the weight's own bytes)
     master: int = 0    # the optimizer's master copy of a trainable element (0: none)
 
     @property
     def state_bytes(self) -> int:
-        return self.state or self.weight
+        """An optimizer state element: the master copy's dtype, else the weight's own."""
+        return self.master or self.weight
 
 
 def dtypes_for(job: Job) -> Dtypes:
@@ -67,13 +67,13 @@ def dtypes_for(job: Job) -> Dtypes:
         return Dtypes(weight=2, grad=2, compute=2, residual=2, autocast=False, linear_saved=2)
     if p in MASTER_PRECISIONS:
         return Dtypes(weight=2, grad=2, compute=2, residual=2, autocast=False, linear_saved=2,
-                      state=4, master=4)
+                      master=4)
     return Dtypes(weight=4, grad=4, compute=2, residual=4, autocast=True, linear_saved=2)
 
 
 def sixteen_bit_model(job: Job) -> bool:
     """The model itself is stored in 16-bit (no fp32 weights, no autocast)."""
-    return job.precision == "bf16-pure" or job.precision in MASTER_PRECISIONS
+    return dtypes_for(job).weight == 2
 
 
 def frozen_base_bytes(job: Job) -> int:

@@ -335,7 +335,7 @@ def _optimizer(job: Job, trainable: int, tensors: int, t: Traffic) -> None:
     state = dt.state_bytes
     if job.peft is not None:
         state = 4  # peft keeps adapters in fp32 (a master-weight step works on fp32 copies)
-    grad = 2 if dt.master else state
+    grad = dt.grad if dt.master else state
     t.add("clip", "optimizer", CLIP_PASSES * grad * trainable, 4)
     if dt.master:  # 16-bit gradients to fp32, and the updated fp32 masters back to 16-bit
         t.add("master copies", "optimizer", 2 * (grad + dt.master) * trainable, 2 * tensors)

@@ -61,7 +61,7 @@ def from_factory(job: Job, device: torch.device, notes: list[str]):
                                "torch.nn.Module (return a module, (module, batch_fn) or "
                                "{'model': module, 'input_shapes': ...})")
     model = result
-    floats = model_dtype(job) if model_dtype(job) != torch.float32 else None
+    floats = None if model_dtype(job) == torch.float32 else model_dtype(job)
     replace_tensors(model, lambda t: t.to(device, floats if t.is_floating_point() else None))
     if job.peft is not None:
         raise EngineError("peft on a factory model is not supported yet: apply LoRA inside "
