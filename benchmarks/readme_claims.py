@@ -113,8 +113,9 @@ def _extra_rows():
                "(as `vramplan calibrate` does)",
                (f"leave-one-out (out of sample): median \\|error\\| {_pct(loo['median_abs'], 1)},"
                 f" p90 {_pct(loo['p90_abs'], 1)} over {loo['runs']} runs (targets 10% / 25%); "
-                f"in-sample: median {_pct(fit['median_abs'], 1)}; shipped factors (in sample): "
-                f"median {_pct(shipped['median_abs'], 1)}",
+                f"in-sample: median {_pct(fit['median_abs'], 1)}; uncalibrated, with the "
+                f"shipped factors: median {_pct(shipped['median_abs'], 1)} (they carry the "
+                "published runs' host time per kernel, about a third of this VM's)",
                 f"`time_accuracy.py` ({H200})"))
     if (RESULTS / "published_accuracy.json").exists():
         a = _load("published_accuracy.json")
