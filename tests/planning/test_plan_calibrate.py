@@ -49,12 +49,16 @@ def test_stored_factors_are_used_and_named(run_cli, config_dir):
     assert code == 0, err and "stored in" in out
     assert (config_dir / "efficiency.toml").is_file()
     assert "calibrated on 1 of your runs" in factors_for(get_gpu("H200")).source
+    assert factors_for(get_gpu("H200")).calibrated  # read back from the stored table
+    stored = (config_dir / "efficiency.toml").read_text().splitlines()
+    assert not [line for line in stored if line.startswith("calibrated")]  # not a factor
     after = predict(job, get_gpu("H200")).step_time_s
     assert after == pytest.approx(2 * json.loads(RUNS.read_text())["rows"][0]["measured"][
         "step_time_median_s"], rel=0.02)
     assert after > 1.5 * before
     # other GPUs keep the shipped factors
     assert "calibrated" not in factors_for(get_gpu("H100-SXM")).source
+    assert not factors_for(get_gpu("H100-SXM")).calibrated
 
 
 def test_many_runs_fit_three_factors(config_dir):

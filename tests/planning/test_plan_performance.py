@@ -197,3 +197,24 @@ def test_performance_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_host_bound_step_says_its_time_is_the_cpus():
+    """A step that mostly waits on kernel launches gets a note with the host share; one that
+    does not, none; calibrated factors say the host time is the user's own."""
+    from vramplan.planning.efficiency import factors_for
+    from vramplan.planning.performance import HOST_BOUND_SHARE
+
+    gpu = get_gpu("RTX-4090")
+    small = Job(model="gpt2", batch_size=1, seq_len=256)
+    perf = predict(small, gpu)
+    host = sum(p.time_s * p.per_step for p in perf.phases if p.bound == "host")
+    assert host > HOST_BOUND_SHARE * perf.step_time_s
+    (note,) = [n for n in perf.notes if n.startswith("host-bound")]
+    assert f"{host / perf.step_time_s:.0%} of the step" in note
+    assert "vramplan calibrate measures yours" in note
+    big = predict(_job(model="llama-3.1-8b", peft=Peft(rank=16)), H100)
+    assert not [n for n in big.notes if n.startswith("host-bound")]
+    own = factors_for(gpu, num_gpus=1).model_copy(update={"calibrated": True})
+    (mine,) = [n for n in predict(small, gpu, factors=own).notes if n.startswith("host-bound")]
+    assert "calibrated on your runs" in mine and "slower CPU" not in mine

@@ -182,7 +182,8 @@ def calibrate(paths: list[str | Path], gpu: str | None = None) -> Calibration:
                            f"{chosen.name}'s datasheet peaks allow ({fastest:.3g} s at 100% "
                            "efficiency): not a run of this job on this GPU, or a broken timer")
     fitted = fit(base, terms, measured)
-    update = {"source": f"{chosen.name}: calibrated on {len(runs)} of your runs"}
+    update = {"source": f"{chosen.name}: calibrated on {len(runs)} of your runs",
+              "calibrated": True}
     if len(runs) >= MIN_RUNS_FOR_THREE_FACTORS:
         # your runs' own spread around the fit (measured / predicted), never wider than the
         # shipped interval: a narrower 80% range for this GPU
@@ -218,7 +219,7 @@ def save(result: Calibration, path: Path | None = None) -> Path:
     """Write (or replace) the GPU's table in the user's efficiency.toml."""
     path = path or user_file()
     tables = read_user_factors(path)
-    tables[result.gpu] = {**result.factors.model_dump(exclude={"source", "interval"},
+    tables[result.gpu] = {**result.factors.model_dump(exclude={"source", "interval", "calibrated"},
                                                       exclude_none=True),
                           **({"interval": list(result.factors.interval)}
                              if result.factors.interval else {}),

@@ -37,6 +37,7 @@ class Factors(BaseModel):
     # unless `vramplan calibrate` measured a narrower one on the user's own GPU
     interval: tuple[float, float] | None = None
     source: str = ""  # which table (architecture, measured or assumed) they came from
+    calibrated: bool = False  # fitted on the user's own runs (vramplan calibrate)
 
 
 def architecture_of(gpu: GPU) -> str:
@@ -155,11 +156,13 @@ def _calibrated(gpu: GPU) -> Factors | None:
     if not values:
         return None
     try:  # a hand-edited or older file must not break every estimate on this GPU
-        numbers = [v for k, v in values.items() if k in Factors.model_fields
-                   and k not in ("source", "interval")] + list(values.get("interval") or [])
+        fields = {k: v for k, v in values.items()
+                  if k in Factors.model_fields and k != "calibrated"}
+        numbers = [v for k, v in fields.items()
+                   if k not in ("source", "interval")] + list(values.get("interval") or [])
         if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers):
             raise ValueError("a factor that is not a finite number")
-        return Factors(**{k: v for k, v in values.items() if k in Factors.model_fields})
+        return Factors(**fields, calibrated=True)
     except (ValidationError, ValueError, TypeError) as error:
         problem = ("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in
                              error.errors()[:3]) if isinstance(error, ValidationError)

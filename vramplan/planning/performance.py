@@ -48,6 +48,8 @@ from vramplan.planning.results import Performance, PhaseTime
 from vramplan.planning.traffic import HIDDEN_WIDE_OPS, step_traffic
 
 MICRO_PHASES = ("forward", "backward", "recompute")
+# a step that waits this much on its kernel launches gets a note: its time is the CPU's
+HOST_BOUND_SHARE = 0.5
 
 
 def compute_dtype(job: Job, gpu: GPU) -> tuple[str, list[str]]:
@@ -306,7 +308,7 @@ def predict(job: Job, gpu: GPU, amount: TrainingAmount | None = None, *,
         samples_per_s=terms.samples_per_step / step,
         mfu=terms.model_flops_gpu / (step * terms.peak), flops_per_step=terms.flops_per_step,
         bound=by_time.bound, phases=phases, communication_s=comm_s, factors=factors.source,
-        notes=list(terms.notes))
+        notes=list(terms.notes) + _host_note(phases, step, factors))
     training = _training(amount, gpu, step, terms.tokens_per_step, terms.samples_per_step, n)
     low, high = factors.interval or interval(n)
     perf["step_time_range_s"] = (step * low, step * high)
@@ -317,6 +319,22 @@ def predict(job: Job, gpu: GPU, amount: TrainingAmount | None = None, *,
         c = training["cost_usd"]
         training["cost_range_usd"] = (c * low, c * high)
     return Performance(**perf, **training)
+
+
+def _host_note(phases: list[PhaseTime], step: float, factors: Factors) -> list[str]:
+    """Where the step mostly waits on the CPU: its time is the host's, which differs from
+    machine to machine (the published runs' hosts and our H200 VM's, 3x apart)."""
+    host = sum(p.time_s * p.per_step for p in phases if p.bound == "host")
+    if host <= HOST_BOUND_SHARE * step:
+        return []
+    if factors.calibrated:
+        return [f"host-bound: {host / step:.0%} of the step waits on the CPU launching "
+                f"kernels ({factors.kernel_us:.3g} us each, calibrated on your runs); a "
+                "larger batch or torch.compile hides it"]
+    return [f"host-bound: {host / step:.0%} of the step waits on the CPU launching kernels "
+            f"({factors.kernel_us:.3g} us each, as on the published runs' hosts): a slower "
+            "CPU runs it longer (up to 3x seen); vramplan calibrate measures yours, and a "
+            "larger batch or torch.compile hides it"]
 
 
 def performance_for(job: Job, gpu: str | GPU, *, tokens: int | None = None,
