@@ -73,7 +73,7 @@ def test_tensor_parallelism_splits_column_and_row_parallel_layers():
 
 def test_measured_and_borrowed_ceilings_are_said():
     hopper = factors_for(get_gpu("H100-SXM"), calibrated=False)
-    ada = factors_for(get_gpu("RTX-6000-Ada"), calibrated=False)
+    ada = factors_for(get_gpu("L40"), calibrated=False)
     assert "measured" in hopper.source
     assert "Ampere's borrowed" in ada.source
     ampere = shipped_factors("ampere")
@@ -101,6 +101,21 @@ def test_a_gpu_with_its_own_measured_ceiling_uses_it_for_matmuls_and_attention()
     assert l4.source.startswith("L4: its own measured matmul ceiling")
     assert "Ampere's, scaled by that ceiling" in l4.source
     assert l4.matmul < shipped_factors("ada").matmul  # the borrowed A100 figure is higher
+
+
+def test_a_gpu_measured_through_its_sibling_takes_its_ratio_and_says_whose():
+    """The RTX 6000 Ada is the L40S's chip at the same peak: the L40S's measured ratio, not
+    the A100 its architecture would borrow, and the report names the L40S."""
+    data = _toml()
+    siblings = {g: s for g, s in data["gpu_ceilings"].items() if isinstance(s, str)}
+    assert siblings and all(isinstance(data["gpu_ceilings"][s], float)
+                            for s in siblings.values())  # a sibling is measured itself
+    assert set(data["gpu_ceilings"]) == set(data["gpu_ceilings"]["sources"]) | {"sources"}
+    ada, l40s = (factors_for(get_gpu(g), calibrated=False) for g in ("RTX-6000-Ada", "L40S"))
+    ratio = data["gpu_ceilings"]["L40S"]
+    assert ada.matmul == l40s.matmul == pytest.approx(ratio * data["training"]["matmul_share"])
+    assert ada.source.startswith("RTX-6000-Ada: the L40S's measured matmul ceiling")
+    assert ada.matmul < shipped_factors("ada").matmul
 
 
 def test_a_geforce_card_may_pass_its_datasheet_peak():

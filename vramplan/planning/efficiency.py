@@ -99,8 +99,17 @@ def fp8_ratio(gpu: GPU) -> float:
 
 
 def gpu_ceiling(gpu_name: str) -> float | None:
-    """The GPU's own measured matmul ceiling / its dense peak ([gpu_ceilings]), if any."""
-    return _data()["gpu_ceilings"].get(gpu_name)
+    """The GPU's measured matmul ceiling / its dense peak ([gpu_ceilings]), if any: its own,
+    or that of the sibling it names."""
+    table = _data()["gpu_ceilings"]
+    value = table.get(gpu_name)
+    return table[value] if isinstance(value, str) else value
+
+
+def ceiling_sibling(gpu_name: str) -> str | None:
+    """The GPU whose measured ceiling `gpu_name` takes (the same chip and peak), if any."""
+    value = _data()["gpu_ceilings"].get(gpu_name)
+    return value if isinstance(value, str) else None
 
 
 def shipped_factors(arch: str, training: dict | None = None, *,
@@ -124,7 +133,10 @@ def shipped_factors(arch: str, training: dict | None = None, *,
     attention = min(1.0, flash * shares.pop("attention_share"))
     fitted = "shares fitted on published runs (efficiency.toml)"
     if own_ceiling is not None:
-        source = (f"{gpu}: its own measured matmul ceiling; {fitted}; attention rate "
+        sibling = ceiling_sibling(gpu)
+        whose = (f"the {sibling}'s measured matmul ceiling (the same chip and peak)" if sibling
+                 else "its own measured matmul ceiling")
+        source = (f"{gpu}: {whose}; {fitted}; attention rate "
                   f"{flash_from.capitalize()}'s, scaled by that ceiling")
     elif lender == arch:
         source = f"{arch}: measured matmul ceiling; {fitted}"
