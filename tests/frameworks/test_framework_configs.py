@@ -714,3 +714,30 @@ def test_plan_picks_in_the_files_words(capsys):
     assert {line.split(" (")[0].strip() for line in tail} == {"cheapest", "fastest",
                                                              "recommended"}
     assert all("tune run <recipe>" in line or line.endswith("as it is") for line in tail)
+
+
+@pytest.mark.parametrize("name, key, value", [
+    ("adapter.json", "modules_to_save", ["embed_tokens", "lm_head"]),
+    ("axolotl.yml", "lora_modules_to_save", ["embed_tokens"]),
+    ("llamafactory.yaml", "additional_target", "embed_tokens,lm_head"),
+])
+def test_modules_trained_in_full_beside_lora_are_refused_not_ignored(tmp_path, name, key,
+                                                                       value):
+    """peft trains a full copy of each module_to_save (weights, gradients, states): a
+    config naming an embedding or the LM head is refused (vramplan would leave them out),
+    while a classifier head, which it counts, reads; peft's own file names its model."""
+    base = {"adapter.json": {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"],
+                             "base_model_name_or_path": "meta-llama/Llama-3.2-1B"},
+            "axolotl.yml": {"base_model": "meta-llama/Llama-3.2-1B", "adapter": "lora",
+                            "micro_batch_size": 1, "sequence_len": 512},
+            "llamafactory.yaml": {"model_name_or_path": "meta-llama/Llama-3.2-1B",
+                                  "stage": "sft", "finetuning_type": "lora",
+                                  "cutoff_len": 512}}[name]
+    path = tmp_path / name
+    dump = json.dumps if name.endswith(".json") else yaml.safe_dump
+    path.write_text(dump({**base, key: value}))
+    with pytest.raises(ConfigError, match=f"{key}: embed_tokens.* not model"):
+        read_config(path)
+    path.write_text(dump({**base, key: "score" if isinstance(value, str) else ["score"]}))
+    read = read_config(path)
+    assert read.job().model == "llama-3.2-1b" and key in read.mapped

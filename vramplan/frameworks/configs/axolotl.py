@@ -7,7 +7,7 @@ from typing import Any
 
 from vramplan.frameworks.configs import core, deepspeed
 from vramplan.frameworks.configs.core import ConfigError, Mapping
-from vramplan.frameworks.configs.hf import check_adapter
+from vramplan.frameworks.configs.hf import check_adapter, check_modules_to_save
 
 NAME = "axolotl"
 
@@ -38,6 +38,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
         raise ConfigError("load_in_8bit: an 8-bit base model is not modelled by vramplan; "
                           "use adapter: qlora with load_in_4bit: true, or a 16-bit base")
     adapter = flat.get("adapter")
+    check_modules_to_save(flat, "lora_modules_to_save", mapping)
     check_adapter(flat.get("load_in_4bit"), adapter in ("lora", "qlora"), mapping,
                   "load_in_4bit", "adapter: qlora")
     if adapter == "qlora" and not flat.get("load_in_4bit"):
@@ -50,7 +51,8 @@ def read(content: dict[str, Any], ctx) -> Mapping:
         mapping.assign("peft.target_modules", tuple([targets] if isinstance(targets, str)
                                                     else targets), "lora_target_modules")
     core.map_keys(table, flat, mapping, handled={"base_model", "lora_target_modules", "deepspeed",
-                                            "load_in_4bit", "load_in_8bit"})
+                                            "load_in_4bit", "load_in_8bit",
+                                            "lora_modules_to_save"})
     for key in ("load_in_4bit", "load_in_8bit"):
         if key in flat:
             mapping.mapped.append(key)

@@ -37,7 +37,8 @@ def read(content: dict[str, Any], ctx) -> Mapping:
     flat = core.flatten(content)
     mapping = Mapping(table)
     handled = {"model_name_or_path", "fsdp", "deepspeed", "lora_target_modules",
-               "target_modules", "load_in_8bit"}
+               "target_modules", "load_in_8bit", "modules_to_save", "base_model_name_or_path"}
+    check_modules_to_save(flat, "modules_to_save", mapping)
     if _TRL_KEYS & set(flat):  # trl sft_config.py: SFTConfig's own defaults
         if "fp16" not in flat or not flat["fp16"]:
             mapping.assign("precision", "bf16-mixed", "trl SFTConfig bf16 default", weak=True)
@@ -48,12 +49,18 @@ def read(content: dict[str, Any], ctx) -> Mapping:
             for dotted, value in (("peft.rank", 16), ("peft.alpha", 32.0),
                                   ("peft.dropout", 0.05)):
                 mapping.assign(dotted, value, "trl ModelConfig default", weak=True)
-    if flat.get("model_name_or_path") is not None:
-        core.check_type(table, table.entries["model_name_or_path"], flat["model_name_or_path"])
-        mapping.mapped.append("model_name_or_path")
-        model = ctx.resolve_model(flat["model_name_or_path"], "model_name_or_path", mapping)
+    # a peft adapter_config.json names its model as base_model_name_or_path
+    key = next((k for k in ("model_name_or_path", "base_model_name_or_path")
+                if flat.get(k) is not None), None)
+    for unset in ("model_name_or_path", "base_model_name_or_path"):
+        if unset in flat and flat[unset] is None:
+            mapping.ignored.append(unset)
+    if key is not None:
+        core.check_type(table, table.entries["model_name_or_path"], flat[key])
+        mapping.mapped.append(key)
+        model = ctx.resolve_model(flat[key], key, mapping)
         if model:
-            mapping.assign("model", model, "model_name_or_path")
+            mapping.assign("model", model, key)
     _fsdp(flat, table, mapping)
     _targets(flat, table, mapping)
     if flat.get("load_in_8bit"):
@@ -72,6 +79,33 @@ def check_adapter(four_bit: Any, has_adapter: bool, mapping: Mapping, key: str,
     if four_bit and not has_adapter:
         raise ConfigError(f"{key} without an adapter: 4-bit weights cannot be trained; add "
                           f"LoRA ({hint}) or drop {key} ({mapping.table.docs})")
+
+
+# peft's modules_to_save: whole modules trained beside the adapters (peft keeps the frozen
+# original and a trainable copy, with its gradients and optimizer states). vramplan counts a
+# classification task's new head that way; other modules (embeddings, the LM head) not yet.
+HEAD_MODULES = ("classifier", "score")
+
+
+def check_modules_to_save(flat: dict[str, Any], key: str, mapping: Mapping) -> None:
+    """Refuse modules trained in full beside the adapters that vramplan would not count."""
+    if key not in flat:
+        return
+    value = flat[key]
+    if not value:  # None or empty: none
+        mapping.ignored.append(key)
+        return
+    names = ([n.strip() for n in value.split(",") if n.strip()] if isinstance(value, str)
+             else [str(n) for n in value] if isinstance(value, list) else [str(value)])
+    others = [n for n in names if n not in HEAD_MODULES]
+    if others:
+        raise ConfigError(
+            f"{key}: {', '.join(others)} would train in full beside the adapters (peft keeps "
+            "a trainable copy of each, with its gradients and optimizer states), which "
+            "vramplan does not model yet (it counts only a classifier head: "
+            f"{', '.join(HEAD_MODULES)}); drop {key} for an estimate of the adapters alone, "
+            "which leaves those copies out")
+    mapping.mapped.append(key)
 
 
 def _fsdp(flat: dict[str, Any], table, mapping: Mapping) -> None:

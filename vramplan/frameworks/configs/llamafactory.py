@@ -42,6 +42,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
         if model:
             mapping.assign("model", model, "model_name_or_path")
     finetuning = flat.get("finetuning_type", "lora")
+    hf.check_modules_to_save(flat, "additional_target", mapping)
     if finetuning == "lora":
         mapping.assign("peft.method", "lora", "finetuning_type (default lora)", weak=True)
         rank = flat.get("lora_rank", 8)
@@ -55,7 +56,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
                            tuple(t.strip() for t in target.split(",")), "lora_target")
     own = {k: v for k, v in flat.items() if k in table.entries or k in table.ignored}
     rest = {k: v for k, v in flat.items() if k not in own}
-    handled = {"model_name_or_path", "lora_target", "deepspeed"}
+    handled = {"model_name_or_path", "lora_target", "deepspeed", "additional_target"}
     core.map_keys(table, own, mapping, handled=handled)
     hf_mapping = core.map_keys(hf_table, rest, handled=handled)
     for dotted, (value, source, weak) in hf_mapping.assigned.items():
