@@ -176,6 +176,9 @@ def test_training_time_and_cost_follow_from_the_step():
     (dict(tokens=0), "greater than 0"),
     (dict(tokens=10, samples=10), "not tokens and samples"),
     (dict(epochs=1), "dataset_samples"),
+    # a price this large made every cost inf; the bound is the API's and the planner's
+    (dict(tokens=10**12, price_per_hour=1e308), "price_per_hour: .*less than or equal to 10000"),
+    (dict(tokens=10**15 + 1), "tokens: .*less than or equal"),
 ])
 def test_bad_amounts_are_refused_clearly(amount, message):
     with pytest.raises(JobError, match=message):

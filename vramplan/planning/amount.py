@@ -9,18 +9,26 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+# The most of each amount: far beyond any training run (2026's largest: ~4e13 tokens), and
+# they keep every time and cost finite (a price of 1e308 made the cost inf). The API's and
+# the planner's bounds are these.
+MOST = {"tokens": 10**15, "samples": 10**13, "epochs": 10_000, "dataset_samples": 10**13,
+        "dataset_tokens": 10**15, "price_per_hour": 10_000}
+
+
 class TrainingAmount(BaseModel):
     """One of tokens, samples, or epochs (with the dataset's size); an optional price."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tokens: int | None = Field(None, gt=0)           # tokens to train on, all GPUs
-    samples: int | None = Field(None, gt=0)          # samples (sequences, images, clips)
-    epochs: float | None = Field(None, gt=0)         # passes over the dataset
-    dataset_samples: int | None = Field(None, gt=0)  # samples in one epoch
-    dataset_tokens: int | None = Field(None, gt=0)   # or tokens in one epoch
+    tokens: int | None = Field(None, gt=0, le=MOST["tokens"])  # tokens to train on, all GPUs
+    samples: int | None = Field(None, gt=0, le=MOST["samples"])  # sequences, images, clips
+    epochs: float | None = Field(None, gt=0, le=MOST["epochs"])  # passes over the dataset
+    dataset_samples: int | None = Field(None, gt=0, le=MOST["dataset_samples"])  # per epoch
+    dataset_tokens: int | None = Field(None, gt=0, le=MOST["dataset_tokens"])  # or tokens
     # USD per GPU-hour (overrides catalog); inf or NaN would make every cost inf or NaN
-    price_per_hour: float | None = Field(None, gt=0, allow_inf_nan=False)
+    price_per_hour: float | None = Field(None, gt=0, le=MOST["price_per_hour"],
+                                         allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _one_amount(self) -> TrainingAmount:

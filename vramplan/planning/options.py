@@ -22,6 +22,7 @@ from pydantic import (
 
 from vramplan.errors import JobError
 from vramplan.fit import MAX_MARGIN, SAFETY_MARGIN
+from vramplan.planning.amount import MOST
 from vramplan.planning.techniques import ALLOW_NAMES, PLANNER_ALLOW, TECHNIQUES
 
 DEFAULT_MAX_GPUS = 512
@@ -61,12 +62,12 @@ class PlanOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tokens: int | None = _count(10**15, "tokens to train on")
-    samples: int | None = _count(10**13, "samples to train on")
-    epochs: float | None = _amount(10_000, "passes over the dataset")
-    dataset_samples: int | None = _count(10**13, "samples per epoch")
-    price_per_hour: float | None = _amount(10_000, "USD per GPU-hour (default: the "
-                                           "catalog's)")
+    tokens: int | None = _count(MOST["tokens"], "tokens to train on")
+    samples: int | None = _count(MOST["samples"], "samples to train on")
+    epochs: float | None = _amount(MOST["epochs"], "passes over the dataset")
+    dataset_samples: int | None = _count(MOST["dataset_samples"], "samples per epoch")
+    price_per_hour: float | None = _amount(MOST["price_per_hour"], "USD per GPU-hour "
+                                           "(default: the catalog's)")
     gpus: tuple[str, ...] = Field((), max_length=64, description="GPU types to consider "
                                   "(default: the whole catalog)")
     max_gpus: int = Field(DEFAULT_MAX_GPUS, ge=1, le=MAX_GPUS, description="most GPUs in "
