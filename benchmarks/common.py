@@ -19,6 +19,20 @@ def results_dir() -> Path:
     return folder
 
 
+def host_cpu() -> str:
+    """The host's CPU model and count: a step's host time per kernel is the host's, so a GPU
+    run records which CPU drove it (docs/performance.md, "Host time is the host's")."""
+    model = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} CPUs"
+
+
 def machine_line() -> str:
     """The machine, in one line, for a result's header."""
     return (f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs, "

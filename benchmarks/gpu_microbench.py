@@ -25,6 +25,8 @@ import statistics
 import time
 from pathlib import Path
 
+from common import host_cpu  # benchmarks/common.py
+
 GEMM_SHAPES = [  # (m, n, k): squares, LLM layers, small M / K, misaligned
     (4096, 4096, 4096), (8192, 8192, 8192), (2048, 2048, 2048), (1024, 1024, 1024),
     (16384, 4096, 4096), (16384, 14336, 4096), (16384, 4096, 14336), (8192, 1024, 8192),
@@ -177,7 +179,7 @@ def main() -> None:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     run = _timer(torch, device)
     machine = {"device": device, "torch": torch.__version__, "python": platform.python_version(),
-               "host": platform.machine()}
+               "host": platform.machine(), "host_cpu": host_cpu()}
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         machine.update(gpu=props.name, sms=props.multi_processor_count,

@@ -49,6 +49,8 @@ import time
 import traceback
 from pathlib import Path
 
+from common import host_cpu  # benchmarks/common.py
+
 from vramplan import Job
 from vramplan.engines.formula import estimate
 
@@ -141,7 +143,8 @@ def gpu_facts() -> dict:
     facts = {"torch": torch.__version__, "cuda": torch.version.cuda,
              "gpu": torch.cuda.get_device_name(0),
              "total_bytes": torch.cuda.get_device_properties(0).total_memory,
-             "python": platform.python_version(), "platform": platform.platform()}
+             "python": platform.python_version(), "platform": platform.platform(),
+             "host_cpu": host_cpu()}
     try:
         import pynvml
 
