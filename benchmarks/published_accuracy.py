@@ -84,8 +84,8 @@ FITTED = (*CALIBRATION_SET, "kempnerforge", "vramplan-h200")
 # (llm-foundry 5.4% -> 9.3%), so they join the single-GPU fit only.
 FITTED_SINGLE_GPU = ("lambda-bert", "nvidia-bert", "qwen1-finetune")
 # our own measurements are scored leave one *run* out (a published source, leave one source
-# out): they are the only runs small enough to be host-bound, so without them the per-kernel
-# host time is unconstrained and goes to its bound (200 us; that fold's H200 median was 57%)
+# out): the brief's rule for our own runs, and the only way their own host time (below) is
+# fitted without the run it predicts
 OWN_RUNS = ("vramplan-h200",)
 # Host time per kernel is the host machine's, not the GPU's. Our H200 runs were timed on one
 # lent VM whose host is about 3x slower per kernel than the published runs' (their fits: 64-68
