@@ -741,3 +741,22 @@ def test_modules_trained_in_full_beside_lora_are_refused_not_ignored(tmp_path, n
     path.write_text(dump({**base, key: "score" if isinstance(value, str) else ["score"]}))
     read = read_config(path)
     assert read.job().model == "llama-3.2-1b" and key in read.mapped
+
+
+@pytest.mark.parametrize("key, value", [
+    ("layer_replication", [[0, 4], [2, 6]]),
+    ("target_parameters", ["mlp.experts.gate_up_proj"]),
+    ("rank_pattern", {"q_proj": 64}),
+])
+def test_peft_keys_that_change_memory_unmodelled_are_refused(tmp_path, key, value):
+    """These LoraConfig keys were read as irrelevant; set, they change the layers or the
+    adapters; at peft's defaults (None, empty) they read as before."""
+    base = {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"],
+            "base_model_name_or_path": "meta-llama/Llama-3.2-1B"}
+    path = tmp_path / "adapter_config.json"
+    path.write_text(json.dumps({**base, key: value}))
+    with pytest.raises(ConfigError, match=f"^{key}: .*does not model"):
+        read_config(path)
+    path.write_text(json.dumps({**base, key: {} if isinstance(value, dict) else None}))
+    read = read_config(path)
+    assert key in read.ignored and read.job().peft.rank == 8

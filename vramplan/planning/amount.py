@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-
 # The most of each amount: far beyond any training run (2026's largest: ~4e13 tokens), and
 # they keep every time and cost finite (a price of 1e308 made the cost inf). The API's and
 # the planner's bounds are these.

@@ -37,8 +37,16 @@ def read(content: dict[str, Any], ctx) -> Mapping:
     flat = core.flatten(content)
     mapping = Mapping(table)
     handled = {"model_name_or_path", "fsdp", "deepspeed", "lora_target_modules",
-               "target_modules", "load_in_8bit", "modules_to_save", "base_model_name_or_path"}
+               "target_modules", "load_in_8bit", "modules_to_save", "base_model_name_or_path",
+               *UNMODELLED_PEFT}
     check_modules_to_save(flat, "modules_to_save", mapping)
+    for key, why in UNMODELLED_PEFT.items():
+        given = {k: v for k, v in flat.items() if k == key or k.startswith(f"{key}.")}
+        if any(v not in (None, {}, []) for v in given.values()):  # a dict flattens to key.*
+            raise ConfigError(f"{key}: {why}, which vramplan does not model; drop it for an "
+                              "estimate without it")
+        mapping.ignored += list(given)  # None or empty: peft's default
+        handled |= set(given)
     if _TRL_KEYS & set(flat):  # trl sft_config.py: SFTConfig's own defaults
         if "fp16" not in flat or not flat["fp16"]:
             mapping.assign("precision", "bf16-mixed", "trl SFTConfig bf16 default", weak=True)
@@ -79,6 +87,16 @@ def check_adapter(four_bit: Any, has_adapter: bool, mapping: Mapping, key: str,
     if four_bit and not has_adapter:
         raise ConfigError(f"{key} without an adapter: 4-bit weights cannot be trained; add "
                           f"LoRA ({hint}) or drop {key} ({mapping.table.docs})")
+
+
+# peft LoraConfig keys whose non-default values change the memory in ways vramplan does not
+# count (peft 0.21.2 tuners/lora/config.py)
+UNMODELLED_PEFT = {
+    "layer_replication": "peft stacks extra copies of the given layer ranges (more layers, "
+                         "each with its own adapters and activations)",
+    "target_parameters": "LoRA on nn.Parameters (e.g. an MoE's stacked experts) adds "
+                         "adapters the formula does not count",
+    "rank_pattern": "a rank per module other than r changes the adapters' size"}
 
 
 # peft's modules_to_save: whole modules trained beside the adapters (peft keeps the frozen
