@@ -89,7 +89,7 @@ FITTED_SINGLE_GPU = ("lambda-bert", "nvidia-bert", "qwen1-finetune")
 OWN_RUNS = ("vramplan-h200",)
 # Host time per kernel is the host machine's, not the GPU's. Our H200 runs were timed on one
 # lent VM whose host is about 3x slower per kernel than the published runs' (their fits: 64-68
-# us against 15-21 us), so in every fit they take a host time of their own (OWN_HOST, as
+# us against 16-21 us), so in every fit they take a host time of their own (OWN_HOST, as
 # `vramplan calibrate` fits a user's machine), never shipped; the published rows share one.
 # Only single-GPU rows are host-bound enough to set it: the multi-GPU eager fit takes the
 # single-GPU fit's (fitted on its own rows it ran to its 200 us bound).

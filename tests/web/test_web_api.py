@@ -310,3 +310,28 @@ def test_plan_equals_the_library(client):
     upload = client.post("/api/v1/plan", json={**body, "job": {"model": "tiny"},
                                                "config": TINY_LLAMA})
     assert upload.status_code == 422 and "catalog models only" in upload.json()["error"]
+
+
+def test_the_pages_choices_are_the_jobs_own():
+    """The page's selects restate Job's allowed values: each option must be one of them, and
+    the precision and strategy selects offer every one (a new precision shows up there)."""
+    import re
+    import typing
+    from pathlib import Path
+
+    from vramplan import job as job_module
+
+    page = (Path(job_module.__file__).parent / "web" / "page.html").read_text()
+
+    def options(name: str) -> list[str]:
+        select = re.search(rf'<select id="{name}" name="{name}">(.*?)</select>', page).group(1)
+        return re.findall(r"<option>([^<]*)</option>", select)
+
+    allowed = {"precision": job_module.Precision, "strategy": job_module.Strategy,
+               "optimizer": job_module.Optimizer, "checkpointing": job_module.Checkpointing,
+               "attention": job_module.Attention, "loss": job_module.Loss}
+    for name, literal in allowed.items():
+        offered = options(name)
+        assert offered and set(offered) <= set(typing.get_args(literal)), name
+    for name in ("precision", "strategy"):
+        assert set(options(name)) == set(typing.get_args(allowed[name])), name

@@ -327,14 +327,12 @@ def _host_note(phases: list[PhaseTime], step: float, factors: Factors) -> list[s
     host = sum(p.time_s * p.per_step for p in phases if p.bound == "host")
     if host <= HOST_BOUND_SHARE * step:
         return []
-    if factors.calibrated:
-        return [f"host-bound: {host / step:.0%} of the step waits on the CPU launching "
-                f"kernels ({factors.kernel_us:.3g} us each, calibrated on your runs); a "
-                "larger batch or torch.compile hides it"]
+    whose = ("calibrated on your runs" if factors.calibrated else "as on the published runs' "
+             "hosts: a slower CPU runs it longer (up to 3x seen); vramplan calibrate measures "
+             "yours")
     return [f"host-bound: {host / step:.0%} of the step waits on the CPU launching kernels "
-            f"({factors.kernel_us:.3g} us each, as on the published runs' hosts): a slower "
-            "CPU runs it longer (up to 3x seen); vramplan calibrate measures yours, and a "
-            "larger batch or torch.compile hides it"]
+            f"({factors.kernel_us:.3g} us each, {whose}); a larger batch or torch.compile "
+            "hides it"]
 
 
 def performance_for(job: Job, gpu: str | GPU, *, tokens: int | None = None,

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vramplan.engines.precision import dtypes_for
+from vramplan.engines.precision import adapter_bytes, dtypes_for
 from vramplan.engines.step import Step, describe_step
 from vramplan.job import Job
 from vramplan.models import Architecture, Stack, load_architecture
@@ -332,10 +332,10 @@ def _trainable_tensors(job: Job, arch: Architecture) -> int:
 
 def _optimizer(job: Job, trainable: int, tensors: int, t: Traffic) -> None:
     dt = dtypes_for(job)
-    state = dt.state_bytes
-    if job.peft is not None:
-        state = 4  # peft keeps adapters in fp32 (a master-weight step works on fp32 copies)
-    grad = dt.grad if dt.master else state
+    # the trained weights' dtype (LoRA adapters': adapter_bytes) is their gradients'; a
+    # state is the master copy's dtype, else the weights' (Dtypes.state_bytes)
+    grad = adapter_bytes(job) if job.peft is not None else dt.weight
+    state = dt.master or grad
     t.add("clip", "optimizer", CLIP_PASSES * grad * trainable, 4)
     if dt.master:  # 16-bit gradients to fp32, and the updated fp32 masters back to 16-bit
         t.add("master copies", "optimizer", 2 * (grad + dt.master) * trainable, 2 * tensors)

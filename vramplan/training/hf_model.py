@@ -41,8 +41,6 @@ _TASK_ORDER = (  # encoder-decoders first, encoders (which also have LM heads) b
     ("image-classification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
     ("seq-classification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
 )
-# Whisper gets no task type: peft's seq2seq wrapper passes input_ids, which Whisper's
-# decoder then receives twice (Hugging Face's Whisper LoRA recipes leave task_type unset)
 
 
 def load_model_config(ref: str) -> dict:
