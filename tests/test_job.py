@@ -163,3 +163,14 @@ def test_a_huge_job_file_is_refused_with_a_short_message(tmp_path):
     with pytest.raises(JobFileError, match="too large for a job file") as error:
         load_job_file(path)
     assert len(str(error.value)) < 300
+
+
+@pytest.mark.parametrize("name", ["estimate", "trace", "measure", "plan"])
+def test_the_public_functions_refuse_what_is_not_a_job_in_one_line(name):
+    """A model name where a Job belongs was an AttributeError deep in an engine."""
+    import vramplan
+    from vramplan.errors import JobError
+
+    with pytest.raises(JobError, match=rf"^{name}\(\) takes a vramplan.Job, got str "
+                                       rf"'llama-3.2-1b': write {name}\(Job\(model="):
+        getattr(vramplan, name)("llama-3.2-1b")

@@ -15,6 +15,18 @@ def default_job_path() -> Path:
     return Path(str(resources.files("vramplan") / "jobs" / "default.yaml"))
 
 
+def _job(job: Job, caller: str) -> Job:
+    """The job a public function was given, or a clear error (not an AttributeError deep
+    in an engine) when it is something else, such as a model name."""
+    if isinstance(job, Job):
+        return job
+    from vramplan.errors import JobError
+
+    example = f"Job(model={job!r})" if isinstance(job, str) else "Job(model=...)"
+    raise JobError(f"{caller}() takes a vramplan.Job, got {type(job).__name__} "
+                   f"{str(job)[:60]!r}: write {caller}({example})")
+
+
 def estimate(job: Job, *, gpu: str | None = None, tokens: int | None = None,
              samples: int | None = None, epochs: float | None = None,
              dataset_samples: int | None = None, price_per_hour: float | None = None,
@@ -33,7 +45,8 @@ def estimate(job: Job, *, gpu: str | None = None, tokens: int | None = None,
     from vramplan.fit import SAFETY_MARGIN
     from vramplan.planning.estimate import compose
 
-    return compose(job, engine=engine, gpu=gpu, tokens=tokens, samples=samples, epochs=epochs,
+    return compose(_job(job, "estimate"), engine=engine, gpu=gpu, tokens=tokens,
+                   samples=samples, epochs=epochs,
                    dataset_samples=dataset_samples, price_per_hour=price_per_hour,
                    margin=SAFETY_MARGIN if margin is None else margin, **options)
 
@@ -42,14 +55,14 @@ def trace(job: Job, **options) -> MemoryReport:
     """The real training step on fake tensors: exact, no GPU, needs torch."""
     from vramplan.engines.trace import trace as trace_engine
 
-    return trace_engine(job, **options)
+    return trace_engine(_job(job, "trace"), **options)
 
 
 def measure(job: Job, **options) -> MemoryReport:
     """Real training steps on the device (CUDA when present, else CPU), needs torch."""
     from vramplan.engines.measure import measure as measure_engine
 
-    return measure_engine(job, **options)
+    return measure_engine(_job(job, "measure"), **options)
 
 
 
@@ -67,4 +80,4 @@ def plan(job: Job, **options):
     """
     from vramplan.planning.planner import plan as make_plan
 
-    return make_plan(job, **options)
+    return make_plan(_job(job, "plan"), **options)
