@@ -54,6 +54,9 @@ Loss = Literal["standard", "chunked", "chunked:torchtune-linear", "chunked:torch
 CHUNKED_LOSS_CHUNKS = 8  # chunks of the sequence the chunked loss scores one at a time
 Strategy = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "hybrid-shard"]
 PeftMethod = Literal["lora", "qlora"]
+# whole modules trained beside LoRA adapters (peft's modules_to_save), by Hugging Face's
+# Llama names: the token embedding and the LM head (framework configs map other names)
+SavedModule = Literal["embed_tokens", "lm_head"]
 # 1f1b: one forward one backward (PipeDream-Flush, Megatron-LM's default); interleaved:
 # each GPU runs pipeline_chunks model chunks (Megatron-LM's virtual pipeline stages)
 PipelineSchedule = Literal["1f1b", "interleaved"]
@@ -133,6 +136,14 @@ class Peft(_Strict):
     # autocast_adapter_dtype) or the model's dtype (torchtune). None: fp32, except in a
     # bf16-pure job, where the adapters stay bf16.
     adapter_dtype: AdapterDtype | None = None
+    # a trainable copy of each, as peft's modules_to_save makes (the frozen original stays),
+    # with its gradients and optimizer states in the copy's dtype: e.g. new tokens' rows
+    modules_to_save: tuple[SavedModule, ...] = ()
+
+    @field_validator("modules_to_save")
+    @classmethod
+    def _each_once(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(names))  # peft copies a module once, however often named
 
 
 class Parallel(_Strict):

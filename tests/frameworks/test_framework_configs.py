@@ -716,16 +716,16 @@ def test_plan_picks_in_the_files_words(capsys):
     assert all("tune run <recipe>" in line or line.endswith("as it is") for line in tail)
 
 
-@pytest.mark.parametrize("name, key, value", [
-    ("adapter.json", "modules_to_save", ["embed_tokens", "lm_head"]),
-    ("axolotl.yml", "lora_modules_to_save", ["embed_tokens"]),
-    ("llamafactory.yaml", "additional_target", "embed_tokens,lm_head"),
+@pytest.mark.parametrize("name, key, value, saved", [
+    ("adapter.json", "modules_to_save", ["embed_tokens", "lm_head"], ("embed_tokens", "lm_head")),
+    ("axolotl.yml", "lora_modules_to_save", ["embed_tokens"], ("embed_tokens",)),
+    ("llamafactory.yaml", "additional_target", "wte,lm_head", ("embed_tokens", "lm_head")),
 ])
-def test_modules_trained_in_full_beside_lora_are_refused_not_ignored(tmp_path, name, key,
-                                                                       value):
-    """peft trains a full copy of each module_to_save (weights, gradients, states): a
-    config naming an embedding or the LM head is refused (vramplan would leave them out),
-    while a classifier head, which it counts, reads; peft's own file names its model."""
+def test_modules_trained_in_full_beside_lora_are_read(tmp_path, name, key, value, saved):
+    """peft trains a full copy of each module_to_save (weights, gradients, states): the
+    token embedding and the LM head, by any model's name for them, become the Job's
+    peft.modules_to_save; a classifier head is counted with the task; a module vramplan
+    would not count is refused; peft's own file names its model."""
     base = {"adapter.json": {"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"],
                              "base_model_name_or_path": "meta-llama/Llama-3.2-1B"},
             "axolotl.yml": {"base_model": "meta-llama/Llama-3.2-1B", "adapter": "lora",
@@ -736,11 +736,14 @@ def test_modules_trained_in_full_beside_lora_are_refused_not_ignored(tmp_path, n
     path = tmp_path / name
     dump = json.dumps if name.endswith(".json") else yaml.safe_dump
     path.write_text(dump({**base, key: value}))
-    with pytest.raises(ConfigError, match=f"{key}: embed_tokens.* not model"):
-        read_config(path)
+    read = read_config(path)
+    assert read.job().peft.modules_to_save == saved and key in read.mapped
     path.write_text(dump({**base, key: "score" if isinstance(value, str) else ["score"]}))
     read = read_config(path)
-    assert read.job().model == "llama-3.2-1b" and key in read.mapped
+    assert read.job().model == "llama-3.2-1b" and read.job().peft.modules_to_save == ()
+    path.write_text(dump({**base, key: "norm" if isinstance(value, str) else ["norm"]}))
+    with pytest.raises(ConfigError, match=f"^{key}: norm would train in full.*not model"):
+        read_config(path)
 
 
 @pytest.mark.parametrize("key, value", [

@@ -56,6 +56,7 @@ class ParamMemory:
     fp8_gathered_block: float = 0.0
     # the fp32 gradients a master-weight step makes (the 16-bit ones are freed after)
     master_grads: float = 0.0
+    saved_copy: float = 0.0  # bytes of one modules_to_save copy (and of its gradient)
 
 
 def param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
@@ -80,9 +81,10 @@ def param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
     else:
         adapters = adapter_params(job, arch)
         # a new classifier head trains beside the adapters (peft's modules_to_save);
-        # a language-model head stays frozen
+        # a language-model head stays frozen unless modules_to_save copies it
         head = head if task in CLASSIFIER_TASKS else 0
-        trainable = adapters + head
+        saved = saved_params(job, arch, task)
+        trainable = adapters + head + saved
         frozen = total - head
         base = frozen_base_bytes(job)
         cast = cast_head = 0.0
@@ -103,26 +105,34 @@ def param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
                              "--checkpointing full (--framework hf-trainer does)")
         else:
             weights = frozen * base
-        weights += adapters * adapter_bytes(job) + head * dt.weight
+        # peft deep-copies each saved module: the copy, its gradient and its states keep
+        # the frozen base's dtype (the adapters' may differ)
+        weights += adapters * adapter_bytes(job) + head * dt.weight + saved * base
         block_bytes = max((block_base_bytes(job, arch, s, base) for s in arch.stacks), default=0)
-        # the largest trained tensor: an adapter matrix (or the classifier head)
-        largest = max((n for n, _ in trainable_tensors(job, arch, task)), default=1)
+        # the largest adapter matrix (or the classifier head); a saved copy is counted apart
+        largest = max((n for n, _ in _adapter_tensors(job, arch, task)), default=1)
         dt = replace(dt, weight=adapter_bytes(job), grad=adapter_bytes(job))
-    grads = trainable * dt.grad
+    saved = trainable - (adapters + head) if job.peft is not None else 0
+    copy = frozen_base_bytes(job) if saved else 0
     state = dt.state_bytes
+    grads = (trainable - saved) * dt.grad + saved * copy
     if job.optimizer in opt_states.PER_TENSOR_OPTIMIZERS:
         optimizer, _ = opt_states.split_state_bytes(
             job.optimizer, trainable_tensors(job, arch, task), state)
     else:
-        optimizer = optimizer_bytes(job, arch, trainable, state)
+        optimizer = (optimizer_bytes(job, arch, trainable - saved, state)
+                     + saved_state_bytes(job, arch, saved, dt.master or copy))
     # a master-weight optimizer: its fp32 copy of every trainable weight, kept with the
     # states, and the fp32 gradients each step makes from the 16-bit ones
     optimizer += trainable * dt.master
     master_grads = trainable * dt.master
-    step_temp = optimizer_step_temp_copies(job) * trainable * state
+    step_temp = optimizer_step_temp_copies(job) * ((trainable - saved) * state
+                                                   + saved * (dt.master or copy))
     if job.optimizer_impl == "loop" or job.optimizer == "lion":
         # one param's update at a time: its temporaries, in copies of the largest param
-        step_temp = max(step_temp, LOOP_STEP_COPIES.get(job.optimizer, 0) * largest * state)
+        one = max(largest * state,
+                  arch.vocab_size * hidden_size(arch) * (dt.master or copy) if saved else 0)
+        step_temp = max(step_temp, LOOP_STEP_COPIES.get(job.optimizer, 0) * one)
     # autograd sums the head's and the lookup's gradients out of place (add): both and
     # their sum are live at once, before the sum becomes .grad; when micro-steps
     # accumulate, the .grad (counted in gradients) is already there, so one more
@@ -131,6 +141,7 @@ def param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
             if job.peft is None and arch.tied_embeddings else 0.0)
     in_blocks = sum(s.num_layers * s.params_per_layer for s in arch.stacks)
     outside = (total - in_blocks) * (dt.weight if job.peft is None else frozen_base_bytes(job))
+    outside += saved * copy  # the copies sit beside their originals, outside the blocks
     if dt.master:
         notes.append(f"{job.precision}: the optimizer keeps an fp32 master copy of every "
                      "trainable weight (counted with its states); each step copies the "
@@ -138,7 +149,8 @@ def param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
     return ParamMemory(total, trainable, weights, grads, optimizer, cast, step_temp,
                        block_bytes, cast_head, tied, outside_blocks=outside, notes=tuple(notes),
                        fp8_gathered_block=fp8_gathered_block(job, arch),
-                       master_grads=master_grads)
+                       master_grads=master_grads,
+                       saved_copy=arch.vocab_size * hidden_size(arch) * copy if saved else 0.0)
 
 
 def stage_params(job: Job, arch: Architecture, task: str, whole: ParamMemory,
@@ -235,6 +247,42 @@ def adapter_params(job: Job, arch: Architecture) -> int:
                if "all-linear" in targets or ln.name in targets)
 
 
+# Job.peft.modules_to_save: the tasks whose model has an LM head to copy
+LM_HEAD_TASKS = ("causal-lm", "seq2seq")
+
+
+def saved_params(job: Job, arch: Architecture, task: str) -> int:
+    """Parameters of the trainable copies peft's modules_to_save makes: a vocab x hidden
+    matrix for the token embedding and for the LM head, tied to it or not (each copy is
+    its own tensor; peft 0.21.2 ties them only with ensure_weight_tying)."""
+    if job.peft is None or not job.peft.modules_to_save:
+        return 0
+    wrong = [m for m in job.peft.modules_to_save
+             if not arch.vocab_size or (m == "lm_head" and task not in LM_HEAD_TASKS)]
+    if wrong:
+        what = "LM head" if "lm_head" in wrong else "token embedding"
+        raise JobError(f"peft.modules_to_save {', '.join(wrong)}: a {task} model of "
+                       f"{arch.name} has no {what} to train; drop it")
+    if job.parallel.pipeline_parallel > 1:
+        raise JobError("peft.modules_to_save with pipeline parallelism is not modelled (the "
+                       "copies live on the first and last stages); use one stage, or drop it")
+    return len(job.peft.modules_to_save) * arch.vocab_size * hidden_size(arch)
+
+
+def saved_state_bytes(job: Job, arch: Architecture, saved: int, copy_bytes: int) -> float:
+    """Optimizer states of the modules_to_save copies (vocab x hidden matrices) in their
+    dtype (a master-weight step's: fp32); per-tensor optimizers count them in
+    trainable_tensors."""
+    if not saved:
+        return 0.0
+    matrices = saved // (arch.vocab_size * hidden_size(arch))
+    if job.optimizer == "adamw-8bit":
+        return matrices * eight_bit_state_bytes(saved // matrices)
+    if job.optimizer == "adafactor":
+        return matrices * (arch.vocab_size + hidden_size(arch)) * copy_bytes
+    return STATE_COPIES[job.optimizer] * saved * copy_bytes
+
+
 def optimizer_bytes(job: Job, arch: Architecture, trainable: int, state_bytes: int) -> float:
     if job.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
         return eight_bit_state_bytes(trainable)
@@ -273,15 +321,25 @@ def adafactor_bytes(job: Job, arch: Architecture, trainable: int, state_bytes: i
 def trainable_tensors(job: Job, arch: Architecture, task: str) -> opt_states.Tensors:
     if job.peft is None:
         return opt_states.full_model_tensors(arch, task)
+    tensors = _adapter_tensors(job, arch, task)
+    if saved_params(job, arch, task):
+        tensors.append((arch.vocab_size * hidden_size(arch), len(job.peft.modules_to_save)))
+    return tensors
+
+
+def _adapter_tensors(job: Job, arch: Architecture, task: str) -> opt_states.Tensors:
     head = arch.head_params[task] if task in CLASSIFIER_TASKS else 0
     return opt_states.lora_tensors(arch, set(job.peft.target_modules), job.peft.rank, head)
 
 
 def largest_trainable_bytes(job: Job, arch: Architecture, task: str) -> float:
     """One step temporary of the largest trainable parameter (optimizer in backward)."""
-    largest = max((n for n, _ in trainable_tensors(job, arch, task)), default=0)
-    per = dtypes_for(job).state_bytes if job.peft is None else adapter_bytes(job)
-    return largest * per
+    if job.peft is None:
+        largest = max((n for n, _ in trainable_tensors(job, arch, task)), default=0)
+        return largest * dtypes_for(job).state_bytes
+    adapters = max((n for n, _ in _adapter_tensors(job, arch, task)), default=0)
+    copy = arch.vocab_size * hidden_size(arch) if saved_params(job, arch, task) else 0
+    return max(adapters * adapter_bytes(job), copy * frozen_base_bytes(job))
 
 
 def unified_state_bytes(job: Job, arch: Architecture, task: str) -> float:

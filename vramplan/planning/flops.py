@@ -110,7 +110,10 @@ def step_flops(job: Job, arch: Architecture | None = None, *, dense_attention: b
     # _prepare_model_for_gradient_checkpointing -> enable_input_require_grads), as QLoRA
     # recipes do (prepare_model_for_kbit_training); otherwise the first block's frozen
     # linears compute no input gradient. A frozen patch or audio frontend passes none.
-    grad_flows = full_ft or (job.checkpointing != "none" and arch.stacks[0].sequence == "text")
+    # A trained copy of the token embedding (modules_to_save) makes it require grad too.
+    saved = job.peft.modules_to_save if job.peft else ()
+    grad_flows = full_ft or "embed_tokens" in saved or (
+        job.checkpointing != "none" and arch.stacks[0].sequence == "text")
     encoder_grad = False
     for i, (stack, seq) in enumerate(zip(arch.stacks, shapes.stack_seq)):
         enc_seq = shapes.stack_seq[0] if stack.cross_attention else 0
@@ -259,7 +262,9 @@ def _head(job: Job, arch: Architecture, task: str, shapes, full_ft: bool, grad_i
           into: PhaseFlops) -> None:
     b, h = job.batch_size, arch.stacks[-1].hidden_size
     positions = b * shapes.stack_seq[-1]
-    trains = full_ft or task in CLASSIFIER_TASKS  # peft trains a new classifier beside adapters
+    # peft trains a new classifier beside the adapters, and an LM head in modules_to_save
+    trains = full_ft or task in CLASSIFIER_TASKS or (
+        job.peft is not None and "lm_head" in job.peft.modules_to_save)
     if task in ("causal-lm", "seq2seq", "speech-seq2seq"):
         scored = shapes.loss_tokens
         matmuls = [(scored, h, arch.vocab_size)]

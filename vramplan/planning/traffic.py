@@ -132,8 +132,34 @@ def step_traffic(job: Job, arch: Architecture | None = None, *,
     t.modules["forward"] += OUTSIDE_MODULES
     _loss(job, arch, task, shapes, dt, t)
     _weights(job, arch, params, t)
-    _optimizer(job, params.trainable, _trainable_tensors(job, arch), t)
+    _saved_copies(job, arch, params, job.batch_size * shapes.stack_seq[0], dt, t)
+    _optimizer(job, _stepped_elements(job, arch, params), _trainable_tensors(job, arch), t)
     return t
+
+
+def _stepped_elements(job: Job, arch: Architecture, params) -> float:
+    """Trainable elements in the adapters' dtype (_optimizer's unit): modules_to_save
+    copies, kept in the base's dtype, count at their bytes' share."""
+    if not params.saved_copy:
+        return params.trainable
+    elements = len(job.peft.modules_to_save) * arch.vocab_size * arch.stacks[-1].hidden_size
+    nbytes = len(job.peft.modules_to_save) * params.saved_copy
+    return params.trainable - elements + nbytes / adapter_bytes(job)
+
+
+def _saved_copies(job: Job, arch: Architecture, params, tokens: int, dt, t: Traffic) -> None:
+    """peft's modules_to_save copies: the token embedding's dense gradient (zeroed, then
+    each token's row added), and accumulation into .grad between micro-batches."""
+    if not params.saved_copy:
+        return
+    saved = job.peft.modules_to_save
+    h = arch.stacks[-1].hidden_size
+    per = params.saved_copy / (arch.vocab_size * h)  # the copy's bytes per element
+    if "embed_tokens" in saved:
+        rows = tokens * h * (dt.compute + 2 * per)  # read each token's gradient, add it in
+        t.add("embedding grad", "backward", params.saved_copy + rows, 2)
+    if job.grad_accum > 1:
+        t.add("grad accumulate", "backward", 3 * len(saved) * params.saved_copy, len(saved))
 
 
 OUTSIDE_MODULES = 4  # the model, the embedding, the final norm, the head
@@ -327,7 +353,8 @@ def _trainable_tensors(job: Job, arch: Architecture) -> int:
         else:  # lora_A and lora_B of each adapted linear
             n = sum(2 for ln in s.linears if "all-linear" in targets or ln.name in targets)
         per_layer.append(s.num_layers * n)
-    return sum(per_layer) + (3 if job.peft is None else 0)  # embeddings, final norm, head
+    saved = len(job.peft.modules_to_save) if job.peft else 0
+    return sum(per_layer) + (3 if job.peft is None else saved)  # embeddings, final norm, head
 
 
 def _optimizer(job: Job, trainable: int, tensors: int, t: Traffic) -> None:

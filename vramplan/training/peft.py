@@ -31,10 +31,11 @@ def apply_peft(model: nn.Module, task: str, job: Job, skip: set[int],
     # a new image classifier trains whole beside the adapters, as in Hugging Face's LoRA
     # image-classification guide (peft's SEQ_CLS task type does the same for text)
     head = ["classifier"] if task == "image-classification" and hasattr(model, "classifier") \
-        else None
+        else []
+    saved = head + [_module_name(model, role) for role in spec.modules_to_save]
     lora = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
                       target_modules=targets, task_type=_PEFT_TASK_TYPES.get(task),
-                      modules_to_save=head)
+                      modules_to_save=saved or None)
     try:
         with warnings.catch_warnings():  # peft still asks for is_gradient_checkpointing
             warnings.simplefilter("ignore", FutureWarning)
@@ -60,6 +61,20 @@ def apply_peft(model: nn.Module, task: str, job: Job, skip: set[int],
                      + (", double-quantised" if spec.double_quant else "")
                      + "); each matmul dequantises its weight to a temporary, as bitsandbytes")
     return model
+
+
+def _module_name(model: nn.Module, role: str) -> str:
+    """This model's own name for a Job's modules_to_save entry (GPT-2's token embedding is
+    wte, GPT-NeoX's head embed_out): the last part of the input / output embedding's path,
+    which peft matches by suffix."""
+    module = model.get_input_embeddings() if role == "embed_tokens" else \
+        model.get_output_embeddings()
+    name = next((n for n, m in model.named_modules() if m is module and n), None)
+    if name is None:
+        raise ModelConfigError(f"peft.modules_to_save {role}: this model has no "
+                               f"{'token embedding' if role == 'embed_tokens' else 'LM head'} "
+                               "to train")
+    return name.rsplit(".", 1)[-1]
 
 
 def _cast_adapters(model: nn.Module, dtype: torch.dtype | None) -> None:

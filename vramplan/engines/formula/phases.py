@@ -100,7 +100,9 @@ def stage_report(step: Step, runtime_gpu: GPU | None, stage: pipeline.Stage) -> 
     g_kept = g if job.grad_accum > 1 or keeps_grads else 0.0
     step_temp = params.step_temp / (tp * job.parallel.shard_degree)
     if job.optimizer_in_backward:
-        g = min(g, params.largest_block / (tp * job.parallel.shard_degree))
+        # the largest gradient left: a block's, or a modules_to_save copy's (one matrix)
+        g = min(g, max(params.largest_block, params.saved_copy)
+                / (tp * job.parallel.shard_degree))
         # one parameter is stepped at a time: no buffer spans all parameters
         step_temp = min(step_temp, largest_trainable_bytes(job, arch, task) / tp)
     # a master-weight step copies the 16-bit gradients to fp32 (both live), frees the

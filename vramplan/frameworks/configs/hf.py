@@ -100,13 +100,22 @@ UNMODELLED_PEFT = {
 
 
 # peft's modules_to_save: whole modules trained beside the adapters (peft keeps the frozen
-# original and a trainable copy, with its gradients and optimizer states). vramplan counts a
-# classification task's new head that way; other modules (embeddings, the LM head) not yet.
+# original and a trainable copy, with its gradients and optimizer states). A classification
+# task's new head is counted with the task; the token embedding and the LM head by
+# Job.peft.modules_to_save, whatever the model calls them (transformers' modeling files:
+# Llama / Mistral / Qwen2 / Gemma / OPT embed_tokens and lm_head, GPT-2 / Qwen / MPT wte,
+# BLOOM / Falcon word_embeddings, GPT-NeoX embed_in and embed_out, T5 shared; torchtune's
+# tok_embeddings and output).
 HEAD_MODULES = ("classifier", "score")
+SAVED_MODULES = {"embed_tokens": "embed_tokens", "wte": "embed_tokens",
+                 "word_embeddings": "embed_tokens", "embed_in": "embed_tokens",
+                 "shared": "embed_tokens", "tok_embeddings": "embed_tokens",
+                 "lm_head": "lm_head", "embed_out": "lm_head", "output": "lm_head"}
 
 
 def check_modules_to_save(flat: dict[str, Any], key: str, mapping: Mapping) -> None:
-    """Refuse modules trained in full beside the adapters that vramplan would not count."""
+    """Modules trained in full beside the adapters: the token embedding and the LM head
+    become Job.peft.modules_to_save; others vramplan would not count are refused."""
     if key not in flat:
         return
     value = flat[key]
@@ -115,14 +124,17 @@ def check_modules_to_save(flat: dict[str, Any], key: str, mapping: Mapping) -> N
         return
     names = ([n.strip() for n in value.split(",") if n.strip()] if isinstance(value, str)
              else [str(n) for n in value] if isinstance(value, list) else [str(value)])
-    others = [n for n in names if n not in HEAD_MODULES]
+    others = [n for n in names if n not in HEAD_MODULES and n not in SAVED_MODULES]
     if others:
         raise ConfigError(
             f"{key}: {', '.join(others)} would train in full beside the adapters (peft keeps "
             "a trainable copy of each, with its gradients and optimizer states), which "
-            "vramplan does not model yet (it counts only a classifier head: "
-            f"{', '.join(HEAD_MODULES)}); drop {key} for an estimate of the adapters alone, "
-            "which leaves those copies out")
+            "vramplan does not model (it counts the token embedding, the LM head and a "
+            f"classifier head: {', '.join([*SAVED_MODULES, *HEAD_MODULES])}); drop them for "
+            "an estimate that leaves those copies out")
+    saved = tuple(dict.fromkeys(SAVED_MODULES[n] for n in names if n in SAVED_MODULES))
+    if saved:
+        mapping.assign("peft.modules_to_save", saved, key)
     mapping.mapped.append(key)
 
 
