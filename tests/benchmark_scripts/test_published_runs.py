@@ -18,9 +18,9 @@ def rows():
 
 def test_every_row_once_and_every_row_a_job(rows):
     # the 36 llm-foundry rows in both files once; 54 rows collected from six more sources;
-    # 107 fine-tuning rows from four more (Lambda's other BERT columns, NVIDIA's BERT tables,
-    # Qwen's LoRA profile, Answer.AI's fsdp_qlora benchmarks)
-    assert len(rows) == 77 + 216 - 36 + 14 + 54 + 107
+    # 125 fine-tuning rows from four more (Lambda's other BERT columns, NVIDIA's BERT tables,
+    # Qwen's LoRA profile with and without trained embeddings, Answer.AI's fsdp_qlora)
+    assert len(rows) == 77 + 216 - 36 + 14 + 54 + 125
     # every row is a Job (NVIDIA's TF32 BERT rows: fp32 with tf32)
     cases = published_runs.cases()
     assert [c.id for c in cases if c.job is None] == []
@@ -78,7 +78,7 @@ def test_kempnerforge_rows_match_the_report_s_own_counts(rows):
 
 # rows per source group we collected (benchmarks/data/published_runs/README.md)
 COLLECTED = {"lambda-bert": 48, "olmo-core": 10, "bigscience": 12, "flash-attention": 5, "llm.c": 1,
-             "llama3-paper": 3, "nvidia-bert": 34, "qwen1-finetune": 18,
+             "llama3-paper": 3, "nvidia-bert": 34, "qwen1-finetune": 36,
              "answerai-fsdp-qlora": 30}
 
 
@@ -198,6 +198,11 @@ def test_fine_tuning_rows_keep_their_adapters_offload_and_precision(rows):
     assert case.job.grad_accum == 8
     assert case.measured_tokens_per_s_per_gpu == pytest.approx(8 * 2048 / 5.2)
     assert load_architecture(case.job.model).total_params() == pytest.approx(7.72e9, rel=5e-3)
+    assert case.job.peft.modules_to_save == ()
+    # LoRA (emb): finetune.py's modules_to_save ['wte', 'lm_head'] for a base model
+    emb = published_runs.case(rows["qwen1_7b_lora_emb_1xa100_seq2048"])
+    assert emb.job.peft.modules_to_save == ("embed_tokens", "lm_head")
+    assert emb.measured_tokens_per_s_per_gpu == pytest.approx(8 * 2048 / 5.3)
     # BERT fp32 on V100: plain fp32 and BertAdam's Python loop; BERT-base from its own column
     case = published_runs.case(rows["lambda_bert_base_squad_fp32_8xv100-16gb"])
     assert case.job.precision == "fp32" and case.job.optimizer_impl == "loop"
