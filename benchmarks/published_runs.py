@@ -57,7 +57,6 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vramplan.frameworks.configs.hf import SAVED_MODULES
 from vramplan.job import MASTER_OF, Job
 
 DATA = Path(__file__).parent / "data" / "published_runs"
@@ -228,8 +227,8 @@ def _collected_peft(tech: dict) -> dict | None:
         return None
     keys = ("method", "rank", "alpha", "dropout", "target_modules", "double_quant")
     out = {k: tuple(v) if isinstance(v, list) else v for k, v in peft.items() if k in keys}
-    if peft.get("modules_to_save"):  # the model's own names (Qwen's wte) to the Job's
-        out["modules_to_save"] = tuple(SAVED_MODULES[n] for n in peft["modules_to_save"])
+    if peft.get("modules_to_save"):  # the model's own names (Qwen's wte): Job reads them
+        out["modules_to_save"] = tuple(peft["modules_to_save"])
     return out
 
 

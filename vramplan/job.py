@@ -55,8 +55,16 @@ CHUNKED_LOSS_CHUNKS = 8  # chunks of the sequence the chunked loss scores one at
 Strategy = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "hybrid-shard"]
 PeftMethod = Literal["lora", "qlora"]
 # whole modules trained beside LoRA adapters (peft's modules_to_save), by Hugging Face's
-# Llama names: the token embedding and the LM head (framework configs map other names)
+# Llama names: the token embedding and the LM head
 SavedModule = Literal["embed_tokens", "lm_head"]
+# ... and what other models call them (transformers' modeling files: Llama / Mistral / Qwen2
+# / Gemma / OPT embed_tokens and lm_head, GPT-2 / Qwen / MPT wte, BLOOM / Falcon
+# word_embeddings, GPT-NeoX embed_in and embed_out, T5 shared; torchtune's tok_embeddings
+# and output), read as the same module
+SAVED_MODULE_NAMES = {"embed_tokens": "embed_tokens", "wte": "embed_tokens",
+                      "word_embeddings": "embed_tokens", "embed_in": "embed_tokens",
+                      "shared": "embed_tokens", "tok_embeddings": "embed_tokens",
+                      "lm_head": "lm_head", "embed_out": "lm_head", "output": "lm_head"}
 # 1f1b: one forward one backward (PipeDream-Flush, Megatron-LM's default); interleaved:
 # each GPU runs pipeline_chunks model chunks (Megatron-LM's virtual pipeline stages)
 PipelineSchedule = Literal["1f1b", "interleaved"]
@@ -140,10 +148,15 @@ class Peft(_Strict):
     # with its gradients and optimizer states in the copy's dtype: e.g. new tokens' rows
     modules_to_save: tuple[SavedModule, ...] = ()
 
-    @field_validator("modules_to_save")
+    @field_validator("modules_to_save", mode="before")
     @classmethod
-    def _each_once(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(names))  # peft copies a module once, however often named
+    def _each_once(cls, names: Any) -> Any:
+        """A model's own name (GPT-2's wte) as the module it is; each once, as peft copies a
+        module once however often it is named."""
+        if isinstance(names, (list, tuple)):
+            return tuple(dict.fromkeys(SAVED_MODULE_NAMES.get(n, n) if isinstance(n, str)
+                                       else n for n in names))
+        return names
 
 
 class Parallel(_Strict):

@@ -106,3 +106,10 @@ def test_formula_matches_the_trace(tmp_path, saved, fields):
     traced, predicted = trace(job), estimate(job)
     assert traced.params_trainable == predicted.params_trainable
     assert predicted.peak_allocated == pytest.approx(traced.peak_allocated, rel=0.01)
+
+
+def test_a_models_own_names_read_as_the_module_once():
+    peft = Job(model=MODEL, peft={"modules_to_save": ["wte", "embed_tokens", "embed_out"]}).peft
+    assert peft.modules_to_save == ("embed_tokens", "lm_head")
+    with pytest.raises(JobError, match="must be one of 'embed_tokens' or 'lm_head'"):
+        Job(model=MODEL, peft={"modules_to_save": ["norm"]})

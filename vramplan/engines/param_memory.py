@@ -68,6 +68,7 @@ def param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
     matmul_params = linear_params + (head or (arch.vocab_size * hidden_size(arch)
                                               if task in ("causal-lm", "masked-lm") else 0))
     notes = []
+    saved = 0  # parameters of modules_to_save copies (LoRA only)
     if job.peft is None:
         trainable, weights = total, total * dt.weight
         # fp8 (torchao Float8Linear) saves the fp32 weight itself: no copy of block weights
@@ -112,8 +113,7 @@ def param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
         # the largest adapter matrix (or the classifier head); a saved copy is counted apart
         largest = max((n for n, _ in _adapter_tensors(job, arch, task)), default=1)
         dt = replace(dt, weight=adapter_bytes(job), grad=adapter_bytes(job))
-    saved = trainable - (adapters + head) if job.peft is not None else 0
-    copy = frozen_base_bytes(job) if saved else 0
+    copy = frozen_base_bytes(job) if saved else 0  # a copy's bytes per element
     state = dt.state_bytes
     grads = (trainable - saved) * dt.grad + saved * copy
     if job.optimizer in opt_states.PER_TENSOR_OPTIMIZERS:

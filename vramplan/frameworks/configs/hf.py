@@ -8,6 +8,7 @@ from typing import Any
 
 from vramplan.frameworks.configs import core, deepspeed
 from vramplan.frameworks.configs.core import ConfigError, Mapping
+from vramplan.job import SAVED_MODULE_NAMES
 
 NAME = "hf-trainer"
 _MARKERS = {"per_device_train_batch_size", "gradient_accumulation_steps", "peft_type",
@@ -101,16 +102,9 @@ UNMODELLED_PEFT = {
 
 # peft's modules_to_save: whole modules trained beside the adapters (peft keeps the frozen
 # original and a trainable copy, with its gradients and optimizer states). A classification
-# task's new head is counted with the task; the token embedding and the LM head by
-# Job.peft.modules_to_save, whatever the model calls them (transformers' modeling files:
-# Llama / Mistral / Qwen2 / Gemma / OPT embed_tokens and lm_head, GPT-2 / Qwen / MPT wte,
-# BLOOM / Falcon word_embeddings, GPT-NeoX embed_in and embed_out, T5 shared; torchtune's
-# tok_embeddings and output).
+# task's new head is counted with the task; the token embedding and the LM head, under any
+# model's name for them (job.SAVED_MODULE_NAMES), are Job.peft.modules_to_save.
 HEAD_MODULES = ("classifier", "score")
-SAVED_MODULES = {"embed_tokens": "embed_tokens", "wte": "embed_tokens",
-                 "word_embeddings": "embed_tokens", "embed_in": "embed_tokens",
-                 "shared": "embed_tokens", "tok_embeddings": "embed_tokens",
-                 "lm_head": "lm_head", "embed_out": "lm_head", "output": "lm_head"}
 
 
 def check_modules_to_save(flat: dict[str, Any], key: str, mapping: Mapping) -> None:
@@ -124,15 +118,15 @@ def check_modules_to_save(flat: dict[str, Any], key: str, mapping: Mapping) -> N
         return
     names = ([n.strip() for n in value.split(",") if n.strip()] if isinstance(value, str)
              else [str(n) for n in value] if isinstance(value, list) else [str(value)])
-    others = [n for n in names if n not in HEAD_MODULES and n not in SAVED_MODULES]
+    others = [n for n in names if n not in HEAD_MODULES and n not in SAVED_MODULE_NAMES]
     if others:
         raise ConfigError(
             f"{key}: {', '.join(others)} would train in full beside the adapters (peft keeps "
             "a trainable copy of each, with its gradients and optimizer states), which "
             "vramplan does not model (it counts the token embedding, the LM head and a "
-            f"classifier head: {', '.join([*SAVED_MODULES, *HEAD_MODULES])}); drop them for "
-            "an estimate that leaves those copies out")
-    saved = tuple(dict.fromkeys(SAVED_MODULES[n] for n in names if n in SAVED_MODULES))
+            f"classifier head: {', '.join([*SAVED_MODULE_NAMES, *HEAD_MODULES])}); drop them "
+            "for an estimate that leaves those copies out")
+    saved = tuple(n for n in names if n in SAVED_MODULE_NAMES)  # Job reads each model's name
     if saved:
         mapping.assign("peft.modules_to_save", saved, key)
     mapping.mapped.append(key)
