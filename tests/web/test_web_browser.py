@@ -117,6 +117,23 @@ def test_changing_model_and_batch_updates_the_numbers(page, server):
     assert page.problems == []
 
 
+def test_modules_trained_beside_lora_reach_the_api_and_bad_ones_their_field(page, server):
+    page.goto(server.url)
+    page.wait_for_selector("#kpi-peak_allocated[data-bytes]", state="attached")
+    page.fill("#model", "qwen2.5-0.5b")
+    page.fill("#seq_len", "256")
+    page.select_option("#peft", "lora")
+    page.fill("#modules_to_save", "embed_tokens, lm_head")
+    expected = api(server, "estimate", {"job": {
+        "model": "qwen2.5-0.5b", "seq_len": 256,
+        "peft": {"method": "lora", "rank": 16, "modules_to_save": ["embed_tokens", "lm_head"]}}})
+    wait_for_bytes(page, expected["report"]["peak_allocated"])
+    page.fill("#modules_to_save", "norm")
+    page.wait_for_function(
+        "() => document.getElementById('err-modules_to_save').textContent !== ''")
+    assert "embed_tokens" in page.inner_text("#err-modules_to_save")
+
+
 def test_bad_value_shows_a_message_beside_its_field(page, server):
     page.goto(server.url)
     page.wait_for_selector("#kpi-peak_allocated[data-bytes]", state="attached")
