@@ -113,3 +113,21 @@ def test_a_models_own_names_read_as_the_module_once():
     assert peft.modules_to_save == ("embed_tokens", "lm_head")
     with pytest.raises(JobError, match="must be one of 'embed_tokens' or 'lm_head'"):
         Job(model=MODEL, peft={"modules_to_save": ["norm"]})
+
+
+def test_the_optimizer_steps_the_copies_at_their_own_dtype():
+    from vramplan.planning.traffic import CLIP_PASSES, OPTIMIZER_PASSES
+
+    arch = load_architecture(MODEL)
+    n = arch.vocab_size * arch.stacks[-1].hidden_size
+    base = Job(model=MODEL, batch_size=1, seq_len=128, peft={"rank": 8})  # fp32 adapters
+    head = base.with_changes(peft={"rank": 8, "modules_to_save": ("lm_head",)})
+    before, after = (step_traffic(j).by_op_phase for j in (base, head))
+    step = ("optimizer", "optimizer")
+    # foreach AdamW's passes over the bf16 copy (2 bytes an element), not the adapters' 4
+    assert after[step] - before[step] == OPTIMIZER_PASSES[("adamw", "foreach")] * 2 * n
+    clip = ("clip", "optimizer")
+    assert after[clip] - before[clip] == CLIP_PASSES * 2 * n
+    # accumulation into the copy's .grad between micro-batches: read both, write one
+    accum = head.with_changes(grad_accum=4)
+    assert step_traffic(accum).by_op_phase[("grad accumulate", "backward")] == 3 * 2 * n
