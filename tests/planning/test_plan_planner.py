@@ -77,6 +77,20 @@ def test_nothing_fits_is_an_answer_with_the_closest_miss_and_a_way_to_fit():
     assert result.to_fit  # e.g. QLoRA or offloading, which were not allowed
 
 
+def test_a_gpu_without_the_jobs_precision_is_ruled_out_for_that_not_for_memory():
+    # a bf16 LoRA of a 1B model fits a V100-32GB's memory many times over; it was ruled out
+    # as "does not fit ... needs 5 GiB of its 32 GiB (-85%)"
+    job = Job(model="llama-3.2-1b", seq_len=512, peft={"method": "lora"})
+    result = plan(job, tokens=10**8, gpus=["V100-32GB", "L4"], max_gpus=1)
+    (v100,) = [r for r in result.ruled_out if r.gpu == "V100-32GB"]
+    assert "has no bf16 tensor cores" in v100.reason and "fit" not in v100.reason
+    assert [c.gpu for c in result.candidates] == ["L4"]
+    # a 70B model is too large for it as well: both reasons
+    big = plan(job.with_changes(model="llama-3.1-70b"), tokens=10**8, gpus=["V100-16GB"],
+               max_gpus=1).ruled_out[0].reason
+    assert "has no bf16 tensor cores" in big and "nor does it fit" in big
+
+
 def test_constraints_nobody_meets():
     result = plan(JOB, tokens=10**9, gpus=["H100-SXM"], max_gpus=8, max_cost=0.01)
     assert result.status == "constraints-unmet" and "fastest" in result.closest_miss

@@ -217,6 +217,7 @@ class _Search:
         self.arch = load_architecture(job.model)
         self.best: dict[tuple[str, int], tuple[float, Job, int]] = {}  # (gpu, n) -> fastest
         self.closest: dict[str, tuple[float, Job]] = {}  # gpu -> smallest required/usable
+        self.cannot_run: dict[str, str] = {}  # gpu -> why it cannot run the job (precision)
         self.checks = 0
         self.owned: dict[str, set[int]] = {}  # GPU -> counts no on-demand instance has
         self.gpus = {g.name: g for g in catalog}
@@ -293,6 +294,8 @@ class _Search:
                 need = fit.required_bytes / fit.usable_bytes
                 if b == 1 and need < self.closest.get(fit.gpu, (float("inf"),))[0]:
                     self.closest[fit.gpu] = (need, job)
+                if not fit.supported:
+                    self.cannot_run[fit.gpu] = fit.problem
                 if fit.supported and fits_within(fit.required_bytes, fit.usable_bytes,
                                                  self.margin):
                     fitted[fit.gpu] = job
@@ -396,10 +399,15 @@ class _Search:
             if job is None:
                 out.append(RuledOut(gpu=gpu.name, reason="no layout was possible"))
                 continue
-            out.append(RuledOut(gpu=gpu.name, reason=(
-                f"does not fit even at micro-batch 1: best {_layout(job)} needs "
-                f"{need * gpu.usable_bytes / GiB:.1f} GiB of its {gpu.usable_bytes / GiB:.1f}"
-                f" GiB ({100 * (need - 1):+.0f}%)")))
+            miss = (f"best {_layout(job)} needs {need * gpu.usable_bytes / GiB:.1f} GiB of its "
+                    f"{gpu.usable_bytes / GiB:.1f} GiB ({100 * (need - 1):+.0f}%)")
+            problem = self.cannot_run.get(gpu.name)
+            if problem:  # the precision rules it out; memory may not
+                fits = fits_within(need * gpu.usable_bytes, gpu.usable_bytes, self.margin)
+                reason = problem if fits else f"{problem}; nor does it fit: {miss}"
+            else:
+                reason = f"does not fit even at micro-batch 1: {miss}"
+            out.append(RuledOut(gpu=gpu.name, reason=reason))
         return out
 
     def closest_miss(self) -> tuple[str | None, list[str]]:
