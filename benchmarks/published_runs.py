@@ -37,8 +37,9 @@ state their GPU as a catalog name (`catalog_gpu`) or a family here, and:
     rows step with BertAdam (a Python loop: optimizer_impl loop), fp16 with Apex FusedAdam;
     TF32 rows are fp32 with tf32 (fp32 matmuls at the TF32 tensor-core rate);
   * fine-tuning rows (Qwen's LoRA profile, Answer.AI's fsdp_qlora) take LoRA / QLoRA (and
-    Qwen's LoRA (emb) its modules_to_save) from techniques.peft and FSDP CPU offload (parameters, gradients and the optimizer step on the
-    CPU) from techniques.offload; Qwen 1 is a qwen2 block; torch's default AdamW (foreach);
+    Qwen's LoRA (emb) its modules_to_save) from techniques.peft and FSDP CPU offload
+    (parameters, gradients and the optimizer step on the CPU) from techniques.offload; Qwen 1
+    is a qwen2 block; torch's default AdamW (foreach);
     FSDP FULL_SHARD is fsdp, NO_SHARD is ddp.
 
 Measured tokens/s per GPU: as published where the row gives it; sequences/s (Lambda) times the
