@@ -139,6 +139,8 @@ def load() -> tuple[list[dict], list[dict]]:
                 run["terms"] = _slower_attention(run["terms"], TRITON_ATTENTION_SLOWDOWN)
             if STACK[run["source"]] == "megatron-core":
                 run["terms"] = _sixteen_bit_model(run["terms"], run["job"], gpu)
+                if run["job"].attention == "eager":
+                    run["terms"] = _unfused_attention_dropout(run["terms"], run["job"], gpu)
         except Exception as error:  # said, never dropped silently
             skipped.append({"id": run["id"], "source": run["source"],
                             "why": f"{type(error).__name__}: {error}"})
@@ -179,6 +181,29 @@ def _sixteen_bit_model(terms, job: Job, gpu):
             dropped += share * nbytes * (1 - kept) / split
         phases.append(dataclasses.replace(
             p, memory_s=p.memory_s - dropped / gpu.bandwidth_bytes_s, bytes=p.bytes - dropped))
+    return dataclasses.replace(terms, phases=tuple(phases))
+
+
+def _unfused_attention_dropout(terms, job: Job, gpu):
+    """Megatron-LM before FlashAttention (and Megatron-DeepSpeed, BLOOM's) runs its fused
+    scale-mask-softmax and then the attention dropout as a kernel of its own
+    (megatron/model/transformer.py at fda81a212b73, ParallelAttention.forward): the dropout
+    reads the probabilities and writes them again, where a compiled block (what these rows
+    are timed as) fuses it into the softmax. The step terms plus those two passes over the
+    scores, in every phase that has the softmax."""
+    arch = load_architecture(job.model)
+    if arch.attention_dropout <= 0:
+        return terms
+    traffic = step_traffic(job, arch)
+    share = describe_step(job, arch).stages[-1].layer_share
+    split = job.parallel.tensor_parallel * job.parallel.context_parallel
+    c = 2  # the 16-bit scores (one read and one write: 2c of the fused kernel's 2c + 1)
+    phases = []
+    for p in terms.phases:
+        added = share * traffic.by_op_phase.get(("softmax", p.phase), 0.0) * (
+            2 * c / (2 * c + 1)) / split
+        phases.append(dataclasses.replace(
+            p, memory_s=p.memory_s + added / gpu.bandwidth_bytes_s, bytes=p.bytes + added))
     return dataclasses.replace(terms, phases=tuple(phases))
 
 

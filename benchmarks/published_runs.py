@@ -14,7 +14,10 @@ every row of that source:
   * Megatron-LM 2021 (Narayanan et al. 2021): only TP x PP is stated; TP fills the 8-GPU
     node first (TP = min(8, TP x PP)), as in that paper's configurations;
   * Megatron / NeMo data parallelism: the distributed optimizer (ZeRO-1 layout, `zero1`),
-    the NeMo performance recipes' default;
+    the NeMo performance recipes' default; Megatron-LM 2021 had none: plain data parallelism
+    (`ddp`) whose gradient all-reduce runs after the whole backward (`--DDP-impl local`,
+    megatron/training.py train_step at fda81a212b73, May 2021), not overlapped; the 2024
+    table's gradient reduce overlaps as its `--overlap-grad-reduce` says;
   * interleaved pipelines: `virtual_pp` model chunks per GPU;
   * Megatron-LM 2021 (Narayanan et al.) predates FlashAttention: eager attention;
   * Megatron-LM and NeMo run fused kernels (Transformer Engine, Apex): their memory-bound
@@ -28,7 +31,10 @@ state their GPU as a catalog name (`catalog_gpu`) or a family here, and:
     head (the QA head, 2 logits per token, is as small); the 2019 BERT code: eager attention;
   * fused-kernel stacks (Megatron-DeepSpeed, flash-attention's fused MLP / dropout-add-LN,
     llm.c's CUDA kernels) are timed as compiled blocks, as Megatron-LM and NeMo are;
-  * BLOOM's Megatron-DeepSpeed of 2022 predates FlashAttention in it: eager attention;
+  * BLOOM's Megatron-DeepSpeed of 2022 predates FlashAttention in it: eager attention; its
+    DeepSpeed pipeline engine reduces the gradients after the schedule's last micro-batch
+    (deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceGrads, then OptimizerStep):
+    not overlapped;
   * Llama 3 405B (its paper's Table 4): FSDP that keeps parameters gathered after forward is
     ZeRO-2; fused kernels; micro-batch 1 and plain 1F1B where the table is silent;
   * OLMo-core's 32B checkpoints only the MLP of each block: full checkpointing (the MLP is
@@ -378,6 +384,8 @@ def case(row: dict) -> Case:
         strategy = "fsdp" if par.get("fsdp") else "none"
     elif group in _COLLECTED:
         strategy = _collected_strategy(row, dp)
+    elif dp > 1 and "WITH recomputation" in str(row.get("unit")):
+        strategy = "ddp"  # Megatron-LM 2021 (the module docstring)
     elif dp > 1:
         strategy = "zero1"
         assumed.append("distributed optimizer (zero1)")
@@ -442,6 +450,7 @@ def case(row: dict) -> Case:
               parallel={"strategy": strategy, "num_gpus": n, "tensor_parallel": tp,
                         "pipeline_parallel": pp, "context_parallel": cp,
                         "async_tp": "--tp-comm-overlap" in str(tech.get("other")), **pipeline,
+                        "overlap_grad_reduce": not (megatron_2021 or group == "bigscience"),
                         "sequence_parallel": not megatron_2021 and _COLLECTED.get(
                             group, {}).get("sequence_parallel", True),
                         # a row's own node size where it states one, else the catalog GPU's

@@ -180,6 +180,10 @@ class Parallel(_Strict):
     # tensor-parallel collectives overlapped with the GEMMs beside them (torchtitan's async
     # TP, Megatron-LM's --tp-comm-overlap); False: on the critical path (planning/comm.py)
     async_tp: bool = False
+    # gradient all-reduce / reduce-scatter overlapped with the backward (PyTorch DDP and
+    # FSDP, Megatron-LM's --overlap-grad-reduce, DeepSpeed's overlap_comm); False: after it,
+    # on the critical path (Megatron-LM without the flag, DeepSpeed ZeRO 0-2 by default)
+    overlap_grad_reduce: bool = True
     # FSDP/ZeRO shard over data-parallel x context-parallel ranks, as torchtitan's dp_shard_cp
     # mesh does (distributed/parallel_dims.py); False: over data-parallel ranks only
     shard_over_context_parallel: bool = False

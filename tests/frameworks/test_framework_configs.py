@@ -219,7 +219,8 @@ def test_accelerate_deepspeed_plugin_reads_the_json_it_names():
                precision="fp16-master" if ds["fp16"]["enabled"] else "fp32",
                grad_accum=ds["gradient_accumulation_steps"],
                parallel=Parallel(strategy=f"zero{ds['zero_optimization']['stage']}",
-                                 num_gpus=raw(AC / "deepspeed.yaml")["num_processes"]))
+                                 num_gpus=raw(AC / "deepspeed.yaml")["num_processes"],
+                                 overlap_grad_reduce=ds["zero_optimization"]["overlap_comm"]))
     same_estimate(read.job(), hand)
 
 
@@ -234,12 +235,25 @@ def test_deepspeed_json(name, strategy, offload):
     # fp16 / bf16 on: a 16-bit module with fp32 master weights; "auto" (the HF integration
     # fills it from the launcher's bf16 / fp16) reads as bf16, unless the job says otherwise
     hand = Job(model=MODEL, framework="plain", precision="fp16-master" if fp16 is True
-               else "bf16-master", parallel=Parallel(strategy=strategy),
+               else "bf16-master", parallel=Parallel(
+                   strategy=strategy, overlap_grad_reduce=d["zero_optimization"]["overlap_comm"]),
                offload={"optimizer": offload, "params": offload})
     read = read_config(DS / name, model=MODEL)
     same_estimate(read.job(), hand)
+    assert read.job().parallel.overlap_grad_reduce is d["zero_optimization"]["overlap_comm"]
     if fp16 == "auto":
         assert read.job(precision="fp16-mixed").precision == "fp16-mixed"
+
+
+@pytest.mark.parametrize("stage, overlapped", [(0, False), (1, False), (2, False), (3, True)])
+def test_deepspeed_overlap_comm_defaults_by_stage(stage, overlapped, tmp_path):
+    """Left out, overlap_comm is DeepSpeed's default: on for ZeRO-3 only; set, it wins."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": stage}}))
+    assert read_config(path, model=MODEL).job().parallel.overlap_grad_reduce is overlapped
+    path.write_text(json.dumps({"zero_optimization": {"stage": stage,
+                                                      "overlap_comm": not overlapped}}))
+    assert read_config(path, model=MODEL).job().parallel.overlap_grad_reduce is not overlapped
 
 
 # --- Axolotl and LLaMA-Factory --------------------------------------------------------------

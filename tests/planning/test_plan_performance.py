@@ -14,8 +14,9 @@ from vramplan.job import Job, Parallel, Peft
 from vramplan.models import load_architecture
 from vramplan.planning.amount import TrainingAmount
 from vramplan.planning.comm import collectives, ring_bytes
+from vramplan.planning.efficiency import factors_for
 from vramplan.planning.flops import step_flops
-from vramplan.planning.performance import predict, step_terms
+from vramplan.planning.performance import phase_times, predict, step_terms
 
 LLAMA_1B_PARAMS = 1_235_814_400  # llama-3.2-1b with its tied head (tests/models/test_models.py)
 H100 = get_gpu("H100-SXM")
@@ -113,6 +114,27 @@ def test_async_tensor_parallel_hides_its_collectives_behind_compute():
                                                     async_tp=True))
     assert collectives(overlapped, arch, H100)[0].overlaps == "both"
     assert predict(overlapped, H100).step_time_s < predict(job, H100).step_time_s
+
+
+def test_gradient_reduction_after_the_backward_is_exposed_whole():
+    # DeepSpeed ZeRO 0-2's default, Megatron-LM without --overlap-grad-reduce: the gradient
+    # collective waits for the backward, so all of its time adds to the step
+    arch = load_architecture("llama-3.2-1b")
+    for strategy in ("ddp", "zero1", "zero2", "fsdp", "hybrid-shard"):
+        job = _job(parallel=Parallel(strategy=strategy, num_gpus=16))
+        after = job.with_changes(parallel=job.parallel.model_copy(
+            update={"overlap_grad_reduce": False}))
+        grads = [(a.overlaps, b.overlaps) for a, b in zip(collectives(job, arch, H100),
+                                                          collectives(after, arch, H100))
+                 if "gradient" in a.name]
+        assert grads and all(old == "backward" and new == "" for old, new in grads), strategy
+        terms = step_terms(after, H100, arch)
+        factors = factors_for(H100, num_gpus=16)
+        _, exposed = phase_times(terms, factors)
+        hidden = sum(c.times * c.link_s for c in terms.collectives if c.overlaps == "")
+        if strategy in ("ddp", "zero1", "zero2"):  # nothing else to hide: exposed = all
+            assert exposed == pytest.approx(hidden / factors.collective, rel=1e-12)
+        assert predict(after, H100).step_time_s > predict(job, H100).step_time_s
 
 
 def test_fp8_attention_runs_at_the_16_bit_rate():

@@ -22,6 +22,8 @@ its m GPUs reaches only (g - 1) / (m - 1) of the GPU's NVLink bandwidth
               accumulating), overlapped with the last micro-batch's backward (buckets)
   zero1/2     reduce-scatter of gradients (overlapped with backward), all-gather of the
               updated parameters after the step (not overlapped)
+              (every gradient collective: after the backward, not overlapped, when
+              parallel.overlap_grad_reduce is false)
   zero3/fsdp  per micro-batch: all-gather of 16-bit parameters in forward and again in
               backward (prefetched: overlapped), reduce-scatter of gradients (overlapped);
               with fp8.fsdp_float8_all_gather the block linears' weights travel in float8
@@ -118,17 +120,18 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
 
     model_parallel = tp * cp
     pp = par.pipeline_parallel
+    grad_phase = "backward" if par.overlap_grad_reduce else ""
     if dp > 1:
         strategy = par.strategy
         dp_link = link(dp, model_parallel)
         if strategy == "ddp":
             out.append(Collective("gradient all-reduce (ddp)", ring_bytes("all-reduce", grads, dp),
-                                  "step", "backward", dp_link, dp,
+                                  "step", grad_phase, dp_link, dp,
                                   nics=in_node(dp, model_parallel)))
         elif strategy in ("zero1", "zero2"):
             weights16 = params.trainable * dtypes_for(job).compute / tp
             out.append(Collective(f"gradient reduce-scatter ({strategy})",
-                                  ring_bytes("reduce-scatter", grads, dp), "step", "backward",
+                                  ring_bytes("reduce-scatter", grads, dp), "step", grad_phase,
                                   dp_link, dp, nics=in_node(dp, model_parallel)))
             out.append(Collective(f"parameter all-gather ({strategy})",
                                   ring_bytes("all-gather", weights16, dp), "step", "", dp_link,
@@ -150,13 +153,13 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
                                       nics=in_node(shard, model_parallel)))
             out.append(Collective(f"gradient reduce-scatter ({strategy})",
                                   ring_bytes("reduce-scatter", grads, shard), "micro-batch",
-                                  "backward", shard_link, shard,
+                                  grad_phase, shard_link, shard,
                                   nics=in_node(shard, model_parallel)))
             replicas = dp // shard
             if replicas > 1:
                 out.append(Collective("gradient all-reduce between replicas (hybrid)",
                                       ring_bytes("all-reduce", grads / shard, replicas), "step",
-                                      "backward", "network", replicas,
+                                      grad_phase, "network", replicas,
                                       nics=in_node(replicas, shard * model_parallel)))
     if tp > 1:
         # 2 all-reduces (or all-gather + reduce-scatter with sequence parallelism) per block

@@ -196,12 +196,24 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
         kernels += launches
 
     norms = arch.norms_per_block(stack)
-    if job.compiles_blocks:  # Llama-style blocks only (formula/checks.py, check_compiled)
+    # self-attention, and cross-attention's scores taken as long as the decoder's
+    attentions = [seq] + ([seq] if stack.cross_attention else [])
+    residuals = len(attentions) + 1
+    if job.compiles_blocks:
         add("norm", norms * n_h * (r + c), norms)
-        add("rotary", 2 * c * (n_q + n_kv), 1)
-        add("attention io", c * (2 * n_q + 2 * n_kv), 1)
-        add("residual", 2 * 3 * r * n_h, 2)
-        add("activation", 3 * c * n_f, 1)
+        if arch.traits.rotary:
+            add("rotary", 2 * c * (n_q + n_kv), 1)
+        for s_k in attentions:
+            if attention == "eager":
+                # one kernel reads the scores and writes the probabilities (scale, mask,
+                # softmax and dropout fused), with dropout's 1-byte mask
+                add("softmax", b * a * seq * s_k * (2 * c + (arch.attention_dropout > 0)), 1)
+                add("attention io", c * (3 * n_q + 2 * n_q), 2)  # the bmms' head transposes
+            else:
+                add("attention io", c * (2 * n_q + 2 * n_kv), 1)
+        # dropout fuses into each residual add: only its 1-byte mask is written
+        add("residual", residuals * (3 * r + (arch.hidden_dropout > 0)) * n_h, residuals)
+        add("activation", (3 if stack.mlp == "gated" else 2) * c * n_f, 1)
         return ops, kernels
     if stack.norm == "rmsnorm":
         add("norm", norms * n_h * (r + RMSNORM_PASSES_FP32 * 4 + 2 * c), norms * 6)
@@ -212,8 +224,7 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
         add("input cast", inputs * n_h * (4 + c), inputs)
     if arch.traits.rotary:
         add("rotary", ROTARY_PASSES * c * (n_q + n_kv), 6)
-    attentions = [(seq, "self")] + ([(seq, "cross")] if stack.cross_attention else [])
-    for s_k, _ in attentions:
+    for s_k in attentions:
         if attention == "eager":
             scores = b * a * seq * s_k
             # mask add (r c, w c), upcast (r c, w 4), softmax (r 4, w 4), downcast (r 4, w c)
@@ -226,7 +237,6 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
         else:
             # flash / memory-efficient: read q, k, v, write o (and an fp32 logsumexp)
             add("attention io", c * (2 * n_q + 2 * n_kv), 1)
-    residuals = 3 if stack.cross_attention else 2
     add("residual", residuals * 3 * r * n_h, residuals)
     if stack.mlp == "gated":
         add("activation", n_f * 5 * c, 2)  # act(gate) r c w c; * up: r 2c w c

@@ -24,11 +24,23 @@ def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, 
                              "command line; use vramplan's flags (--strategy, -b, --grad-accum)")
 
 
+def _map(flat: dict[str, Any]) -> Mapping:
+    """The file's keys through deepspeed.toml, with DeepSpeed's own default for
+    overlap_comm where the file leaves it out: on for stage 3 only (runtime/zero/config.py
+    overlap_comm_valid; stage 0, plain data parallelism, reduces after the backward)."""
+    mapping = core.map_keys(core.load_table(NAME), flat)
+    stage = flat.get("zero_optimization.stage", 0)
+    if "zero_optimization.overlap_comm" not in flat and stage in (0, 1, 2, 3):
+        mapping.assign("parallel.overlap_grad_reduce", stage == 3,
+                       f"zero_optimization.stage={stage} (overlap_comm's default)", weak=True)
+    return mapping
+
+
 def read(content: dict[str, Any], ctx) -> Mapping:
     """A DeepSpeed JSON on its own. bf16.enabled "auto" is the launcher's bf16, which
     nearly every run sets: bf16-master unless the job says otherwise."""
     flat = core.flatten(content)
-    mapping = core.map_keys(core.load_table(NAME), flat)
+    mapping = _map(flat)
     if flat.get("bf16.enabled") == "auto" and flat.get("fp16.enabled") in ("auto", None, False):
         mapping.assign("precision", "bf16-master", "bf16.enabled auto (the launcher's bf16)",
                        weak=True)
@@ -72,7 +84,7 @@ def include(parent: Mapping, value: Any, key: str, ctx) -> None:
         raise ConfigError(f"{parent.table.title} config key {key!r}: expected a path to a "
                           f"DeepSpeed JSON or its content, got {json.dumps(value)[:60]} "
                           f"(see {parent.table.docs})")
-    child = core.map_keys(core.load_table(NAME), core.flatten(content))
+    child = _map(core.flatten(content))
     parent.mapped.append(key)
     for dotted, (field_value, source, weak) in child.assigned.items():
         parent.assign(dotted, field_value, f"{key} ({source})", weak=weak)

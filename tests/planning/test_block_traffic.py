@@ -1,0 +1,46 @@
+"""The memory-bound bytes of a compiled block (planning/traffic.py): what Inductor's fused
+kernels read and write, for a block that is not Llama-style too (GPT-2: learned positions,
+LayerNorm, GELU MLP, dropout)."""
+
+from vramplan.engines.precision import dtypes_for
+from vramplan.job import Job
+from vramplan.models import load_architecture
+from vramplan.planning.traffic import step_traffic
+
+B, SEQ = 2, 512
+
+
+def _forward(job: Job) -> dict[str, float]:
+    t = step_traffic(job, load_architecture(job.model))
+    return {op: v for (op, phase), v in t.by_op_phase.items() if phase == "forward"}
+
+
+def test_a_compiled_gpt2_block_streams_its_own_ops():
+    arch = load_architecture("gpt2")
+    (stack,) = arch.stacks
+    layers, h, a = stack.num_layers, stack.hidden_size, stack.num_heads
+    assert not arch.traits.rotary and arch.attention_dropout > 0 and arch.hidden_dropout > 0
+    sdpa = Job(model="gpt2", batch_size=B, seq_len=SEQ, compile=True)
+    dt = dtypes_for(sdpa)
+    c, r, tokens = dt.compute, dt.residual, B * SEQ
+    ops = _forward(sdpa)
+    assert "rotary" not in ops  # learned positions: nothing to rotate
+    # flash attention: read q, k, v and write o; no score matrix in memory
+    assert ops["attention io"] == layers * c * 4 * tokens * h
+    assert "softmax" not in ops
+    # two residual adds, each with its dropout fused in: read 2, write 1, plus the mask byte
+    assert ops["residual"] == layers * 2 * (3 * r + 1) * tokens * h
+    assert ops["activation"] == layers * 2 * c * tokens * stack.intermediate_size
+
+    eager = _forward(sdpa.with_changes(attention="eager"))
+    # one fused kernel over the scores: read them, write the probabilities and dropout's mask
+    assert eager["softmax"] == layers * B * a * SEQ * SEQ * (2 * c + 1)
+    assert eager["attention io"] == layers * c * 5 * tokens * h
+
+
+def test_a_compiled_llama_block_keeps_its_rotary_pass():
+    job = Job(model="llama-3.2-1b", batch_size=1, seq_len=SEQ, compile=True)
+    (stack,) = load_architecture(job.model).stacks
+    c = dtypes_for(job).compute
+    q, kv = SEQ * stack.num_heads * stack.head_dim, SEQ * stack.num_kv_heads * stack.head_dim
+    assert _forward(job)["rotary"] == stack.num_layers * 2 * c * (q + kv)
