@@ -134,7 +134,14 @@ def test_gradient_reduction_after_the_backward_is_exposed_whole():
         hidden = sum(c.times * c.link_s for c in terms.collectives if c.overlaps == "")
         if strategy in ("ddp", "zero1", "zero2"):  # nothing else to hide: exposed = all
             assert exposed == pytest.approx(hidden / factors.collective, rel=1e-12)
-        assert predict(after, H100).step_time_s > predict(job, H100).step_time_s
+        slow = predict(after, H100)
+        assert slow.step_time_s > predict(job, H100).step_time_s
+        waiting = sum(c.times * c.link_s for c in terms.collectives
+                      if c.name.startswith("gradient")) / factors.collective
+        assert any(n.startswith(f"the gradient reduction runs after the backward "
+                                f"(parallel.overlap_grad_reduce false): {waiting:.3g} s")
+                   for n in slow.notes), slow.notes
+        assert not any("overlap_grad_reduce" in n for n in predict(job, H100).notes)
 
 
 def test_fp8_attention_runs_at_the_16_bit_rate():

@@ -308,7 +308,8 @@ def predict(job: Job, gpu: GPU, amount: TrainingAmount | None = None, *,
         samples_per_s=terms.samples_per_step / step,
         mfu=terms.model_flops_gpu / (step * terms.peak), flops_per_step=terms.flops_per_step,
         bound=by_time.bound, phases=phases, communication_s=comm_s, factors=factors.source,
-        notes=list(terms.notes) + _host_note(phases, step, factors))
+        notes=list(terms.notes) + _host_note(phases, step, factors)
+        + _gradient_reduce_note(job, terms, factors, step))
     training = _training(amount, gpu, step, terms.tokens_per_step, terms.samples_per_step, n)
     low, high = factors.interval or interval(n)
     perf["step_time_range_s"] = (step * low, step * high)
@@ -333,6 +334,21 @@ def _host_note(phases: list[PhaseTime], step: float, factors: Factors) -> list[s
     return [f"host-bound: {host / step:.0%} of the step waits on the CPU launching kernels "
             f"({factors.kernel_us:.3g} us each, {whose}); a larger batch or torch.compile "
             "hides it"]
+
+
+def _gradient_reduce_note(job: Job, terms: StepTerms, factors: Factors,
+                          step: float) -> list[str]:
+    """Where the gradient reduction waits for the backward, what it costs and what hides it."""
+    if job.parallel.overlap_grad_reduce:
+        return []
+    waiting = sum(c.times * c.link_s / factors.collective for c in terms.collectives
+                  if c.name.startswith("gradient"))
+    if not waiting:
+        return []
+    return [f"the gradient reduction runs after the backward (parallel.overlap_grad_reduce "
+            f"false): {waiting:.3g} s of the {step:.3g} s step; DeepSpeed's "
+            "zero_optimization.overlap_comm true or Megatron-LM's --overlap-grad-reduce "
+            f"overlaps it with the backward (about {factors.overlap:.0%} of it hides)"]
 
 
 def performance_for(job: Job, gpu: str | GPU, *, tokens: int | None = None,
