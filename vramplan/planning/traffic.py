@@ -22,8 +22,10 @@ them; they are counts of what the code does, not fitted numbers:
 
 Compiled (job.compile, training/compiled.py): Inductor fuses each elementwise chain into one
 kernel that reads its inputs once and writes what is kept once: a norm reads the residual
-and writes its 16-bit output (the input casts fused in), rotary reads q and k and writes
-them rotated, act(gate) * up reads both and writes the product; the compiled loss reads the
+and writes its 16-bit output (the input casts fused in), rotary (where the model has it)
+reads q and k and writes them rotated, eager attention's softmax (and dropout) reads the
+scores and writes the probabilities, dropout before a residual add writes only its mask,
+act(gate) * up reads both and writes the product; the compiled loss reads the
 logits for its max and log-sum-exp and writes nothing token x vocab, and its backward reads
 them once and writes their gradient.
 
