@@ -418,7 +418,9 @@ def case(row: dict) -> Case:
     if group in _COLLECTED:
         peft = _collected_peft(tech)
     elif "lora" in row["id"]:
-        peft = {"method": "lora", "target_modules": ("q_proj", "k_proj", "v_proj")}
+        # no adapter dropout: Megatron-Bridge's LoRA default (peft/lora.py, LoRA.dropout 0.0)
+        peft = {"method": "lora", "target_modules": ("q_proj", "k_proj", "v_proj"),
+                "dropout": 0.0}
         assumed.append("LoRA on the attention projections (NeMo's linear_qkv)")
     pipeline = {}
     vpp = par.get("virtual_pp")

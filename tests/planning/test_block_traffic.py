@@ -44,3 +44,17 @@ def test_a_compiled_llama_block_keeps_its_rotary_pass():
     c = dtypes_for(job).compute
     q, kv = SEQ * stack.num_heads * stack.head_dim, SEQ * stack.num_kv_heads * stack.head_dim
     assert _forward(job)["rotary"] == stack.num_layers * 2 * c * (q + kv)
+
+
+def test_compiled_lora_streams_its_adapters_with_scale_and_add_fused():
+    peft = {"method": "lora", "rank": 16, "dropout": 0.0, "target_modules": ("q_proj",)}
+    job = Job(model="llama-3.2-1b", batch_size=1, seq_len=SEQ, compile=True, peft=peft)
+    (stack,) = load_architecture(job.model).stacks
+    c, h = dtypes_for(job).compute, stack.hidden_size
+    q_out = stack.num_heads * stack.head_dim
+    # x @ A reads x (c h) and writes x A (c r); @ B reads it and writes q's size; one fused
+    # kernel reads that and the base output and writes the sum (3 passes): c (h + 2r + 4 q)
+    per_token = c * (h + 2 * 16 + 4 * q_out)
+    assert _forward(job)["lora"] == stack.num_layers * SEQ * per_token
+    eager = _forward(job.with_changes(compile=False))["lora"]
+    assert eager == stack.num_layers * SEQ * c * (h + 2 * 16 + 6 * q_out)

@@ -216,6 +216,8 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
         # dropout fuses into each residual add: only its 1-byte mask is written
         add("residual", residuals * (3 * r + (arch.hidden_dropout > 0)) * n_h, residuals)
         add("activation", (3 if stack.mlp == "gated" else 2) * c * n_f, 1)
+        if job.peft is not None:
+            _lora(job, stack, tokens, c, add, compiled=True)
         return ops, kernels
     if stack.norm == "rmsnorm":
         add("norm", norms * n_h * (r + RMSNORM_PASSES_FP32 * 4 + 2 * c), norms * 6)
@@ -294,16 +296,21 @@ def _calls(arch: Architecture, ln) -> int:
     return 1 if ln.count == 1 or arch.traits.stacked_experts else ln.count
 
 
-def _lora(job: Job, stack: Stack, tokens: int, c: int, add) -> None:
+def _lora(job: Job, stack: Stack, tokens: int, c: int, add, *, compiled: bool = False) -> None:
+    """Each adapted linear's adapter path. Compiled, the scale and the add to the base
+    output fuse into one kernel (read both outputs, write the sum); the dropout's output
+    and the two matmuls' stay in memory, as the matmuls read and write them."""
     targets = set(job.peft.target_modules)
     r = job.peft.rank
+    out_passes, launches = (1 + 3, 3) if compiled else (1 + 2 + 3, 5)
     for ln in stack.linears:
         if "all-linear" not in targets and ln.name not in targets:
             continue
         n_in, n_out = tokens * ln.in_features, tokens * ln.out_features
         drop = n_in * (2 * c + 1) if job.peft.dropout > 0 else 0.0
         # x @ A reads x, writes x A; @ B reads x A, writes out; scale and add to the base
-        add("lora", drop + c * (n_in + 2 * tokens * r) + c * n_out * (1 + 2 + 3), 5)
+        add("lora", drop + c * (n_in + 2 * tokens * r) + c * n_out * out_passes,
+            launches + (compiled and job.peft.dropout > 0))
 
 
 def _loss(job: Job, arch: Architecture, task: str, shapes, dt, t: Traffic) -> None:
