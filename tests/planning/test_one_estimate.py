@@ -27,11 +27,12 @@ JOBS = [
       "--checkpointing", "full", "--set", "parallel.sequence_parallel=false"],
      Job(model="llama-3.1-8b", batch_size=2, seq_len=4096, gpu="L4", checkpointing="full",
          parallel={"num_gpus": 8, "tensor_parallel": 8, "sequence_parallel": False}), {}),
-    # DeepSpeed's bf16 with ZeRO-2: a 16-bit model with fp32 master weights
+    # DeepSpeed's bf16 with ZeRO-2: a 16-bit model with fp32 master weights, and its
+    # default overlap_comm false (the gradient reduce-scatter after the backward)
     (["llama-3.1-8b", "-p", "bf16-master", "--gpu", "A100-80GB", "--num-gpus", "4",
-      "--strategy", "zero2"],
+      "--strategy", "zero2", "--set", "parallel.overlap_grad_reduce=false"],
      Job(model="llama-3.1-8b", precision="bf16-master", gpu="A100-80GB",
-         parallel={"num_gpus": 4, "strategy": "zero2"}), {}),
+         parallel={"num_gpus": 4, "strategy": "zero2", "overlap_grad_reduce": False}), {}),
 ]
 
 
