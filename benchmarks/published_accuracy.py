@@ -165,23 +165,36 @@ def load() -> tuple[list[dict], list[dict]]:
 SIXTEEN_BIT_MODEL_OPS = {"weight cast": 0.0, "grad accumulate": 0.0, "fp8 scaling": None}
 
 
-def _sixteen_bit_model(terms, job: Job, gpu):
-    """The step terms less the per-micro-batch weight work a 16-bit model does not do (fp8
-    scaling: once per step, not per micro-batch)."""
+def _with_op_bytes(terms, job: Job, gpu, scale_of) -> object:
+    """The step terms with each phase's memory-bound bytes changed by scale_of(op) x the
+    bytes step_traffic counts for that op in that phase (the busiest stage's share, per
+    tensor x context-parallel rank): negative drops work, positive adds it."""
     arch = load_architecture(job.model)
     traffic = step_traffic(job, arch)
     share = describe_step(job, arch).stages[-1].layer_share
     split = job.parallel.tensor_parallel * job.parallel.context_parallel
     phases = []
     for p in terms.phases:
-        dropped = 0.0
-        for op, keep in SIXTEEN_BIT_MODEL_OPS.items():
-            nbytes = traffic.by_op_phase.get((op, p.phase), 0.0)
-            kept = 1 / job.grad_accum if keep is None else keep
-            dropped += share * nbytes * (1 - kept) / split
+        changed = sum(share * nbytes * scale_of(op) / split
+                      for (op, phase), nbytes in traffic.by_op_phase.items() if phase == p.phase)
         phases.append(dataclasses.replace(
-            p, memory_s=p.memory_s - dropped / gpu.bandwidth_bytes_s, bytes=p.bytes - dropped))
+            p, memory_s=p.memory_s + changed / gpu.bandwidth_bytes_s, bytes=p.bytes + changed))
     return dataclasses.replace(terms, phases=tuple(phases))
+
+
+def _sixteen_bit_model(terms, job: Job, gpu):
+    """The step terms less the per-micro-batch weight work a 16-bit model does not do (fp8
+    scaling: once per step, not per micro-batch)."""
+    def scale(op: str) -> float:
+        if op not in SIXTEEN_BIT_MODEL_OPS:
+            return 0.0
+        keep = SIXTEEN_BIT_MODEL_OPS[op]
+        return -(1 - (1 / job.grad_accum if keep is None else keep))
+    return _with_op_bytes(terms, job, gpu, scale)
+
+
+# the 16-bit scores: the fused kernel moves 2c + 1 bytes each; a dropout of its own 2c more
+_SCORE_BYTES = 2
 
 
 def _unfused_attention_dropout(terms, job: Job, gpu):
@@ -191,20 +204,11 @@ def _unfused_attention_dropout(terms, job: Job, gpu):
     reads the probabilities and writes them again, where a compiled block (what these rows
     are timed as) fuses it into the softmax. The step terms plus those two passes over the
     scores, in every phase that has the softmax."""
-    arch = load_architecture(job.model)
-    if arch.attention_dropout <= 0:
+    if load_architecture(job.model).attention_dropout <= 0:
         return terms
-    traffic = step_traffic(job, arch)
-    share = describe_step(job, arch).stages[-1].layer_share
-    split = job.parallel.tensor_parallel * job.parallel.context_parallel
-    c = 2  # the 16-bit scores (one read and one write: 2c of the fused kernel's 2c + 1)
-    phases = []
-    for p in terms.phases:
-        added = share * traffic.by_op_phase.get(("softmax", p.phase), 0.0) * (
-            2 * c / (2 * c + 1)) / split
-        phases.append(dataclasses.replace(
-            p, memory_s=p.memory_s + added / gpu.bandwidth_bytes_s, bytes=p.bytes + added))
-    return dataclasses.replace(terms, phases=tuple(phases))
+    c = _SCORE_BYTES
+    return _with_op_bytes(terms, job, gpu,
+                          lambda op: 2 * c / (2 * c + 1) if op == "softmax" else 0.0)
 
 
 def _slower_attention(terms, factor: float):

@@ -209,12 +209,14 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
             if attention == "eager":
                 # one kernel reads the scores and writes the probabilities (scale, mask,
                 # softmax and dropout fused), with dropout's 1-byte mask
-                add("softmax", b * a * seq * s_k * (2 * c + (arch.attention_dropout > 0)), 1)
+                mask = 1 if arch.attention_dropout > 0 else 0
+                add("softmax", b * a * seq * s_k * (2 * c + mask), 1)
                 add("attention io", c * (3 * n_q + 2 * n_q), 2)  # the bmms' head transposes
             else:
                 add("attention io", c * (2 * n_q + 2 * n_kv), 1)
         # dropout fuses into each residual add: only its 1-byte mask is written
-        add("residual", residuals * (3 * r + (arch.hidden_dropout > 0)) * n_h, residuals)
+        mask = 1 if arch.hidden_dropout > 0 else 0
+        add("residual", residuals * (3 * r + mask) * n_h, residuals)
         add("activation", (3 if stack.mlp == "gated" else 2) * c * n_f, 1)
         if job.peft is not None:
             _lora(job, stack, tokens, c, add, compiled=True)
@@ -302,15 +304,17 @@ def _lora(job: Job, stack: Stack, tokens: int, c: int, add, *, compiled: bool = 
     and the two matmuls' stay in memory, as the matmuls read and write them."""
     targets = set(job.peft.target_modules)
     r = job.peft.rank
-    out_passes, launches = (1 + 3, 3) if compiled else (1 + 2 + 3, 5)
+    # kernels: A, B, then scale and add (fused when compiled), and the dropout (eager counts
+    # its launch whatever the rate)
+    dropout = job.peft.dropout > 0
+    out_passes, launches = (1 + 3, 3 + (1 if dropout else 0)) if compiled else (1 + 2 + 3, 5)
     for ln in stack.linears:
         if "all-linear" not in targets and ln.name not in targets:
             continue
         n_in, n_out = tokens * ln.in_features, tokens * ln.out_features
-        drop = n_in * (2 * c + 1) if job.peft.dropout > 0 else 0.0
+        drop = n_in * (2 * c + 1) if dropout else 0.0
         # x @ A reads x, writes x A; @ B reads x A, writes out; scale and add to the base
-        add("lora", drop + c * (n_in + 2 * tokens * r) + c * n_out * out_passes,
-            launches + (compiled and job.peft.dropout > 0))
+        add("lora", drop + c * (n_in + 2 * tokens * r) + c * n_out * out_passes, launches)
 
 
 def _loss(job: Job, arch: Architecture, task: str, shapes, dt, t: Traffic) -> None:
