@@ -111,6 +111,18 @@ def test_t5_gpt2_vit_mpt_traits():
     assert mpt.traits.eager_in_transformers
 
 
+@pytest.mark.parametrize("name", ["vit-base-patch16-224", "mpt-7b", "deepseek-v3", "llama-3.2-1b"])
+def test_eager_softmax_upcasts_where_transformers_code_does(name):
+    # transformers 5.24: softmax(..., dtype=torch.float32) (ViT, DeepSeek, Llama) or
+    # softmax(scores.float()) (MPT); GPT-2, BERT, T5 and Whisper keep the scores' dtype
+    assert load_architecture(name).traits.upcast_softmax
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert-base-uncased", "t5-small", "whisper-small"])
+def test_eager_softmax_keeps_the_scores_dtype_elsewhere(name):
+    assert not load_architecture(name).traits.upcast_softmax
+
+
 def test_moe_layouts():
     v3 = load_architecture("deepseek-v3").traits
     assert v3.stacked_experts and {"gate_proj", "up_proj", "down_proj"} <= v3.peft_expert_targets

@@ -44,9 +44,11 @@ NO_ROTARY = LEARNED_POSITIONS | {"vit", "t5"}
 # the activation transformers' config classes default to, for configs that leave it out
 DEFAULT_ACTIVATION = {"gpt2": "gelu_new", "t5": "relu", "gemma2": "gelu_pytorch_tanh",
                       "gemma3_text": "gelu_pytorch_tanh"}
-# eager attention computes the softmax in fp32 (softmax(..., dtype=torch.float32))
+# eager attention computes the softmax in fp32 (softmax(..., dtype=torch.float32), or MPT's
+# softmax(scores.float()); transformers 5.24 modeling_*.py: ViT's and DeepSeek's too)
 UPCAST_SOFTMAX = frozenset({"llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3", "qwen3",
-                            "qwen3_moe", "olmo2", "gemma3_text"})
+                            "qwen3_moe", "olmo2", "gemma3_text", "vit", "mpt", "deepseek_v2",
+                            "deepseek_v3"})
 # a norm after the attention and one after the MLP, besides the two before them
 # (Gemma2DecoderLayer, Gemma3DecoderLayer: post_attention_layernorm, post_feedforward_layernorm)
 POST_NORMS = frozenset({"gemma2", "gemma3_text"})
