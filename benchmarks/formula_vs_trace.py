@@ -66,6 +66,8 @@ CASES: list[dict] = [
     dict(model="mixtral-8x7b", batch_size=1, seq_len=1024, peft={"rank": 8},
          checkpointing="full"),
     dict(model="vit-large-patch16-224", batch_size=32),
+    # ViT's eager softmax upcasts to fp32 (transformers 5.24): its saved probabilities
+    dict(model="vit-base-patch16-224", batch_size=8, precision="bf16-pure", attention="eager"),
     dict(model="whisper-small", batch_size=8, seq_len=128),
     dict(model="t5-base", batch_size=8, seq_len=512, precision="bf16-pure"),
 ]
