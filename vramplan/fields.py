@@ -90,8 +90,8 @@ JOB_FIELDS: tuple[JobField, ...] = (
              help="pipeline-parallel stages (the blocks split between them)"),
     JobField("pipeline_schedule", ("parallel", "pipeline_schedule"),
              short=("--pp-schedule",), flag="--pp-schedule",
-             help="1f1b, or interleaved (--set parallel.pipeline_chunks=N chunks per GPU, "
-                  "default 2)"),
+             help="1f1b, interleaved (--set parallel.pipeline_chunks=N chunks per GPU, "
+                  "default 2), or gpipe (every forward, then every backward)"),
     JobField("offload_optimizer", ("offload", "optimizer"), help="optimizer states in CPU memory"),
     JobField("offload_params", ("offload", "params"), help="parameters in CPU memory (zero3/fsdp)"),
     JobField("gpu", ("gpu",), short=("-g",), help="the GPU to check (default: every catalog GPU)"),

@@ -66,8 +66,10 @@ SAVED_MODULE_NAMES = {"embed_tokens": "embed_tokens", "wte": "embed_tokens",
                       "shared": "embed_tokens", "tok_embeddings": "embed_tokens",
                       "lm_head": "lm_head", "embed_out": "lm_head", "output": "lm_head"}
 # 1f1b: one forward one backward (PipeDream-Flush, Megatron-LM's default); interleaved:
-# each GPU runs pipeline_chunks model chunks (Megatron-LM's virtual pipeline stages)
-PipelineSchedule = Literal["1f1b", "interleaved"]
+# each GPU runs pipeline_chunks model chunks (Megatron-LM's virtual pipeline stages); gpipe:
+# every micro-batch's forward, then every backward (torch.distributed.pipelining's
+# ScheduleGPipe, torchtitan's "GPipe"): 1F1B's bubble, all micro-batches in flight
+PipelineSchedule = Literal["1f1b", "interleaved", "gpipe"]
 # The training framework whose defaults the job takes (vramplan/frameworks/profiles.toml)
 # What torch.compile compiles (torchtitan's compile.components: "model" = the blocks, "loss";
 # torchtitan before bbb1b616e, 2025-04-02, compiled the blocks only)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from vramplan.engines import formula, pipeline
-from vramplan.engines.formula import phases, saved
+from vramplan.engines.formula import loss, phases, saved
 from vramplan.engines.step import describe_step
 from vramplan.errors import EngineError, JobError
 from vramplan.hardware import get_gpu
@@ -38,6 +38,8 @@ def test_in_flight_micro_batches_per_schedule():
     assert pipeline.in_flight(_job(4, 8, "interleaved"), 0) == 5.5
     assert pipeline.in_flight(_job(4, 8, "interleaved"), 3) == (4 + 1) / 2
     assert pipeline.in_flight(_job(4, 2, "interleaved"), 0) == 4 / 2  # m v = 4 chunks
+    # GPipe: every forward runs before the first backward, on every rank
+    assert [pipeline.in_flight(_job(4, 8, "gpipe"), r) for r in range(4)] == [8] * 4
 
 
 def test_bubble_fraction():
@@ -46,6 +48,7 @@ def test_bubble_fraction():
     # interleaved, v = 2: idle (p - 1) / (v m) = 3/16 of the busy time (Narayanan et al.
     # 2021), i.e. 3 / 19 of the step (it was 3/22: the share / v, not the idle time / v)
     assert pipeline.bubble_fraction(_job(4, 8, "interleaved")) == 3 / 19
+    assert pipeline.bubble_fraction(_job(4, 8, "gpipe")) == 3 / 11   # 1F1B's fill and drain
 
 
 def test_first_stage_weights_and_activations():
@@ -74,6 +77,31 @@ def test_interleaved_first_stage_keeps_more():
     reports, layer_acts = _stage_reports(job)
     # 4 of 16 blocks, 5.5 micro-batches in flight
     assert reports["first"].categories["activations"] == round(layer_acts * 4 / 16 * 5.5)
+
+
+def test_gpipe_keeps_every_micro_batch():
+    job = _job(4, 8, "gpipe", batch_size=2)
+    reports, layer_acts = _stage_reports(job)
+    # 4 of 16 blocks, all 8 micro-batches in flight on the first and on the last stage
+    assert reports["first"].categories["activations"] == round(layer_acts * 4 / 16 * 8)
+    one_f_one_b = _stage_reports(_job(4, 8, batch_size=2))[0]
+    assert one_f_one_b["first"].categories["activations"] == round(layer_acts * 4 / 16 * 4)
+    # the last stage keeps each micro-batch's head input and final norm (llama: nothing
+    # saved for the embedding) and the other 7's logits and log_softmax output
+    step = describe_step(job, ARCH)
+    head = saved.outside_block_activations(job, ARCH, step.shapes, step.activations,
+                                           "causal-lm")
+    tokens = 2 * 2048  # the micro-batch's scored tokens (labels shifted inside the loss)
+    kept = loss.kept_until_backward(job, ARCH, step.shapes, step.activations, "causal-lm")
+    assert kept == step.shapes.loss_tokens * ARCH.vocab_size * (2 + 4)  # bf16 logits, fp32
+    assert step.shapes.loss_tokens in (tokens, tokens - 2)
+    assert reports["last"].categories["activations"] == round(
+        layer_acts * 4 / 16 * 8 + 8 * head + 7 * kept)
+    assert one_f_one_b["last"].categories["activations"] == round(layer_acts * 4 / 16 + head)
+    h100 = get_gpu("H100-SXM")
+    # the same work and the same bubble as 1F1B: the same step time
+    assert predict(job, h100).step_time_s == pytest.approx(
+        predict(_job(4, 8, batch_size=2), h100).step_time_s)
 
 
 def test_step_time_bubble_and_sends():

@@ -13,11 +13,14 @@ backward and keeps their activations until their backward runs,
     1f1b          warmup = p - r - 1,                        in flight = min(warmup + 1, m)
     interleaved   warmup = 2 (p - r - 1) + (v - 1) p   model chunks of L / (p v) blocks,
                   in flight = min(warmup + 1, m v) / v   (in units of a stage's L / p blocks)
+    gpipe         every forward before the first backward    in flight = m on every rank
+                  (torch/distributed/pipelining/schedules.py, ScheduleGPipe)
 
 so stage 0 holds the most: p micro-batches for 1F1B, p (1 + (p - 1) / (p v)) interleaved
 (Korthikanti et al. 2022, "Reducing Activation Recomputation", section 4.2.3); the last
-stage holds 1 (1F1B). Bubble: (p - 1) / (m + p - 1) of the step for 1F1B, divided by v
-interleaved (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training", 2.2).
+stage holds 1 (1F1B). Bubble: (p - 1) / (m + p - 1) of the step for 1F1B and GPipe (the
+same fill and drain), divided by v interleaved (Narayanan et al. 2021, "Efficient
+Large-Scale Language Model Training", 2.2).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class Stage:
     in_flight: float        # micro-batches of the stage's blocks whose activations it keeps
     embedding: bool         # holds the token embedding (and the inputs' activations)
     head: bool              # holds the final norm, the head and the loss
+    # micro-batches whose head and loss tensors it keeps at once (head_in_flight)
+    head_in_flight: int = 1
 
 
 WHOLE = Stage("all", 1.0, 1.0, True, True)
@@ -77,6 +82,8 @@ def in_flight(job: Job, rank: int) -> float:
     if par.pipeline_schedule == "interleaved" and p > 1:
         v = par.pipeline_chunks
         return min(2 * (p - rank - 1) + (v - 1) * p + 1, m * v) / v
+    if par.pipeline_schedule == "gpipe":
+        return m
     return min(p - rank, m)
 
 
@@ -89,7 +96,15 @@ def stages(job: Job, arch: Architecture) -> tuple[Stage, ...]:
     layers = sum(s.num_layers for s in arch.stacks)
     share = blocks_per_stage(job, arch) / layers
     return (Stage("first", share, in_flight(job, 0), True, False),
-            Stage("last", share, in_flight(job, p - 1), False, True))
+            Stage("last", share, in_flight(job, p - 1), False, True, head_in_flight(job)))
+
+
+def head_in_flight(job: Job) -> int:
+    """Micro-batches whose head, logits and loss tensors the last stage keeps at once: one
+    where each forward's backward follows it there (1F1B, interleaved: the last model
+    chunk turns straight round); every micro-batch with GPipe, whose stage keeps each
+    output and loss graph until the backward pass (PipelineStage's fwd_cache)."""
+    return job.grad_accum if job.parallel.pipeline_schedule == "gpipe" else 1
 
 
 def bubble_fraction(job: Job) -> float:

@@ -51,6 +51,28 @@ def loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task:
     return forward, backward
 
 
+def kept_until_backward(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes,
+                        task: str) -> float:
+    """Bytes of one micro-batch's logits and loss tensors that stay until its backward:
+    what a GPipe last stage keeps for each further micro-batch in flight (the stage keeps
+    its output, the logits, and the loss's saved tensors; loss_buffers' forward less the
+    copies that die in the forward)."""
+    t = shapes.loss_tokens / job.parallel.context_parallel
+    vocab = arch.vocab_size / job.parallel.tensor_parallel
+    if not t or not vocab or job.loss == "chunked":  # the chunked loss keeps no logits
+        return 0.0
+    c, tv = dt.compute, t * vocab
+    if job.loss.startswith("chunked:torchtune"):  # every chunk's fp32 log_softmax output
+        kept = 4 * tv + (c * tv if job.loss == "chunked:torchtune-output" else 0.0)
+    elif job.compiles_loss:  # the logits and two fp32 values per token
+        kept = c * tv + 8 * t
+    elif task == "causal-lm" or not dt.autocast:  # the logits and the log_softmax output
+        kept = c * tv + (4 if task == "causal-lm" else c) * tv
+    else:  # autocast: 16-bit log_softmax and nll_loss's fp32 input, beside the logits
+        kept = 2 * c * tv + 4 * tv
+    return kept + (c * tv if arch.traits.final_logit_softcap else 0.0)
+
+
 # torchtune's chunked losses split the scored tokens into 8 (num_output_chunks = 8)
 TORCHTUNE_LOSS_CHUNKS = 8
 

@@ -8,7 +8,7 @@ from vramplan.engines.formula.checks import (
     check_compiled,
     check_mxfp8_inputs,
 )
-from vramplan.engines.formula.loss import loss_buffers
+from vramplan.engines.formula.loss import kept_until_backward, loss_buffers
 from vramplan.engines.formula.notes import framework_notes, technique_notes
 from vramplan.engines.formula.per_gpu import per_gpu_params
 from vramplan.engines.formula.saved import (
@@ -82,6 +82,9 @@ def stage_report(step: Step, runtime_gpu: GPU | None, stage: pipeline.Stage) -> 
         replicated = wide_block * (tp - 1) / (tp * cp)
     logits_fwd, logits_bwd = (loss_buffers(job, arch, shapes, dt, task) if stage.head
                               else (0.0, 0.0))
+    if stage.head and stage.head_in_flight > 1:  # GPipe: the other micro-batches' logits
+        activations += (stage.head_in_flight - 1) * kept_until_backward(job, arch, shapes,
+                                                                        dt, task)
 
     w, g, o, cast, gathered, root_gathered, comm, notes = per_gpu_params(job, params)
     if stage is not pipeline.WHOLE:

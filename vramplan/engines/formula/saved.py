@@ -111,7 +111,7 @@ def hidden_wide_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dt
     if stage is pipeline.WHOLE:
         return layers + embedding + head, largest
     return (layers + (embedding * stage.in_flight if stage.embedding else 0.0)
-            + (head if stage.head else 0.0)), largest
+            + (head * stage.head_in_flight if stage.head else 0.0)), largest
 
 
 # tasks whose head is a trained linear over the last hidden states (its input is saved)
@@ -138,8 +138,8 @@ def outside_block_activations(job: Job, arch: Architecture, shapes: Shapes, dt: 
         first = sum(b * s * st.hidden_size for st, s in zip(arch.stacks, shapes.stack_seq))
     if stage is not pipeline.WHOLE:
         return (first * stage.in_flight if stage.embedding else 0.0) + (
-            outside_block_activations(job, arch, shapes, dt, task) - first
-            if stage.head else 0.0)
+            (outside_block_activations(job, arch, shapes, dt, task) - first)
+            * stage.head_in_flight if stage.head else 0.0)
     total = first
     last = arch.stacks[-1]
     n_last = b * shapes.stack_seq[-1] * last.hidden_size
