@@ -175,6 +175,10 @@ class Parallel(_Strict):
     pipeline_parallel: int = Field(1, ge=1, le=1024)
     pipeline_schedule: PipelineSchedule = "1f1b"
     pipeline_chunks: int = Field(2, ge=2, le=64)  # interleaved: model chunks per GPU
+    # pipeline schedules per step: its grad_accum micro-batches run as this many schedules
+    # of grad_accum / pipeline_flushes, each filling and draining the pipeline (torchtitan
+    # runs one per gradient-accumulation step; Megatron-LM one per step)
+    pipeline_flushes: int = Field(1, ge=1, le=1_000_000)
     # tensor parallelism splits the norms, dropouts and residual stream over its ranks too
     # (sequence parallelism: torchtitan always; Megatron-LM's --sequence-parallel, off by
     # default there). False: each tensor-parallel rank keeps them whole and does their work

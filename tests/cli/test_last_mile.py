@@ -101,7 +101,10 @@ def test_ctrl_c_while_the_command_loads_says_so(delay_s):
     process = subprocess.Popen([sys.executable, "-m", "vramplan", "plan", "llama-3.1-405b",
                                 "--tokens", "1B", "--allow", "global-batch,lora,qlora",
                                 "--max-gpus", "1024"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True,
+                               # as from a terminal: a shell's background job (`pytest &`)
+                               # ignores SIGINT, and Python keeps an inherited SIG_IGN
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(delay_s)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=60)

@@ -42,6 +42,18 @@ def test_in_flight_micro_batches_per_schedule():
     assert [pipeline.in_flight(_job(4, 8, "gpipe"), r) for r in range(4)] == [8] * 4
 
 
+def test_pipeline_flushes_split_the_micro_batches():
+    """torchtitan runs one schedule per accumulation step: each fills and drains."""
+    def flushed(n: int, schedule: str = "1f1b") -> Job:
+        return Job(model="llama-3.2-1b", seq_len=2048, grad_accum=8, parallel=Parallel(
+            num_gpus=4, pipeline_parallel=4, pipeline_schedule=schedule, pipeline_flushes=n))
+    assert pipeline.bubble_fraction(flushed(2)) == 3 / (4 + 3)   # 4 micro-batches a schedule
+    assert pipeline.in_flight(flushed(4), 0) == 2
+    assert pipeline.head_in_flight(flushed(2, "gpipe")) == 4
+    with pytest.raises(JobError, match="multiple of pipeline_flushes"):
+        pipeline.check_pipeline(flushed(3), ARCH)
+
+
 def test_bubble_fraction():
     assert pipeline.bubble_fraction(_job(1, 8)) == 0
     assert pipeline.bubble_fraction(_job(4, 8)) == 3 / 11          # (p - 1) / (m + p - 1)

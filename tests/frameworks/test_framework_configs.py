@@ -155,6 +155,72 @@ def test_torchtitan_405b_asks_for_what_torchtitan_removed():
     assert job.precision == "fp8" and job.fp8.fsdp_float8_all_gather
 
 
+def test_torchtitan_405b_async_tp_and_compile_components():
+    cfg = tomllib.loads((TI / "llama3_405b.toml").read_text())
+    assert cfg["parallelism"]["enable_async_tensor_parallel"] is True
+    job = read_config(TI / "llama3_405b.toml", framework="plain").job()
+    assert job.parallel.async_tp and job.parallel.tensor_parallel == 8
+    assert job.compile and job.compile_components == "blocks+loss"
+    blocks = read_config(TI / "llama3_70b.toml", overrides=[
+        "--compile.enable=true", "--compile.components=model"]).job()
+    assert (blocks.compile, blocks.compile_components) == (True, "blocks")
+    with pytest.raises(ConfigError, match="needs compile.enable"):  # torchtitan refuses it
+        read_config(TI / "llama3_70b.toml",
+                    overrides=["--parallelism.enable_async_tensor_parallel=true"])
+
+
+def test_torchtitan_pipeline_schedule_and_micro_batches():
+    """pipeline_parallel.py: local_batch_size / pipeline_parallel_microbatch_size
+    micro-batches of that size per schedule, one schedule per accumulation step (train.py);
+    a multi-stage schedule's stages per rank from layers_per_stage (2 by default)."""
+    cfg = tomllib.loads((TI / "llama3_70b.toml").read_text())
+    tp = cfg["parallelism"]["tensor_parallel_degree"]
+    local, size, pp, global_batch = 8, 2, 4, 16
+    pipeline = [f"--parallelism.pipeline_parallel_degree={pp}",
+                "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+                f"--training.local_batch_size={local}",
+                f"--parallelism.pipeline_parallel_microbatch_size={size}",
+                f"--training.global_batch_size={global_batch}"]
+    job = read_config(TI / "llama3_70b.toml", overrides=pipeline).job()
+    steps = global_batch // local  # one data-parallel rank (shard degree -1: 1 assumed)
+    assert (job.batch_size, job.grad_accum) == (size, local // size * steps)
+    assert job.parallel.pipeline_flushes == steps
+    assert (job.parallel.pipeline_schedule, job.parallel.pipeline_chunks) == ("interleaved", 2)
+    assert job.parallel.num_gpus == tp * pp
+    # a fix to a pipelined job is written back as torchtitan's three batch keys
+    read = read_config(TI / "llama3_70b.toml", overrides=pipeline)
+    changes, missing = config_changes(read, job, job.with_changes(batch_size=1, grad_accum=16))
+    assert changes == {"parallelism.pipeline_parallel_microbatch_size": 1,
+                       "training.local_batch_size": 1 * 16 // steps,
+                       "training.global_batch_size": 1 * 16 // steps * 1 * steps}
+    assert missing == []
+    # 80 layers + the embedding and the output counted as one each: ceil(82 / 7) = 12
+    # stages, 3 per rank
+    job = read_config(TI / "llama3_70b.toml", overrides=pipeline + [
+        "--parallelism.pipeline_parallel_layers_per_stage=7"]).job()
+    assert job.parallel.pipeline_chunks == 3
+    with pytest.raises(ConfigError, match="cannot spread over 4 ranks"):  # ceil(82 / 10) = 9
+        read_config(TI / "llama3_70b.toml", overrides=pipeline + [
+            "--parallelism.pipeline_parallel_layers_per_stage=10"])
+    gpipe = read_config(TI / "llama3_70b.toml", overrides=[
+        f"--parallelism.pipeline_parallel_degree={pp}",
+        "--parallelism.pipeline_parallel_schedule=GPipe"]).job()
+    assert (gpipe.parallel.pipeline_schedule, gpipe.batch_size, gpipe.grad_accum) == (
+        "gpipe", 1, cfg["training"]["local_batch_size"])  # micro-batches of 1 by default
+    with pytest.raises(ConfigError, match="ZBVZeroBubble.*not modelled"):
+        read_config(TI / "llama3_70b.toml", overrides=[
+            f"--parallelism.pipeline_parallel_degree={pp}",
+            "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble"])
+    with pytest.raises(ConfigError, match="not a multiple of pipeline_parallel_microbatch"):
+        read_config(TI / "llama3_70b.toml", overrides=pipeline[:1] + [
+            "--training.local_batch_size=3",
+            "--parallelism.pipeline_parallel_microbatch_size=2"])
+    # without a pipeline its keys change nothing (the DeepSeek presets name a schedule)
+    plain = read_config(TI / "llama3_70b.toml", overrides=[
+        "--parallelism.pipeline_parallel_schedule=Interleaved1F1B"]).job()
+    assert plain == read_config(TI / "llama3_70b.toml").job()
+
+
 # --- Hugging Face TrainingArguments, TRL, peft ---------------------------------------------------
 
 

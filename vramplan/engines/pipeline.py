@@ -4,7 +4,8 @@ The blocks are split into `pipeline_parallel` contiguous stages of ceil(L / p) b
 most any stage holds; Megatron-LM splits evenly), the token embedding on the first stage,
 the final norm and the head on the last (a tied head keeps its own copy of the embedding
 there, as Megatron-LM's shared embedding group does). The micro-batches of one step
-(grad_accum of them) flow through the stages.
+(grad_accum of them, as pipeline_flushes schedules of
+grad_accum / pipeline_flushes) flow through the stages.
 
 Activations in flight (Megatron-LM, schedules.py: forward_backward_pipelining_without_
 interleaving / _with_interleaving): a rank r of p runs `warmup` forwards before its first
@@ -68,6 +69,16 @@ def check_pipeline(job: Job, arch: Architecture) -> None:
     if job.activation_offload:
         raise JobError("activation offloading with pipeline parallelism is not modelled: "
                        "drop one of them")
+    flushes = job.parallel.pipeline_flushes
+    if job.grad_accum % flushes:
+        raise JobError(f"grad_accum={job.grad_accum} micro-batches cannot run as "
+                       f"pipeline_flushes={flushes} equal pipeline schedules: make grad_accum "
+                       "a multiple of pipeline_flushes")
+
+
+def micro_batches(job: Job) -> int:
+    """Micro-batches of one pipeline schedule (the step runs pipeline_flushes of them)."""
+    return max(1, job.grad_accum // job.parallel.pipeline_flushes)
 
 
 def blocks_per_stage(job: Job, arch: Architecture) -> int:
@@ -77,7 +88,7 @@ def blocks_per_stage(job: Job, arch: Architecture) -> int:
 
 def in_flight(job: Job, rank: int) -> float:
     """Micro-batches of a stage's blocks whose activations rank `rank` keeps at once."""
-    par, m = job.parallel, job.grad_accum
+    par, m = job.parallel, micro_batches(job)
     p = par.pipeline_parallel
     if par.pipeline_schedule == "interleaved" and p > 1:
         v = par.pipeline_chunks
@@ -104,15 +115,16 @@ def head_in_flight(job: Job) -> int:
     where each forward's backward follows it there (1F1B, interleaved: the last model
     chunk turns straight round); every micro-batch with GPipe, whose stage keeps each
     output and loss graph until the backward pass (PipelineStage's fwd_cache)."""
-    return job.grad_accum if job.parallel.pipeline_schedule == "gpipe" else 1
+    return micro_batches(job) if job.parallel.pipeline_schedule == "gpipe" else 1
 
 
 def bubble_fraction(job: Job) -> float:
     """Share of the step the pipeline's GPUs sit idle: (p - 1) / (v m + p - 1), i.e. an idle
     time of (p - 1) / (v m) of the busy time (Narayanan et al. 2021, sec. 2.2: 1F1B's bubble
-    (p - 1) / m, the interleaved schedule's v times smaller)."""
+    (p - 1) / m, the interleaved schedule's v times smaller), m the micro-batches of one
+    schedule (each of the step's pipeline_flushes fills and drains the pipeline)."""
     par = job.parallel
-    p, m = par.pipeline_parallel, job.grad_accum
+    p, m = par.pipeline_parallel, micro_batches(job)
     if p == 1:
         return 0.0
     v = par.pipeline_chunks if par.pipeline_schedule == "interleaved" else 1

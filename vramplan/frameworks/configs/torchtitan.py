@@ -22,10 +22,11 @@ def detect(content: dict[str, Any], syntax: str) -> bool:
 def apply_overrides(content: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """`--training.local_batch_size=2` or `--training.local_batch_size 2`."""
     content = core.dashed_overrides(content, overrides, "torchtitan")
-    converters = content.get("model", {}).get("converters") if isinstance(
-        content.get("model"), dict) else None
-    if isinstance(converters, str):  # --model.converters=float8,mx
-        content["model"]["converters"] = [c for c in converters.split(",") if c]
+    for section, key in (("model", "converters"), ("compile", "components")):
+        table = content.get(section)
+        value = table.get(key) if isinstance(table, dict) else None
+        if isinstance(value, str):  # --model.converters=float8,mx (a list on the command line)
+            table[key] = [c for c in value.split(",") if c]
     return content
 
 
@@ -36,9 +37,14 @@ def read(content: dict[str, Any], ctx) -> Mapping:
     handled = {"model.name", "model.flavor", "activation_checkpoint.mode",
                "activation_checkpoint.selective_ac_option", "model.converters",
                "parallelism.data_parallel_replicate_degree",
-               "parallelism.data_parallel_shard_degree", "training.global_batch_size"}
+               "parallelism.data_parallel_shard_degree", "training.global_batch_size",
+               "compile.components", "parallelism.enable_async_tensor_parallel",
+               *_PIPELINE_KEYS}
+    if (flat.get("parallelism.pipeline_parallel_degree") or 1) > 1:
+        handled.add("training.local_batch_size")  # the pipeline splits it (_pipeline)
     for key in handled & set(flat):
-        core.check_type(table, table.entries[key], flat[key])
+        if flat[key] is not None:
+            core.check_type(table, table.entries[key], flat[key])
         mapping.mapped.append(key)
     for kind in ("tensor", "context", "pipeline"):  # read by _parallel too: typed first
         key = f"parallelism.{kind}_parallel_degree"
@@ -46,7 +52,9 @@ def read(content: dict[str, Any], ctx) -> Mapping:
             core.check_type(table, table.entries[key], flat[key])
     _model(flat, table, mapping, ctx)
     _checkpointing(flat, mapping)
-    _parallel(flat, mapping)
+    accumulation = _parallel(flat, mapping)
+    _pipeline(flat, table, mapping, ctx, accumulation)
+    _compile(flat, mapping)
     converters = flat.get("model.converters", [])
     if "float8" in converters:
         mapping.assign("precision", "fp8", "model.converters=['float8']")
@@ -122,7 +130,114 @@ def _parallel(flat: dict[str, Any], mapping: Mapping) -> None:
             raise ConfigError(f"torchtitan training.global_batch_size {global_batch} is not a "
                               f"multiple of local_batch_size x data-parallel degree "
                               f"({local} x {replicate * shard}), as train.py requires")
-        mapping.assign("grad_accum", steps, "training.global_batch_size")
+        return steps
+    return None
+
+
+_PIPELINE_KEYS = ("parallelism.pipeline_parallel_schedule",
+                  "parallelism.pipeline_parallel_microbatch_size",
+                  "parallelism.pipeline_parallel_layers_per_stage",
+                  "parallelism.pipeline_parallel_first_stage_less_layers",
+                  "parallelism.pipeline_parallel_last_stage_less_layers")
+
+
+def _pipeline(flat: dict[str, Any], table, mapping: Mapping, ctx, accumulation: int | None):
+    """The schedule, its micro-batches and stages per rank, as pipeline_parallel.py builds
+    them; without a pipeline the local batch is one micro-batch of each accumulation step."""
+    pp = flat.get("parallelism.pipeline_parallel_degree") or 1
+    if pp == 1:
+        if accumulation is not None:
+            mapping.assign("grad_accum", accumulation, "training.global_batch_size")
+        return
+    name = flat.get("parallelism.pipeline_parallel_schedule") or "1F1B"
+    schedules = table.extra["pipeline_schedules"]
+    if name not in schedules:
+        raise ConfigError(f"torchtitan pipeline_parallel_schedule {name!r} is not modelled: "
+                          f"vramplan models {', '.join(schedules)}; name one of them for "
+                          "an estimate")
+    local = flat.get("training.local_batch_size", 8)
+    size = flat.get("parallelism.pipeline_parallel_microbatch_size") or 1
+    if not isinstance(local, int) or local < 1 or size < 1 or local % size:
+        raise ConfigError(f"torchtitan training.local_batch_size {local} is not a multiple of "
+                          f"pipeline_parallel_microbatch_size {size}, as "
+                          "pipeline_parallel.py requires")
+    micro = local // size
+    key = "parallelism.pipeline_parallel_microbatch_size"
+    mapping.assign("batch_size", size, f"{key}={size} (local_batch_size {local})")
+    mapping.assign("grad_accum", micro * (accumulation or 1),
+                   f"training.local_batch_size / {key}"
+                   + (" x the accumulation steps" if accumulation else ""))
+    if accumulation and accumulation > 1:  # train.py: one pp_schedule.step per accumulation
+        mapping.assign("parallel.pipeline_flushes", accumulation, "training.global_batch_size")
+    mapping.assign("parallel.pipeline_schedule", schedules[name],
+                   f"parallelism.pipeline_parallel_schedule={name!r}")
+    if schedules[name] == "interleaved":
+        mapping.assign("parallel.pipeline_chunks", _stages_per_rank(flat, pp, ctx, mapping),
+                       "parallelism.pipeline_parallel_layers_per_stage")
+
+
+def _stages_per_rank(flat: dict[str, Any], pp: int, ctx, mapping: Mapping) -> int:
+    """pipeline_parallel.py pipeline_llm: 2 per rank for a multi-stage schedule, or
+    ceil((layers + first_less + last_less) / layers_per_stage) stages over the pp ranks."""
+    per_stage = flat.get("parallelism.pipeline_parallel_layers_per_stage")
+    if per_stage is None:
+        return 2
+    model = ctx.model or mapping.assigned.get("model", (None,))[0]
+    if model is None or per_stage < 1:
+        raise ConfigError("torchtitan pipeline_parallel_layers_per_stage needs a model with "
+                          "a layer count and a positive value")
+    from vramplan.models import load_architecture
+
+    layers = sum(s.num_layers for s in load_architecture(model).stacks)
+    extra = sum(flat.get(f"parallelism.pipeline_parallel_{end}_stage_less_layers", 1) or 0
+                for end in ("first", "last"))
+    stages = math.ceil((layers + extra) / per_stage)
+    if stages % pp or stages // pp < 2:
+        raise ConfigError(f"torchtitan: {layers} layers at pipeline_parallel_layers_per_stage "
+                          f"{per_stage} make {stages} stages, which an interleaved schedule "
+                          f"cannot spread over {pp} ranks (a multiple of {pp}, at least 2 per "
+                          "rank, as pipeline_parallel.py requires)")
+    return stages // pp
+
+
+def _compile(flat: dict[str, Any], mapping: Mapping) -> None:
+    """compile.components (blocks 'model', 'loss'), and async TP, which needs the blocks
+    compiled (tensor_parallel.py maybe_enable_async_tp)."""
+    enabled = bool(flat.get("compile.enable"))
+    components = flat.get("compile.components") or ["model", "loss"]
+    if enabled:
+        unknown = set(components) - {"model", "loss"}
+        if unknown or not components:
+            raise ConfigError(f"torchtitan compile.components {components!r}: vramplan models "
+                              "'model' (the blocks) and 'loss'")
+        what = "+".join(n for k, n in (("model", "blocks"), ("loss", "loss"))
+                        if k in components)
+        mapping.assign("compile_components", what, f"compile.components={components!r}")
+    tp = flat.get("parallelism.tensor_parallel_degree") or 1
+    if flat.get("parallelism.enable_async_tensor_parallel") and tp > 1:
+        if not (enabled and "model" in components):
+            raise ConfigError("torchtitan enable_async_tensor_parallel needs compile.enable "
+                              "and 'model' in compile.components (tensor_parallel.py "
+                              "maybe_enable_async_tp refuses it otherwise)")
+        mapping.assign("parallel.async_tp", True, "parallelism.enable_async_tensor_parallel")
+
+
+def own_changes(content: dict[str, Any], before, after) -> tuple[dict[str, Any], tuple]:
+    """A pipelined job's batch as torchtitan's keys: its micro-batch is
+    pipeline_parallel_microbatch_size, local_batch_size that times the micro-batches of one
+    schedule, and global_batch_size (where the file sets one) that times the data-parallel
+    ranks and the schedules per step (the accumulation steps)."""
+    par = after.parallel
+    fields = ("batch_size", "grad_accum")
+    if par.pipeline_parallel == 1 or all(getattr(before, f) == getattr(after, f)
+                                         for f in fields):
+        return {}, ()
+    local = after.batch_size * (after.grad_accum // par.pipeline_flushes)
+    changes = {"parallelism.pipeline_parallel_microbatch_size": after.batch_size,
+               "training.local_batch_size": local}
+    if (core.flatten(content).get("training.global_batch_size") or -1) > 0:
+        changes["training.global_batch_size"] = local * par.data_parallel * par.pipeline_flushes
+    return changes, fields
 
 
 def override_line(config_file: str, changes: dict[str, Any]) -> str:

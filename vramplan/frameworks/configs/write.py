@@ -25,11 +25,13 @@ def config_changes(read: ConfigRead, before: Job, after: Job) -> tuple[dict[str,
     """(file key -> new value, the Job changes the format has no key for)."""
     tables = [load_table(read.format)] + (  # LLaMA-Factory files hold TrainingArguments too
         [load_table("hf-trainer")] if read.format == "llama-factory" else [])
-    changes: dict[str, Any] = {}
+    # fields whose keys the format works out itself (torchtitan's pipelined batch)
+    own = getattr(_MODULES[read.format], "own_changes", None)
+    changes, handled = own(read.content, before, after) if own else ({}, ())
     missing: list[str] = []
     for name in _FIELDS:
         new = _get(after, name)
-        if _get(before, name) == new:
+        if _get(before, name) == new or name in handled:
             continue
         found = next((f for t in tables if (f := _key_for(t, read, name, after))), None)
         if found is None:
