@@ -100,7 +100,9 @@ def _checkpointing(flat: dict[str, Any], mapping: Mapping) -> None:
                           "models none, full, selective with 'op' or '2'")
 
 
-def _parallel(flat: dict[str, Any], mapping: Mapping) -> None:
+def _parallel(flat: dict[str, Any], mapping: Mapping) -> int | None:
+    """Strategy and GPUs from the degrees; returns the accumulation steps the global batch
+    asks for (None: no global batch, no accumulation)."""
     def degree(name: str, default: int) -> int:  # null: the default
         value = flat.get(f"parallelism.{name}")
         return default if value is None else value
