@@ -12,10 +12,24 @@ from vramplan.models import Architecture
 
 def loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task: str):
     """(forward, backward-start) bytes of logits and cross-entropy buffers."""
+    return _loss_memory(job, arch, shapes, dt, task)[:2]
+
+
+def kept_until_backward(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes,
+                        task: str) -> float:
+    """Bytes of one micro-batch's logits and loss tensors that stay until its backward:
+    what a GPipe last stage keeps for each further micro-batch in flight (its output, the
+    logits, and the loss's saved tensors: the forward's buffers less the copies that die
+    in the forward)."""
+    return _loss_memory(job, arch, shapes, dt, task)[2]
+
+
+def _loss_memory(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task: str):
+    """(forward, backward-start, kept until backward) bytes of the logits and the loss."""
     t = shapes.loss_tokens / job.parallel.context_parallel
     vocab = arch.vocab_size / job.parallel.tensor_parallel
     if not t or not vocab:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     c, h = dt.compute, hidden_size(arch)
     if job.loss.startswith("chunked:torchtune"):
         return torchtune_loss_buffers(job, t, vocab, h, dt)
@@ -24,21 +38,23 @@ def loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task:
         # no logits; backward recomputes one chunk's bf16 logits, their fp32 copy and
         # log_softmax, then the nll and log_softmax gradients, beside the hidden states' grad
         tc = t / CHUNKED_LOSS_CHUNKS
-        return max(c + 4, 8) * tc * vocab, (c + 12) * tc * vocab + c * t * h
+        return max(c + 4, 8) * tc * vocab, (c + 12) * tc * vocab + c * t * h, 0.0
     tv = t * vocab
+    transient = 0.0  # forward copies that die before backward
     if job.compiles_loss:
         # the compiled loss (training/compiled.py compile_loss) fuses the upcast, log_softmax
         # and nll into reductions: forward keeps the logits and two fp32 values per token
         # (max, log-sum-exp); its backward writes the logits' gradient in their dtype
         # while the saved logits are still alive
-        return c * tv + 8 * t, 2 * c * tv + 8 * t
-    if task == "causal-lm" or not dt.autocast:
+        forward, backward = c * tv + 8 * t, 2 * c * tv + 8 * t
+    elif task == "causal-lm" or not dt.autocast:
         # transformers' causal-LM loss upcasts the logits to fp32 first; other heads without
         # autocast stay in the logits' dtype. Forward: logits (kept by the output), the
         # upcast copy, the log_softmax output (saved); backward: that output plus the dense
         # nll and log_softmax gradients. The logits are dropped with the outputs (HF Trainer).
         loss = 4 if task == "causal-lm" else c
-        forward = c * tv + loss * tv + (loss * tv if loss != c else 0)
+        transient = loss * tv if loss != c else 0
+        forward = c * tv + loss * tv + transient
         backward = 3 * loss * tv
     else:
         # cross_entropy on 16-bit logits under CUDA autocast: log_softmax stays 16-bit and
@@ -48,29 +64,7 @@ def loss_buffers(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task:
         backward = (c + 8) * tv
     if arch.traits.final_logit_softcap:  # Gemma-2 keeps tanh(logits / cap)
         forward, backward = forward + c * tv, backward + c * tv
-    return forward, backward
-
-
-def kept_until_backward(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes,
-                        task: str) -> float:
-    """Bytes of one micro-batch's logits and loss tensors that stay until its backward:
-    what a GPipe last stage keeps for each further micro-batch in flight (the stage keeps
-    its output, the logits, and the loss's saved tensors; loss_buffers' forward less the
-    copies that die in the forward)."""
-    t = shapes.loss_tokens / job.parallel.context_parallel
-    vocab = arch.vocab_size / job.parallel.tensor_parallel
-    if not t or not vocab or job.loss == "chunked":  # the chunked loss keeps no logits
-        return 0.0
-    c, tv = dt.compute, t * vocab
-    if job.loss.startswith("chunked:torchtune"):  # every chunk's fp32 log_softmax output
-        kept = 4 * tv + (c * tv if job.loss == "chunked:torchtune-output" else 0.0)
-    elif job.compiles_loss:  # the logits and two fp32 values per token
-        kept = c * tv + 8 * t
-    elif task == "causal-lm" or not dt.autocast:  # the logits and the log_softmax output
-        kept = c * tv + (4 if task == "causal-lm" else c) * tv
-    else:  # autocast: 16-bit log_softmax and nll_loss's fp32 input, beside the logits
-        kept = 2 * c * tv + 4 * tv
-    return kept + (c * tv if arch.traits.final_logit_softcap else 0.0)
+    return forward, backward, forward - transient
 
 
 # torchtune's chunked losses split the scored tokens into 8 (num_output_chunks = 8)
@@ -78,7 +72,8 @@ TORCHTUNE_LOSS_CHUNKS = 8
 
 
 def torchtune_loss_buffers(job: Job, t: float, vocab: float, h: int, dt: Dtypes):
-    """(forward, backward-start) bytes of torchtune's chunked losses, eager (uncompiled).
+    """(forward, backward-start, kept until backward) bytes of torchtune's chunked losses,
+    eager (uncompiled).
 
     Per chunk both run logits.float() and cross_entropy, whose log_softmax saves its fp32
     output: every chunk's stays until backward (4 bytes x tokens x vocab in all), and the
@@ -99,12 +94,16 @@ def torchtune_loss_buffers(job: Job, t: float, vocab: float, h: int, dt: Dtypes)
         if job.peft is None:
             remaining = c * (TORCHTUNE_LOSS_CHUNKS - 2) * tc * vocab
             backward = max(backward, remaining + 3 * vocab * h * dt.grad)
-        return forward, backward
-    forward = 4 * t * vocab + (c + 4) * tc * vocab
+        return forward, backward, forward
+    # the last chunk's 16-bit logits and fp32 copy die in the forward (the -output loss
+    # keeps every chunk's logits)
+    transient = (c + 4) * tc * vocab
+    forward = 4 * t * vocab + transient
     if job.loss == "chunked:torchtune-output":
-        forward = (c + 4) * t * vocab + 4 * tc * vocab
+        transient = 4 * tc * vocab
+        forward = (c + 4) * t * vocab + transient
     backward = 4 * t * vocab + 8 * tc * vocab
     if job.peft is None:
         remaining = 4 * (TORCHTUNE_LOSS_CHUNKS - 2) * tc * vocab
         backward = max(backward, remaining + 3 * vocab * h * dt.grad)
-    return forward, backward
+    return forward, backward, forward - transient

@@ -158,7 +158,7 @@ def _pipeline(flat: dict[str, Any], table, mapping: Mapping, ctx, accumulation: 
                           f"vramplan models {', '.join(schedules)}; name one of them for "
                           "an estimate")
     local = flat.get("training.local_batch_size", 8)
-    size = flat.get("parallelism.pipeline_parallel_microbatch_size") or 1
+    size = flat.get("parallelism.pipeline_parallel_microbatch_size", 1)
     if not isinstance(local, int) or local < 1 or size < 1 or local % size:
         raise ConfigError(f"torchtitan training.local_batch_size {local} is not a multiple of "
                           f"pipeline_parallel_microbatch_size {size}, as "
@@ -191,7 +191,7 @@ def _stages_per_rank(flat: dict[str, Any], pp: int, ctx, mapping: Mapping) -> in
     from vramplan.models import load_architecture
 
     layers = sum(s.num_layers for s in load_architecture(model).stacks)
-    extra = sum(flat.get(f"parallelism.pipeline_parallel_{end}_stage_less_layers", 1) or 0
+    extra = sum(flat.get(f"parallelism.pipeline_parallel_{end}_stage_less_layers", 1)
                 for end in ("first", "last"))
     stages = math.ceil((layers + extra) / per_stage)
     if stages % pp or stages // pp < 2:
