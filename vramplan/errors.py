@@ -33,7 +33,13 @@ class VramplanError(Exception):
 
 
 class JobError(VramplanError, ValueError):
-    """The job is invalid: a number out of range or an impossible combination."""
+    """The job is invalid: a number out of range or an impossible combination. `field`,
+    where one field is to blame, is its path in the Job ("parallel.pipeline_chunks"): the
+    web page shows the message beside it."""
+
+    def __init__(self, message: str, *, field: str = ""):
+        super().__init__(message)
+        self.field = field
 
 
 class UnknownNameError(VramplanError, KeyError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -94,8 +94,7 @@ class _RaisesJobError(type(BaseModel)):
 
 def _is_number(annotation: Any) -> bool:
     """int, float, or either of them or None."""
-    import typing
-    args = set(typing.get_args(annotation)) - {type(None)} or {annotation}
+    args = set(get_args(annotation)) - {type(None)} or {annotation}
     return args <= {int, float}
 
 
@@ -562,3 +561,16 @@ def merge_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str
         else:
             merged[key] = value
     return merged
+
+
+def choices() -> dict[str, list[str]]:
+    """Every choice of a Job (a field whose type is a Literal of names) and its allowed
+    values, the default first, keyed by its path ("precision", "parallel.strategy"): what
+    the web page's selects offer, so a value added to the Job reaches them."""
+    out = {}
+    for prefix, model in (("", Job), ("parallel.", Parallel)):
+        for name, field in model.model_fields.items():
+            if get_origin(field.annotation) is Literal:
+                values = list(get_args(field.annotation))
+                out[prefix + name] = [field.default] + [v for v in values if v != field.default]
+    return out

@@ -137,14 +137,21 @@ def test_step_time_bubble_and_sends():
     assert phases["forward"].flops < one["forward"].flops / 2
 
 
-@pytest.mark.parametrize("parallel,message", [
-    (Parallel(num_gpus=32, pipeline_parallel=32), "only 16 blocks"),
+@pytest.mark.parametrize("parallel,message,field", [
+    (Parallel(num_gpus=32, pipeline_parallel=32), "only 16 blocks: use at most 16 stages",
+     "parallel.pipeline_parallel"),
+    # 16 blocks: 2 chunks each on 16 stages would need 32; at most 8 stages of 2
     (Parallel(num_gpus=16, pipeline_parallel=16, pipeline_schedule="interleaved"),
-     "16 x pipeline_chunks=2"),
+     "16 x pipeline_chunks=2 model chunks .* use at most 8 stages of 2 chunks",
+     "parallel.pipeline_chunks"),
+    # 4 stages x 64 chunks: 16 blocks hold 4 chunks per GPU
+    (Parallel(num_gpus=4, pipeline_parallel=4, pipeline_schedule="interleaved",
+              pipeline_chunks=64), "use at most 4 chunks per GPU", "parallel.pipeline_chunks"),
 ])
-def test_more_stages_than_blocks_is_refused(parallel, message):
-    with pytest.raises(JobError, match=message):
+def test_more_stages_than_blocks_is_refused(parallel, message, field):
+    with pytest.raises(JobError, match=message) as refused:
         formula.estimate(Job(model="llama-3.2-1b", parallel=parallel))
+    assert refused.value.field == field  # the web page shows it beside that field
 
 
 def test_pipeline_needs_a_decoder_and_the_formula():

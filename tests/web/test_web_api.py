@@ -312,9 +312,10 @@ def test_plan_equals_the_library(client):
     assert upload.status_code == 422 and "catalog models only" in upload.json()["error"]
 
 
-def test_the_pages_choices_are_the_jobs_own():
-    """The page's selects restate Job's allowed values, in an order of their own: each
-    offers exactly them (a value added to Job must reach the page)."""
+def test_the_pages_choices_are_the_jobs_own(client):
+    """The page's selects are filled from /api/v1/choices, which reads the Job's Literal
+    types: each offers exactly the Job's values, its default first (a value added to the
+    Job reaches the page), and the page restates none of them."""
     import re
     import typing
     from pathlib import Path
@@ -322,14 +323,34 @@ def test_the_pages_choices_are_the_jobs_own():
     from vramplan import job as job_module
 
     page = (Path(job_module.__file__).parent / "web" / "page.html").read_text()
+    offered = client.get("/api/v1/choices").json()
+    assert offered == job_module.choices()
+    literals = {"precision": (job_module.Precision, "bf16-mixed"),
+                "parallel.strategy": (job_module.Strategy, "none"),
+                "optimizer": (job_module.Optimizer, "adamw"),
+                "checkpointing": (job_module.Checkpointing, "none"),
+                "attention": (job_module.Attention, "sdpa"),
+                "loss": (job_module.Loss, "standard"),
+                "parallel.pipeline_schedule": (job_module.PipelineSchedule, "1f1b"),
+                "framework": (job_module.Framework, "plain"),
+                "optimizer_impl": (job_module.OptimizerImpl, "foreach")}
+    for path, (literal, default) in literals.items():
+        assert offered[path][0] == default, path
+        assert sorted(offered[path]) == sorted(typing.get_args(literal)), path
+    selects = dict(re.findall(r'<select id="([^"]+)" name="[^"]+" data-choice="([^"]+)">'
+                              r'</select>', page))
+    assert set(selects.values()) == set(literals)
+    assert "<option>" not in page  # no select restates a Job value
 
-    def options(name: str) -> list[str]:
-        select = re.search(rf'<select id="{name}" name="{name}">(.*?)</select>', page).group(1)
-        return re.findall(r"<option>([^<]*)</option>", select)
 
-    allowed = {"precision": job_module.Precision, "strategy": job_module.Strategy,
-               "optimizer": job_module.Optimizer, "checkpointing": job_module.Checkpointing,
-               "attention": job_module.Attention, "loss": job_module.Loss}
-    for name, literal in allowed.items():
-        offered = options(name)
-        assert sorted(offered) == sorted(typing.get_args(literal)), name
+def test_a_refused_pipeline_names_its_field(client):
+    """An engine's refusal that one field causes carries that field's path, so the page can
+    show it beside the field (16 blocks over 4 stages hold at most 4 chunks per GPU)."""
+    job = {"model": "llama-3.2-1b", "parallel": {
+        "num_gpus": 4, "pipeline_parallel": 4, "pipeline_schedule": "interleaved",
+        "pipeline_chunks": 5}}
+    r = client.post("/api/v1/estimate", json={"job": job})
+    assert r.status_code == 422
+    [item] = r.json()["errors"]
+    assert item["field"] == "job.parallel.pipeline_chunks"
+    assert "use at most 4 chunks per GPU" in item["message"]

@@ -396,3 +396,42 @@ def test_plan_allow_boxes_come_from_the_techniques_table_and_global_batch_is_sen
     page.click("#run-plan")
     page.wait_for_function(
         "() => document.getElementById('err-global_batch_tokens').textContent !== ''")
+
+
+def test_a_pipelined_job_on_the_page_is_the_cli_and_apis_job(page, server):
+    """The page's pipeline fields reach the Job: the same numbers as vramplan.estimate and
+    the CLI line that reproduces them (interleaved's chunks through --set)."""
+    import vramplan
+
+    page.goto(server.url)
+    page.wait_for_selector("#gpu option[value='H100-SXM']", state="attached")
+    page.wait_for_selector("#pipeline_schedule option[value='gpipe']", state="attached")
+    page.fill("#model", "llama-3.2-1b")
+    page.fill("#num_gpus", "8")
+    page.fill("#grad_accum", "8")
+    page.fill("#pipeline_parallel", "4")
+    page.fill("#context_parallel", "2")
+    page.select_option("#pipeline_schedule", "interleaved")
+    page.fill("#pipeline_chunks", "4")
+    page.select_option("#gpu", "H100-SXM")
+    job = vramplan.Job(model="llama-3.2-1b", grad_accum=8, gpu="H100-SXM",
+                       parallel={"num_gpus": 8, "pipeline_parallel": 4, "context_parallel": 2,
+                                 "pipeline_schedule": "interleaved", "pipeline_chunks": 4})
+    expected = vramplan.estimate(job)
+    wait_for_bytes(page, expected.peak_allocated)
+    assert shown_bytes(page, "kpi-device_total") == expected.device_total
+    assert page.inner_text("#kpi-step_time").startswith(
+        f"{expected.performance.step_time_s:.3f} s")
+    line = page.inner_text("#cli-command")
+    assert "--pp 4" in line and "--cp 2" in line and "--pp-schedule interleaved" in line
+    assert "parallel.pipeline_chunks=4" in line
+    # a shared link keeps the pipeline
+    other = page.context.new_page()
+    other.goto(page.url)
+    wait_for_bytes(other, expected.peak_allocated)
+    assert other.input_value("#pipeline_schedule") == "interleaved"
+    assert page.problems == []
+    # more chunks than blocks allow: the message stands beside the field it names
+    page.fill("#pipeline_chunks", "64")
+    page.wait_for_function("() => document.getElementById('err-pipeline_chunks').textContent"
+                           ".includes('at most 4 chunks per GPU')")

@@ -62,10 +62,15 @@ def check_pipeline(job: Job, arch: Architecture) -> None:
                        "tensor_parallel or fsdp")
     v = job.parallel.pipeline_chunks if job.parallel.pipeline_schedule == "interleaved" else 1
     if p * v > layers:
-        what = (f"pipeline_parallel={p} stages" if v == 1 else
-                f"pipeline_parallel={p} x pipeline_chunks={v} model chunks")
-        raise JobError(f"{what} but {arch.name} has only {layers} blocks: use at most "
-                       f"{layers // v} stages")
+        if v == 1:
+            raise JobError(f"pipeline_parallel={p} stages but {arch.name} has only {layers} "
+                           f"blocks: use at most {layers} stages",
+                           field="parallel.pipeline_parallel")
+        fewer = (f"at most {layers // p} chunks per GPU" if layers >= 2 * p else
+                 f"at most {layers // 2} stages of 2 chunks")
+        raise JobError(f"pipeline_parallel={p} x pipeline_chunks={v} model chunks but "
+                       f"{arch.name} has only {layers} blocks: use {fewer}",
+                       field="parallel.pipeline_chunks")
     if job.activation_offload:
         raise JobError("activation offloading with pipeline parallelism is not modelled: "
                        "drop one of them")

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from vramplan.engines.memory_report import MemoryReport
 from vramplan.engines.registry import run_engine
 from vramplan.errors import UnknownNameError, VramplanError
-from vramplan.job import Job
+from vramplan.job import Job, choices
 from vramplan.web import schemas
 from vramplan.web.guard import RequestGuard, error_response, validation_errors
 from vramplan.web.traces import QueueFull, TraceQueue
@@ -76,6 +76,12 @@ def create_app(*, max_queued_traces: int = 3, trace_grace_s: float = 30.0) -> Fa
                  "usable_bytes": g.usable_bytes, "bandwidth_bytes_s": g.bandwidth_bytes_s,
                  "tflops": g.tflops, "price_per_hour": g.price_per_hour,
                  "price_date": g.price_date} for g in list_gpus()]
+
+    @app.get(f"{API}/choices")
+    def job_choices() -> dict[str, list[str]]:
+        """The allowed values of each of the Job's choices, its default first ("precision",
+        "parallel.strategy"): what the page's selects offer."""
+        return choices()
 
     @app.get(f"{API}/allow")
     def allow() -> dict[str, str]:
@@ -351,7 +357,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(VramplanError)
     async def refused(request: Request, error: VramplanError) -> JSONResponse:
-        return error_response(422, [("", str(error))])
+        field = getattr(error, "field", "")
+        return error_response(422, [("job." + field if field else "", str(error))])
 
     @app.exception_handler(_TooMany)
     async def too_many(request: Request, error: _TooMany) -> JSONResponse:
