@@ -178,6 +178,13 @@ class Parallel(_Strict):
     # of grad_accum / pipeline_flushes, each filling and draining the pipeline (torchtitan
     # runs one per gradient-accumulation step; Megatron-LM one per step)
     pipeline_flushes: int = Field(1, ge=1, le=1_000_000)
+    # how many blocks' worth the token embedding and the head count for when the blocks are
+    # split into stages (torchtitan's pipeline_parallel_first/last_stage_less_layers, 1 each
+    # by default: the first and last stages hold that many blocks fewer, the earlier stages
+    # take what does not divide). 0 and 0: every stage holds ceil(blocks / stages), as
+    # Megatron-LM's even split does (engines/pipeline.py)
+    pipeline_embedding_layers: int = Field(0, ge=0, le=64)
+    pipeline_head_layers: int = Field(0, ge=0, le=64)
     # tensor parallelism splits the norms, dropouts and residual stream over its ranks too
     # (sequence parallelism: torchtitan always; Megatron-LM's --sequence-parallel, off by
     # default there). False: each tensor-parallel rank keeps them whole and does their work

@@ -13,6 +13,7 @@ from vramplan.hardware import get_gpu
 from vramplan.job import Job, Parallel
 from vramplan.models import load_architecture
 from vramplan.planning.comm import collectives
+from vramplan.planning.flops import step_flops
 from vramplan.planning.performance import predict
 
 ARCH = load_architecture("llama-3.2-1b")  # 16 blocks, hidden 2048, tied embeddings
@@ -190,3 +191,80 @@ def test_planner_uses_pipeline_stages_when_tensor_parallelism_is_not_enough():
     assert found.candidates
     assert all(c.job.parallel.pipeline_parallel > 1 for c in found.candidates)
     assert all("--pp" in c.flags for c in found.candidates)
+
+
+def _split(pp: int, m: int, schedule: str = "1f1b", e: int = 1, h: int = 1, **changes) -> Job:
+    return Job(model="llama-3.2-1b", seq_len=2048, grad_accum=m, **changes,
+               parallel=Parallel(num_gpus=pp, pipeline_parallel=pp, pipeline_schedule=schedule,
+                                 pipeline_embedding_layers=e, pipeline_head_layers=h))
+
+
+def test_torchtitans_split_counts_the_embedding_and_the_head_as_blocks():
+    """generate_llm_fqn_per_model_part: L + e + h over the chunks, the earlier taking the
+    remainder, the first e fewer and the last h fewer; chunk i on rank i mod p."""
+    # 16 + 1 + 1 = 18 over 8 stages: 3 3 2 2 2 2 2 2, less 1 first and last
+    assert pipeline.stage_blocks(_split(8, 16), ARCH) == [2, 3, 2, 2, 2, 2, 2, 1]
+    # interleaved, 2 chunks on each of 4 ranks: 18 over 8 chunks as above, rank r holds
+    # chunks r and r + 4: 2+2, 3+2, 2+2, 2+1
+    assert pipeline.stage_blocks(_split(4, 8, "interleaved"), ARCH) == [4, 5, 4, 3]
+    # 4 ranks, 1F1B: 18 = 5 5 4 4, less 1 first and last
+    assert pipeline.stage_blocks(_split(4, 8), ARCH) == [4, 5, 4, 3]
+    # torchtitan's 2-and-2: 20 = 5 5 5 5
+    assert pipeline.stage_blocks(_split(4, 8, e=2, h=2), ARCH) == [3, 5, 5, 3]
+    # the even split: ceil(16 / 3) on every rank (the most any holds)
+    assert pipeline.stage_blocks(_split(3, 8, e=0, h=0), ARCH) == [6, 6, 6]
+
+
+def test_a_stage_between_that_holds_more_is_sized_and_sets_the_pace():
+    job = _split(8, 16, batch_size=2)
+    step = describe_step(job, ARCH)
+    # rank 1: 3 blocks x 7 micro-batches in flight, more than the first's 2 x 8
+    assert [(s.name, s.blocks, s.in_flight) for s in step.stages] == [
+        ("first", 2, 8), ("rank 1", 3, 7), ("last", 1, 1)]
+    reports, layer_acts = _stage_reports(job)
+    block = ARCH.stacks[0].params_per_layer
+    assert reports["rank 1"].categories["weights"] == 4 * 3 * block  # fp32, no embedding
+    assert reports["rank 1"].categories["activations"] == round(layer_acts * 3 / 16 * 7)
+    assert formula.estimate(job).device_total == max(r.device_total for r in reports.values())
+    assert ("pipeline stage rank 1 of 8 (1f1b): 3 blocks, activations of 7 micro-batches in "
+            "flight") in reports["rank 1"].notes
+    # the pace: llama-3.2-1b's head weighs about 4 blocks, so its last stage (1 block and
+    # the head) still sets it
+    h100 = get_gpu("H100-SXM")
+    assert {p.phase: p for p in predict(job, h100).phases}["forward"].flops == pytest.approx(
+        _pace_flops(job, ARCH, 1 / 16, head=True))
+
+
+def _pace_flops(job: Job, arch, share: float, head: bool) -> float:
+    """Forward FLOPs of one micro-batch on a stage with `share` of the blocks (and the head)."""
+    by = step_flops(job, arch).by_class
+    return share * sum(by[c].forward for c in ("linear", "lora", "attention") if c in by) + (
+        by["head"].forward if head else 0)
+
+
+def test_an_uneven_split_can_move_the_pace_off_the_last_stage():
+    # llama-3.1-70b, 80 blocks over 4 ranks: 82 = 21 21 20 20, less 1 first and last:
+    # 20 21 20 19; rank 1's 21 blocks outweigh the last's 19 and a head of ~1.2 blocks
+    arch = load_architecture("llama-3.1-70b")
+    h100 = get_gpu("H100-SXM")
+
+    def forward(e: int, h: int) -> float:
+        job = Job(model="llama-3.1-70b", seq_len=2048, grad_accum=8, parallel=Parallel(
+            num_gpus=4, pipeline_parallel=4, pipeline_embedding_layers=e,
+            pipeline_head_layers=h))
+        return job, {p.phase: p for p in predict(job, h100).phases}["forward"].flops
+
+    job, split = forward(1, 1)
+    assert pipeline.stage_blocks(job, arch) == [20, 21, 20, 19]
+    assert split == pytest.approx(_pace_flops(job, arch, 21 / 80, head=False))
+    job, even = forward(0, 0)  # 20 blocks on every rank, the head on the last
+    assert even == pytest.approx(_pace_flops(job, arch, 20 / 80, head=True))
+    assert split < even
+
+
+def test_a_split_whose_ends_outweigh_a_chunk_is_refused():
+    # 16 + 3 + 3 = 22 over 8 stages gives each 2: the embedding's 3 do not fit (torchtitan
+    # refuses it too)
+    with pytest.raises(JobError, match="gives each only 2") as refused:
+        formula.estimate(_split(8, 16, e=3, h=3))
+    assert refused.value.field == "parallel.pipeline_embedding_layers"

@@ -199,6 +199,12 @@ def test_torchtitan_pipeline_schedule_and_micro_batches():
     job = read_config(TI / "llama3_70b.toml", overrides=pipeline + [
         "--parallelism.pipeline_parallel_layers_per_stage=7"]).job()
     assert job.parallel.pipeline_chunks == 3
+    # the split counts them too: first/last_stage_less_layers, 1 each by default
+    assert (job.parallel.pipeline_embedding_layers, job.parallel.pipeline_head_layers) == (1, 1)
+    job = read_config(TI / "llama3_70b.toml", overrides=pipeline + [
+        "--parallelism.pipeline_parallel_first_stage_less_layers=2",
+        "--parallelism.pipeline_parallel_last_stage_less_layers=0"]).job()
+    assert (job.parallel.pipeline_embedding_layers, job.parallel.pipeline_head_layers) == (2, 0)
     with pytest.raises(ConfigError, match="cannot spread over 4 ranks"):  # ceil(82 / 10) = 9
         read_config(TI / "llama3_70b.toml", overrides=pipeline + [
             "--parallelism.pipeline_parallel_layers_per_stage=10"])

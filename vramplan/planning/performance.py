@@ -154,13 +154,11 @@ def _per_gpu_work(job: Job, work: tuple) -> dict:
         return memo["unit"]
     par = job.parallel
     split = par.tensor_parallel * par.context_parallel  # model-parallel ranks share the work
-    # a pipeline's slowest stage sets the pace: the last, with its share of the blocks and
-    # the head (memory-bound bytes and kernels scale with the blocks' share)
-    share = step.stages[-1].layer_share
+    share, head = _pace(step.stages, flops)
     phases = []
     for phase in MICRO_PHASES:
         by = {c: getattr(flops.by_class[c], phase) for c in flops.by_class}
-        mm = (share * (by.get("linear", 0) + by.get("lora", 0)) + by.get("head", 0)
+        mm = (share * (by.get("linear", 0) + by.get("lora", 0)) + head * by.get("head", 0)
               + (by.get("frontend", 0) if share == 1 else 0)) / split
         attention = share * by.get("attention", 0) / split
         moved = share * traffic.bytes[phase] / split
@@ -183,6 +181,23 @@ def _per_gpu_work(job: Job, work: tuple) -> dict:
         model_flops_gpu=flops.model_flops * job.grad_accum / (split * par.pipeline_parallel),
         flops_per_step=flops.total * job.grad_accum * dp, notes=list(flops.notes))
     return unit
+
+
+def _pace(stages: tuple, flops) -> tuple[float, bool]:
+    """(share of the blocks, holds the head) of the stage whose work sets a pipeline's pace:
+    the last, with its blocks and the head, or, split unevenly, one with more blocks and no
+    head where those weigh more (memory-bound bytes and kernels scale with the share)."""
+    last = stages[-1]
+    others = max((s.layer_share for s in stages[:-1]), default=0.0)
+
+    def total(classes: tuple[str, ...]) -> float:
+        return sum(getattr(flops.by_class[c], phase) for c in classes if c in flops.by_class
+                   for phase in MICRO_PHASES)
+
+    blocks = total(("linear", "lora", "attention"))
+    if others * blocks > last.layer_share * blocks + total(("head",)):
+        return others, False
+    return last.layer_share, True
 
 
 def _shape(job: Job, arch: Architecture, work: tuple, gpu: GPU, peak: float) -> float:

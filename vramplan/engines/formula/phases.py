@@ -93,10 +93,11 @@ def stage_report(step: Step, runtime_gpu: GPU | None, stage: pipeline.Stage) -> 
             tp * cp)
         notes.append(f"pipeline stage {stage.name} of {job.parallel.pipeline_parallel} "
                      f"({job.parallel.pipeline_schedule}): "
-                     f"{pipeline.blocks_per_stage(job, arch)} blocks, activations of "
+                     f"{stage.blocks} blocks, activations of "
                      f"{stage.in_flight:g} micro-batch{'' if stage.in_flight == 1 else 'es'}"
                      " in flight"
-                     + (", the embedding" if stage.embedding else ", the head and the loss"))
+                     + (", the embedding" if stage.embedding else
+                        ", the head and the loss" if stage.head else ""))
     ws = workspaces_bytes(job.runtime, runtime_gpu)
     inputs = shapes.input_bytes / cp
     keeps_grads = job.keep_grads_between_steps and not job.optimizer_in_backward

@@ -173,6 +173,10 @@ def _pipeline(flat: dict[str, Any], table, mapping: Mapping, ctx, accumulation: 
         mapping.assign("parallel.pipeline_flushes", accumulation, "training.global_batch_size")
     mapping.assign("parallel.pipeline_schedule", schedules[name],
                    f"parallelism.pipeline_parallel_schedule={name!r}")
+    for end, part in (("first", "embedding"), ("last", "head")):  # the split's weights
+        key = f"parallelism.pipeline_parallel_{end}_stage_less_layers"
+        mapping.assign(f"parallel.pipeline_{part}_layers", flat.get(key, 1),
+                       key if key in flat else f"{key} (torchtitan's default, 1)")
     if schedules[name] == "interleaved":
         mapping.assign("parallel.pipeline_chunks", _stages_per_rank(flat, pp, ctx, mapping),
                        "parallelism.pipeline_parallel_layers_per_stage")
