@@ -411,6 +411,7 @@ def test_a_pipelined_job_on_the_page_is_the_cli_and_apis_job(page, server):
     page.fill("#grad_accum", "8")
     page.fill("#pipeline_parallel", "4")
     page.fill("#context_parallel", "2")
+    assert page.is_disabled("#pipeline_chunks")  # 1F1B runs one chunk per GPU
     page.select_option("#pipeline_schedule", "interleaved")
     page.fill("#pipeline_chunks", "4")
     page.select_option("#gpu", "H100-SXM")
