@@ -77,6 +77,24 @@ def test_a_switchless_4_gpu_nvlink_node_gives_a_pair_a_third_of_the_links():
     assert collectives(switched, arch, h200)[0].link_share == 1.0
 
 
+def test_geforce_cards_exchange_through_host_memory():
+    """No P2P between GeForce cards: NCCL's collectives run through host memory at the
+    catalog's 5 GB/s (measured bus bandwidth 4 / the collective factor 0.8), not PCIe's 32."""
+    arch, rtx = load_architecture("llama-3.2-1b"), get_gpu("RTX-4090")
+    assert not rtx.p2p and rtx.interconnect_bytes_s == 5e9
+    job = _job(batch_size=1, parallel=Parallel(strategy="fsdp", num_gpus=2))
+    terms = step_terms(job, rtx, arch)
+    for c, t in zip(collectives(job, arch, rtx), terms.collectives):
+        # the whole link: PCIe is no switchless NVLink mesh ("no NVLink" names NVLink)
+        assert (c.link, c.link_share) == ("interconnect", 1.0)
+        assert t.link_s == c.bytes_per_gpu / 5e9
+    assert any("no peer-to-peer access" in n for n in terms.notes)
+    # a pro card of the same chip keeps PCIe (P2P), and says nothing of it
+    ada = get_gpu("RTX-6000-Ada")
+    assert ada.p2p and not any("peer-to-peer" in n for n in step_terms(job, ada, arch).notes)
+    assert ada.gpus_per_node == 4 and collectives(job, arch, ada)[0].link_share == 1.0
+
+
 def test_the_jobs_own_node_size_decides_what_crosses_the_network():
     # 8 FSDP ranks: one node of the catalog's 8 H200, but two of the job's 4-GPU nodes
     arch, h200 = load_architecture("llama-3.2-1b"), get_gpu("H200")

@@ -48,6 +48,9 @@ class GPU(BaseModel):
     # interconnect, between servers the network (bytes/s per GPU, one direction)
     gpus_per_node: int = 8
     network_bytes_s: float = 12.5e9
+    # peer-to-peer access between its GPUs in a node; False (GeForce): NCCL stages every
+    # exchange through host memory, and interconnect_bytes_s is that rate
+    p2p: bool = True
     # GPU counts of the on-demand instances price_provider rents; () when not known
     rentable_gpus: tuple[int, ...] = ()
 
@@ -67,6 +70,7 @@ class GpuEntry(BaseModel):
     interconnect_gb_s: PositiveFloat
     gpus_per_node: PositiveInt = 8        # GPUs in one server of the usual kind
     network_gb_s: PositiveFloat = 12.5    # per GPU between nodes, one direction
+    p2p: bool = True                      # peer-to-peer access inside a node (not GeForce)
     rentable_gpus: list[PositiveInt] = Field(default_factory=list)  # on-demand instance sizes
     compute_capability: str = ""
     price_per_hour: PositiveFloat | None = None
@@ -109,4 +113,5 @@ class GpuEntry(BaseModel):
             sources=dict(self.sources), usable_estimated=self.usable_estimated,
             price_provider=self.price_provider, notes=self.notes,
             gpus_per_node=self.gpus_per_node, network_bytes_s=self.network_gb_s * 1e9,
+            p2p=self.p2p,
             rentable_gpus=tuple(self.rentable_gpus))

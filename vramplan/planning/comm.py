@@ -83,7 +83,8 @@ def mesh_share(gpu: GPU, per_node: int, group: int) -> float:
     """Of its NVLink bandwidth, what one GPU reaches in a group of `group` ranks inside a
     node of `per_node`: 1 behind an NVSwitch (or over PCIe), (g - 1) / (m - 1) on a
     switchless full mesh, where only the links to the group's own peers carry its data."""
-    if "nvlink" not in gpu.interconnect.lower() or per_node > nvlink_mesh_max_gpus():
+    # an NVLink interconnect names itself first; "PCIe 4.0 x16 (no NVLink)" is not one
+    if not gpu.interconnect.startswith("NVLink") or per_node > nvlink_mesh_max_gpus():
         return 1.0
     if group >= per_node or per_node <= 1:
         return 1.0

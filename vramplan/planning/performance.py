@@ -240,7 +240,7 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
     else:
         phases.append(PhaseTerms("optimizer", 1, 0.0, 0.0, unit["optimizer_bytes"] / bandwidth,
                                  unit["optimizer_kernels"], bytes=unit["optimizer_bytes"]))
-    comms = []
+    comms, staged = [], []
     for c in _collectives(job, arch, work, gpu):
         rate = gpu.interconnect_bytes_s if c.link == "interconnect" else min(
             gpu.network_bytes_s * c.nics, gpu.interconnect_bytes_s)
@@ -251,9 +251,16 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
             notes.append(f"{c.name} crosses nodes: {gpu.network_bytes_s / 1e9:g} GB/s per GPU"
                          + (f", {rate / 1e9:g} GB/s over its {c.nics} GPUs' NICs per node"
                             if c.nics > 1 else ""))
+        elif not gpu.p2p:
+            staged.append(c.name)
         elif c.link_share < 1:
             notes.append(f"{c.name}: {c.group} GPUs of a switchless NVLink node reach "
                          f"{c.link_share:.2g} of its bandwidth")
+    if staged:
+        link = gpu.interconnect_bytes_s / 1e9
+        notes.append(f"{gpu.name}s have no peer-to-peer access: NCCL stages "
+                     f"{', '.join(staged)} through host memory, a {link:g} GB/s link "
+                     "(collectives measure 2-15 GB/s there, by platform)")
     return StepTerms(tuple(phases), tuple(comms), job.attention == "sdpa", peak, dtype,
                      tokens_per_step=unit["tokens_per_step"],
                      samples_per_step=unit["samples_per_step"],
