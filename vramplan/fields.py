@@ -71,6 +71,9 @@ JOB_FIELDS: tuple[JobField, ...] = (
     JobField("lora_targets", ("peft", "target_modules"), text=True,
              help="comma-separated module names, or all-linear (default "
                   "q_proj,k_proj,v_proj,o_proj; GPT-2: c_attn, BERT: query,value, T5: q,v)"),
+    JobField("dora", ("peft", "dora"),
+             help="DoRA (peft use_dora): a trained magnitude per output; each forward rebuilds "
+                  "the weights' column norms"),
     JobField("lora_dtype", ("peft", "adapter_dtype"),
              help="dtype of LoRA adapters and their states: fp32 (peft) or model (torchtune); "
                   "default fp32, 16-bit in a bf16-pure or master-weight job"),

@@ -141,6 +141,9 @@ class Peft(_Strict):
     # peft's names: module names inside a block, or "all-linear" for every linear in blocks
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     double_quant: bool = True  # QLoRA: quantise the 4-bit blocks' absmax constants too
+    # DoRA (peft's use_dora): a trained magnitude per output feature; each forward rebuilds
+    # the weight's column norms and keeps the base and adapter outputs (engines/formula/dora.py)
+    dora: bool = False
     # dtype of the adapters, their gradients and optimizer states: fp32 (peft's
     # autocast_adapter_dtype) or the model's dtype (torchtune). None: fp32, except in a
     # bf16-pure job, where the adapters stay bf16.

@@ -169,3 +169,35 @@ def test_the_batch_a_first_layer_saved_is_live_at_the_end_of_backward(tmp_path):
     traced, predicted = trace(job), estimate(job)
     assert predicted.categories["inputs"] == traced.categories["inputs"] == 4 * 3 * 64 * 64 * 4
     assert predicted.peak_allocated == pytest.approx(traced.peak_allocated, rel=0.015)
+
+
+# DoRA (peft use_dora) against peft's own layers on fake tensors: the base and adapter
+# outputs kept per adapted linear, F.linear's weight copy with dropout, the magnitudes
+@pytest.mark.parametrize("fields", [
+    dict(precision="bf16-mixed", peft=dict(dropout=0.05)),
+    dict(precision="bf16-pure", peft=dict(dropout=0.0)),
+    dict(precision="bf16-mixed", checkpointing="full", peft=dict(dropout=0.0)),
+], ids=["autocast-dropout", "bf16-pure", "checkpointed"])
+def test_dora_matches_trace(fields):
+    peft = dict(rank=16, target_modules=["all-linear"], dora=True, **fields.pop("peft"))
+    job = Job(model="qwen2.5-0.5b", batch_size=2, seq_len=256, peft=peft, **fields)
+    traced, predicted = trace(job), estimate(job)
+    assert predicted.params_trainable == traced.params_trainable
+    assert predicted.peak_allocated == pytest.approx(traced.peak_allocated, rel=0.02)
+
+
+# A wide MLP and a 256-token vocabulary: DoRA's transient (eye(in), the delta, the norm's
+# operands) as the down projection runs is the forward's peak
+WIDE_LLAMA = dict(model_type="llama", hidden_size=1024, intermediate_size=4096,
+                  num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8,
+                  vocab_size=256, max_position_embeddings=512)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-pure", "fp32"])
+def test_dora_transient_matches_trace(precision):
+    job = Job(model="wide-llama", batch_size=1, seq_len=32, precision=precision,
+              peft=dict(rank=8, dropout=0.0, target_modules=["all-linear"], dora=True))
+    traced = trace(job, model_config=WIDE_LLAMA)
+    predicted = estimate(job, model_config=WIDE_LLAMA)
+    assert traced.peak_phase == predicted.peak_phase == "forward"
+    assert predicted.peak_allocated == pytest.approx(traced.peak_allocated, rel=0.02)

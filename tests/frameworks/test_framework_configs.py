@@ -849,3 +849,28 @@ def test_peft_keys_that_change_memory_unmodelled_are_refused(tmp_path, key, valu
     path.write_text(json.dumps({**base, key: {} if isinstance(value, dict) else None}))
     read = read_config(path)
     assert key in read.ignored and read.job().peft.rank == 8
+
+
+def test_dora_is_read_where_peft_runs_it_and_refused_for_torchtunes_own(tmp_path):
+    """peft's use_dora, as the Trainer's LoraConfig, Axolotl (peft_use_dora) and
+    LLaMA-Factory (use_dora) pass it; torchtune's DoRALinear is another implementation."""
+    g = raw(AX / "gemma2_qlora.yml")
+    (tmp_path / "dora.yml").write_text(yaml.safe_dump({**g, "peft_use_dora": True}))
+    axolotl = read_config(tmp_path / "dora.yml").job()
+    assert axolotl.peft.dora and axolotl.peft == read_config(
+        AX / "gemma2_qlora.yml").job().peft.model_copy(update={"dora": True})
+    folder = tmp_path / "llama3-8b"
+    folder.mkdir()
+    catalog = Path(vramplan.__file__).parent / "models" / "configs" / "llama-3.1-8b.json"
+    (folder / "config.json").write_text(catalog.read_text())
+    lf = raw(LF / "llama3_lora_sft.yaml")
+    (tmp_path / "lf.yaml").write_text(yaml.safe_dump({**lf, "use_dora": True}))
+    assert read_config(tmp_path / "lf.yaml", model=str(folder)).job().peft.dora
+    hf = json.loads((HF / "adapter_config.json").read_text())
+    assert hf["use_dora"] is False
+    (tmp_path / "adapter_config.json").write_text(json.dumps({**hf, "use_dora": True}))
+    assert read_config(tmp_path / "adapter_config.json", model=MODEL).job().peft.dora
+    torchtune = read_config(TT / "llama3_2_1B_lora_single_device.yaml",
+                            overrides=["model.use_dora=True"])
+    assert not torchtune.job().peft.dora  # said, not modelled as peft's
+    assert "model.use_dora=true" in torchtune.not_understood

@@ -57,6 +57,11 @@ def _counted(job: Job, config: dict) -> int:
     (LLAMA, dict(peft=Peft(rank=4))),
     (LLAMA, dict(peft=Peft(rank=4, target_modules=("v_proj", "down_proj")))),
     (LLAMA, dict(peft=Peft(rank=4), checkpointing="full")),
+    # DoRA: the delta lora_B(lora_A(eye)) each forward; with dropout F.linear(dropout(x), W)
+    # again and its input gradient
+    (LLAMA, dict(peft=Peft(rank=4, dropout=0.0, dora=True))),
+    (LLAMA, dict(peft=Peft(rank=4, dora=True, target_modules=("v_proj", "down_proj")),
+                 checkpointing="full")),
     (LLAMA, dict(loss="chunked", grad_accum=2)),
     (GPT2, dict(attention="eager")),
     (BERT, dict(task="masked-lm")),

@@ -242,7 +242,9 @@ def adapter_params(job: Job, arch: Architecture) -> int:
                        f"{arch.name}; its block linears are: {', '.join(sorted(names))} "
                        "(or use all-linear)")
     r = job.peft.rank
-    return sum(s.num_layers * ln.count * r * (ln.in_features + ln.out_features)
+    magnitude = 1 if job.peft.dora else 0  # DoRA: one trained scale per output feature
+    return sum(s.num_layers * ln.count * (r * (ln.in_features + ln.out_features)
+                                          + magnitude * ln.out_features)
                for s in arch.stacks for ln in s.linears
                if "all-linear" in targets or ln.name in targets)
 

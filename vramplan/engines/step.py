@@ -19,7 +19,7 @@ from vramplan.engines.param_memory import ParamMemory, param_memory, stage_param
 from vramplan.engines.precision import Dtypes, dtypes_for, sixteen_bit_model
 from vramplan.errors import JobError
 from vramplan.job import Job
-from vramplan.models import Architecture
+from vramplan.models import Architecture, Linear, Stack
 from vramplan.models.families import text_len
 
 
@@ -151,6 +151,15 @@ def activation_dtypes(job: Job) -> Dtypes:
     if dt.autocast and sixteen_bit_base:
         return replace(dt, residual=2)
     return dt
+
+
+def dora_linears(job: Job, stack: Stack) -> list[Linear]:
+    """The linears of `stack` that carry DoRA adapters (none without DoRA): the memory
+    (engines/formula/dora.py) and the time (planning/flops.py, traffic.py) both read it."""
+    if job.peft is None or not job.peft.dora:
+        return []
+    targets = set(job.peft.target_modules)
+    return [ln for ln in stack.linears if "all-linear" in targets or ln.name in targets]
 
 
 def attention_impl(job: Job, arch: Architecture) -> str:

@@ -100,6 +100,7 @@ def step_flops(job: Job, arch: Architecture | None = None, *, dense_attention: b
     full_ft = job.peft is None
     adapters = _adapter_targets(job, arch)
     rank = job.peft.rank if job.peft else 0
+    dora = (2 if job.peft.dropout > 0 else 1) if job.peft and job.peft.dora else 0
     attention = step.attention
     b = job.batch_size
 
@@ -119,7 +120,8 @@ def step_flops(job: Job, arch: Architecture | None = None, *, dense_attention: b
         enc_seq = shapes.stack_seq[0] if stack.cross_attention else 0
         causal = stack.role == "decoder" and arch.kind != "vision"
         args = (stack, b * seq, b * enc_seq, b, seq, enc_seq)
-        rest = (encoder_grad, full_ft, adapters, rank, attention, causal, dense_attention)
+        rest = (encoder_grad, full_ft, adapters, rank, attention, causal, dense_attention,
+                dora)
         # the first block may see an input without grad; the others see its output
         first, grad_out = _block(*args, grad_flows, *rest)
         later, grad_later = _block(*args, grad_out, *rest)
@@ -169,8 +171,9 @@ def _adapter_targets(job: Job, arch: Architecture) -> frozenset[str]:
 
 
 def _linear(ln: Linear, tokens: int, in_grad: bool, trains: bool, lora_rank: int,
-            into: dict[str, PhaseFlops]) -> bool:
-    """Add one linear's matmuls; return whether its output requires grad."""
+            into: dict[str, PhaseFlops], dora: int = 0) -> bool:
+    """Add one linear's matmuls; return whether its output requires grad. dora: 1 for DoRA,
+    2 for DoRA with lora_dropout (engines/formula/dora.py)."""
     mm = 2 * tokens * ln.in_features * ln.out_features
     base = into["linear"]
     base.forward += mm
@@ -182,12 +185,18 @@ def _linear(ln: Linear, tokens: int, in_grad: bool, trains: bool, lora_rank: int
         lora.forward += a + b
         # A and B both train; B's input (x A) requires grad, A's input only if x does
         lora.backward += a + 2 * b + (a if in_grad else 0)
+        if dora:
+            # the delta as a matrix, lora_B(lora_A(eye(in))): forward only (detached)
+            lora.forward += 2 * ln.in_features * lora_rank * (ln.in_features + ln.out_features)
+        if dora == 2:  # F.linear(dropout(x), W) again, and its input gradient
+            lora.forward += mm
+            lora.backward += mm if in_grad else 0
     return in_grad or trains or bool(lora_rank)
 
 
 def _block(stack: Stack, tokens: int, enc_tokens: int, b: int, seq: int, enc_seq: int,
            grad_in: bool, encoder_grad: bool, full_ft: bool, adapters: frozenset[str],
-           rank: int, attention: str, causal: bool, dense_attention: bool):
+           rank: int, attention: str, causal: bool, dense_attention: bool, dora: int = 0):
     """FLOPs of one block by class (forward, backward), and whether its output needs grad."""
     into = {c: PhaseFlops() for c in ("linear", "lora", "attention")}
     routed = stack.experts_per_token if stack.num_experts > 1 else 1
@@ -198,7 +207,7 @@ def _block(stack: Stack, tokens: int, enc_tokens: int, b: int, seq: int, enc_seq
             if ln.role == role and (not names or ln.name in names):
                 t = n_tokens * routed if ln.count > 1 else n_tokens
                 out_grad |= _linear(ln, t, in_grad, full_ft,
-                                    rank if ln.name in adapters else 0, into)
+                                    rank if ln.name in adapters else 0, into, dora)
         return out_grad
 
     # q/k and v head sizes (multi-head latent attention's differ: nope + rope, and v)

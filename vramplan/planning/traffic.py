@@ -16,6 +16,8 @@ them; they are counts of what the code does, not fitted numbers:
   residual     x + f(x): read 2, write 1
   softmax      eager attention: mask add, fp32 softmax, downcast (flash kernels fuse it)
   lora         x @ A (rank r) and its B are memory-bound: they stream x and the output
+  dora         the magnitude's scaling of the base and adapter outputs; in forward only,
+               the weight-side work of the column norm (eye, delta, weight casts)
   loss         logits upcast, log_softmax, nll, and their gradients over tokens x vocab
   optimizer    per trainable element: the passes of torch's foreach / fused kernels,
                bitsandbytes' 8-bit blockwise kernel, clip_grad_norm's norm and scale
@@ -38,8 +40,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vramplan.engines.precision import adapter_bytes, dtypes_for
-from vramplan.engines.step import Step, describe_step
+from vramplan.engines.precision import adapter_bytes, dtypes_for, frozen_base_bytes
+from vramplan.engines.step import Step, describe_step, dora_linears
 from vramplan.job import Job
 from vramplan.models import Architecture, Stack, load_architecture
 
@@ -134,6 +136,7 @@ def step_traffic(job: Job, arch: Architecture | None = None, *,
     t.modules["forward"] += OUTSIDE_MODULES
     _loss(job, arch, task, shapes, dt, t)
     _weights(job, arch, params, t)
+    _dora_weights(job, arch, dt, t)
     _saved_copies(job, arch, params, job.batch_size * shapes.stack_seq[0], dt, t)
     _optimizer(job, _stepped_elements(job, arch, params), _trainable_tensors(job, arch), t)
     return t
@@ -315,6 +318,32 @@ def _lora(job: Job, stack: Stack, tokens: int, c: int, add, *, compiled: bool = 
         drop = n_in * (2 * c + 1) if dropout else 0.0
         # x @ A reads x, writes x A; @ B reads x A, writes out; scale and add to the base
         add("lora", drop + c * (n_in + 2 * tokens * r) + c * n_out * out_passes, launches)
+    for ln in dora_linears(job, stack):
+        # (m / norm - 1) base, (m / norm) lora_out, x scaling, their sum, + result: 5 kernels
+        # of one read or two and one write over tokens x out
+        add("dora", 10 * c * tokens * ln.out_features, 9)
+
+
+def _dora_weights(job: Job, arch: Architecture, dt, t: Traffic) -> None:
+    """DoRA's weight-side work in each adapted linear's forward (and recompute), which no
+    backward follows (the norm is detached): eye(in) and its cast, the delta's passes (its
+    cast to x's dtype, the scale, the sum, the norm's read), the weight in x's dtype (QLoRA:
+    dequantised first) and, with dropout, F.linear's own cast of it (engines/formula/dora.py)."""
+    a, w, c = adapter_bytes(job), frozen_base_bytes(job), dt.compute
+    cast = dt.autocast and c != a
+    qlora = job.peft is not None and job.peft.method == "qlora"
+    dropout = job.peft is not None and job.peft.dropout > 0
+    for stack in arch.stacks:
+        for ln in dora_linears(job, stack):
+            n, eye = ln.in_features * ln.out_features, ln.in_features ** 2
+            lora_out = c if dt.autocast else a
+            nbytes = (eye * (a + (a + c if cast else 0))
+                      + n * (lora_out + 6 * a + (lora_out + a if lora_out != a else 0))
+                      + (n * (w + a) if w != a else 0) + (n * (0.5 + c) if qlora else 0)
+                      + (n * (w + c) if dropout and (dt.autocast or qlora) else 0))
+            phases = ("forward", "recompute") if job.checkpointing != "none" else ("forward",)
+            for phase in phases:
+                t.add("dora weights", phase, stack.num_layers * nbytes, stack.num_layers * 10)
 
 
 def _loss(job: Job, arch: Architecture, task: str, shapes, dt, t: Traffic) -> None:

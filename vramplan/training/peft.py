@@ -35,7 +35,7 @@ def apply_peft(model: nn.Module, task: str, job: Job, skip: set[int],
     saved = head + [_module_name(model, role) for role in spec.modules_to_save]
     lora = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
                       target_modules=targets, task_type=_PEFT_TASK_TYPES.get(task),
-                      modules_to_save=saved or None)
+                      modules_to_save=saved or None, use_dora=spec.dora)
     try:
         with warnings.catch_warnings():  # peft still asks for is_gradient_checkpointing
             warnings.simplefilter("ignore", FutureWarning)

@@ -31,7 +31,8 @@ def job_summary(report: MemoryReport) -> str:
         techniques.append(f"{job.checkpointing} checkpointing")
     if job.peft:
         dtype = f" {job.peft.adapter_dtype} adapters" if job.peft.adapter_dtype else ""
-        techniques.append(f"{job.peft.method} r={job.peft.rank}{dtype}")
+        dora = " DoRA" if job.peft.dora else ""
+        techniques.append(f"{job.peft.method}{dora} r={job.peft.rank}{dtype}")
     if job.keep_grads_between_steps:
         techniques.append("gradients kept between steps")
     if par.strategy != "none":

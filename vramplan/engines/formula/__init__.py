@@ -15,6 +15,7 @@ pipeline stages), and its parts are one module each:
   phases.py    the phase table of one stage on one GPU, and the peak (estimate)
   per_gpu.py   parameter memory per GPU: sharding, offload, gathered blocks, buckets
   saved.py     saved activations of the blocks and around them
+  dora.py      what DoRA adds to a LoRA step
   loss.py      logits and loss buffers
   notes.py     the notes a report carries
   checks.py    what the formula refuses

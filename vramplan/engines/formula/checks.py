@@ -26,6 +26,8 @@ def check_compiled(job: Job, arch: Architecture, task: str) -> None:
     if job.compiles_blocks:
         if job.peft and job.peft.method != "lora":
             why.append(f"{job.peft.method} (a quantised base)")
+        if job.peft and job.peft.dora:
+            why.append("DoRA")
         for stack in arch.stacks:
             reason = act.compiled_block_unsupported(
                 stack, attention=attention_impl(job, arch), adapters=adapters_of(job),

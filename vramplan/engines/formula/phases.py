@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vramplan.engines import pipeline
 from vramplan.engines.checks import check_job
+from vramplan.engines.formula import dora
 from vramplan.engines.formula.checks import (
     check_compiled,
     check_mxfp8_inputs,
@@ -50,6 +51,7 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None,
             else load_architecture(job.model))
     runtime_gpu = get_gpu(job.gpu) if job.gpu else None
     check_job(job, arch, runtime_gpu)  # what every engine refuses
+    dora.check_dora(job, arch)
     if job.compile:
         check_compiled(job, arch, task_of(job, arch))
     step = describe_step(job, arch)
@@ -133,9 +135,14 @@ def stage_report(step: Step, runtime_gpu: GPU | None, stage: pipeline.Stage) -> 
 
     saved_inputs = (shapes.input_bytes - shapes.label_bytes) / cp  # what backward still holds
     base = dict(weights=w, optimizer_states=o, inputs=saved_inputs)
+    # DoRA rebuilds each adapted weight's norm as its layer runs: in forward, before the
+    # head's logits exist, and again while a checkpointed block is recomputed
+    dora_temp = dora.transient(job, arch, dt) if stage.layer_share else 0.0
+    recompute["cast"] += dora_temp if job.checkpointing != "none" else 0.0
     phases = {
         "forward": dict(base, inputs=inputs, gradients=g_kept, activations=activations,
-                        temporary=cast_fwd + logits_fwd + gathered + comm + ws),
+                        temporary=cast_fwd + max(logits_fwd, dora_temp) + gathered + comm
+                        + ws),
         "backward": dict(base, gradients=g_kept, activations=activations,
                          temporary=cast + logits_bwd + gathered + comm + ws),
         # FSDP2 gathers the root again as backward starts (the blocks are resharded): its

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from vramplan.engines import activations as act
 from vramplan.engines import pipeline
+from vramplan.engines.formula import dora
 from vramplan.engines.precision import Dtypes, adapter_bytes, dtypes_for
 from vramplan.engines.step import Shapes, attention_impl
 from vramplan.job import Job
@@ -39,7 +40,8 @@ def _block_saved(job: Job, arch: Architecture, stack, seq: int, encoder_seq: int
         stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
         attention=attention_impl(job, arch), hidden_dropout=arch.hidden_dropout,
         attention_dropout=arch.attention_dropout, adapters=adapters,
-        traits=arch.traits, norms_per_block=arch.norms_per_block(stack))
+        traits=arch.traits, norms_per_block=arch.norms_per_block(stack)) + dora.saved(
+        job, stack, job.batch_size * seq, dt)
 
 
 def stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
