@@ -128,6 +128,14 @@ def test_modules_trained_beside_lora_reach_the_api_and_bad_ones_their_field(page
         "model": "qwen2.5-0.5b", "seq_len": 256,
         "peft": {"method": "lora", "rank": 16, "modules_to_save": ["embed_tokens", "lm_head"]}}})
     wait_for_bytes(page, expected["report"]["peak_allocated"])
+    page.select_option("#dora", "dora")  # DoRA on the same adapters
+    dora = api(server, "estimate", {"job": {
+        "model": "qwen2.5-0.5b", "seq_len": 256, "peft": {
+            "method": "lora", "rank": 16, "modules_to_save": ["embed_tokens", "lm_head"],
+            "dora": True}}})
+    assert dora["report"]["peak_allocated"] > expected["report"]["peak_allocated"]
+    wait_for_bytes(page, dora["report"]["peak_allocated"])
+    assert "--dora" in page.inner_text("#cli-command")
     page.fill("#modules_to_save", "norm")
     page.wait_for_function(
         "() => document.getElementById('err-modules_to_save').textContent !== ''")
