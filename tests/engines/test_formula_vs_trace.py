@@ -177,7 +177,9 @@ def test_the_batch_a_first_layer_saved_is_live_at_the_end_of_backward(tmp_path):
     dict(precision="bf16-mixed", peft=dict(dropout=0.05)),
     dict(precision="bf16-pure", peft=dict(dropout=0.0)),
     dict(precision="bf16-mixed", checkpointing="full", peft=dict(dropout=0.0)),
-], ids=["autocast-dropout", "bf16-pure", "checkpointed"])
+    # QLoRA: DoRA reads the dequantised weight in every forward, and keeps it with dropout
+    dict(precision="bf16-mixed", peft=dict(dropout=0.05, method="qlora")),
+], ids=["autocast-dropout", "bf16-pure", "checkpointed", "qlora-dropout"])
 def test_dora_matches_trace(fields):
     peft = dict(rank=16, target_modules=["all-linear"], dora=True, **fields.pop("peft"))
     job = Job(model="qwen2.5-0.5b", batch_size=2, seq_len=256, peft=peft, **fields)

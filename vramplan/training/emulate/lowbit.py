@@ -77,6 +77,13 @@ class Packed4bitLinear(nn.Module):
         self.bias = linear.bias
         if self.bias is not None:
             self.bias.requires_grad_(False)
+        self.dtype = linear.weight.dtype if linear.weight.element_size() == 2 else torch.bfloat16
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """A freshly dequantised 16-bit copy, as peft's dequantize_module_weight gets from
+        bitsandbytes' dequantize_4bit (DoRA reads it in every forward)."""
+        return self.dequantize(self.dtype)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         shape = (self.out_features, self.in_features)
