@@ -64,7 +64,8 @@ JOB_FIELDS: tuple[JobField, ...] = (
                   "selective:torchtitan-op recomputes every second matmul; "
                   "selective:every-2nd-layer checkpoints every second block"),
     JobField("attention", ("attention",), help="sdpa: flash / memory-efficient kernels"),
-    JobField("loss", ("loss",), help="chunked never holds all logits at once"),
+    JobField("loss", ("loss",), help="chunked never holds all logits at once; chunked:liger "
+             "is Liger-Kernel's fused linear cross-entropy"),
     JobField("peft", ("peft", "method"), help="LoRA adapters, or QLoRA (LoRA on a 4-bit base)"),
     JobField("lora_rank", ("peft", "rank"), help="LoRA rank"),
     JobField("lora_alpha", ("peft", "alpha"), help="LoRA alpha"),

@@ -49,8 +49,12 @@ Checkpointing = Literal["none", "selective", "full", "selective:torchtitan-op",
 Attention = Literal["eager", "sdpa"]
 # chunked: vramplan's own (8 checkpointed sequence chunks); chunked:torchtune-linear:
 # torchtune's LinearCrossEntropyLoss (output projection + CE per chunk, not checkpointed);
-# chunked:torchtune-output: torchtune's CEWithChunkedOutputLoss (the model returns 8 chunks)
-Loss = Literal["standard", "chunked", "chunked:torchtune-linear", "chunked:torchtune-output"]
+# chunked:torchtune-output: torchtune's CEWithChunkedOutputLoss (the model returns 8 chunks);
+# chunked:liger: Liger-Kernel's fused linear cross-entropy (the Trainer's use_liger_kernel,
+# Axolotl's liger_fused_linear_cross_entropy): chunks of the head and the loss, their
+# gradients computed in forward, no logits kept (engines/formula/loss.py)
+Loss = Literal["standard", "chunked", "chunked:torchtune-linear", "chunked:torchtune-output",
+               "chunked:liger"]
 CHUNKED_LOSS_CHUNKS = 8  # chunks of the sequence the chunked loss scores one at a time
 Strategy = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "hybrid-shard"]
 PeftMethod = Literal["lora", "qlora"]
@@ -410,6 +414,12 @@ class Job(_Strict):
                 "torchtune", "plain"):
             problems.append(f"loss {self.loss} is torchtune's; {self.framework} does not use "
                             "it: use loss standard or chunked")
+        if self.loss == "chunked:liger" and self.framework == "torchtune":
+            problems.append("loss chunked:liger is Liger-Kernel's, which torchtune's recipes "
+                            "do not apply: use its chunked:torchtune-linear")
+        if self.loss == "chunked:liger" and self.compile:
+            problems.append("loss chunked:liger with torch.compile is not modelled: drop "
+                            "compile, or use loss standard")
         if self.optimizer_impl == "fused" and self.optimizer in ("adafactor", "lion") :
             problems.append(f"{self.optimizer} has no fused implementation in torch: use "
                             "foreach or loop")

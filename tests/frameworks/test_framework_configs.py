@@ -874,3 +874,24 @@ def test_dora_is_read_where_peft_runs_it_and_refused_for_torchtunes_own(tmp_path
                             overrides=["model.use_dora=True"])
     assert not torchtune.job().peft.dora  # said, not modelled as peft's
     assert "model.use_dora=true" in torchtune.not_understood
+
+
+def test_ligers_fused_loss_is_read_where_the_frameworks_apply_it(tmp_path):
+    """use_liger_kernel (Trainer), enable_liger_kernel (LLaMA-Factory) and
+    liger_fused_linear_cross_entropy (Axolotl) run Liger's fused linear cross-entropy."""
+    g = raw(AX / "gemma2_qlora.yml")
+    (tmp_path / "liger.yml").write_text(yaml.safe_dump(
+        {**g, "liger_fused_linear_cross_entropy": True, "liger_rms_norm": True}))
+    axolotl = read_config(tmp_path / "liger.yml")
+    assert axolotl.job().loss == "chunked:liger"
+    assert "liger_rms_norm" in axolotl.not_understood  # counted as eager: said
+    folder = tmp_path / "llama3-8b"
+    folder.mkdir()
+    catalog = Path(vramplan.__file__).parent / "models" / "configs" / "llama-3.1-8b.json"
+    (folder / "config.json").write_text(catalog.read_text())
+    lf = raw(LF / "llama3_lora_sft.yaml")
+    (tmp_path / "lf.yaml").write_text(yaml.safe_dump({**lf, "enable_liger_kernel": True}))
+    assert read_config(tmp_path / "lf.yaml", model=str(folder)).job().loss == "chunked:liger"
+    trl = raw(HF / "trl_example_config.yaml")
+    (tmp_path / "trl.yaml").write_text(yaml.safe_dump({**trl, "use_liger_kernel": True}))
+    assert read_config(tmp_path / "trl.yaml", model=MODEL).job().loss == "chunked:liger"

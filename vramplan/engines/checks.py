@@ -25,7 +25,11 @@ def check_job(job: Job, arch: Architecture, runtime_gpu: GPU | None = None) -> N
     """Refuse, in one line, a job `arch` cannot run (the checks above, in that order)."""
     prequantized(arch.extra, arch.name, job.peft.method if job.peft else None,
                  job.peft.double_quant if job.peft else False)
-    shapes = shapes_of(job, arch, task_of(job, arch))
+    task = task_of(job, arch)
+    if job.loss != "standard" and task != "causal-lm":  # as the torch side refuses it
+        raise JobError(f"loss {job.loss} scores a causal LM's next tokens; this job is "
+                       f"{task}: use loss standard")
+    shapes = shapes_of(job, arch, task)
     if runtime_gpu:
         check_precision_supported(job, runtime_gpu)
     check_parallel(job, arch)

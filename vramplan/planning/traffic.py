@@ -355,6 +355,11 @@ def _loss(job: Job, arch: Architecture, task: str, shapes, dt, t: Traffic) -> No
         t.add("loss", "forward", 3 * c * tv, 2)
         t.add("loss", "backward", 2 * c * tv, 1)
         return
+    if job.loss == "chunked:liger":
+        # each chunk's logits written by the matmul, read and overwritten by their gradient
+        # in one Triton kernel (engines/formula/loss.py); backward scales grad_input only
+        t.add("loss", "forward", 3 * c * tv, 5)
+        return
     # forward: logits written, fp32 upcast (r c w 4), log_softmax (r 4 x2, w 4), nll;
     # backward: nll grad (w 4), log_softmax grad (r 4 x2, w 4), downcast (r 4 w c)
     forward, backward = tv * (c + c + 4 + 12), tv * (4 + 12 + 4 + c)

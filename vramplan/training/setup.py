@@ -158,6 +158,10 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
         model = build_hf_model(config, task, job, device=device, empty=empty, notes=notes,
                                kernels=kernels)
         make_batch = hf_batch_factory(config, task, job, device, notes)
+        if job.loss == "chunked:liger":  # the formula's only: its kernel is Triton's
+            raise EngineError("loss chunked:liger (Liger-Kernel's fused linear cross-entropy, "
+                              "a Triton kernel) is modelled by the formula engine only: use "
+                              "--engine formula, or loss standard here")
         compute_loss = LOSSES[job.loss]
         if job.loss.startswith("chunked") and task != "causal-lm":
             raise EngineError(f"chunked loss is implemented for causal-lm only (task {task})")

@@ -1,7 +1,9 @@
 """Loss buffers: logits and cross-entropy memory in forward and at the start of backward,
-for transformers' losses, vramplan's chunked loss, torchtune's and the compiled one."""
+for transformers' losses, vramplan's chunked loss, torchtune's, Liger's and the compiled one."""
 
 from __future__ import annotations
+
+import math
 
 from vramplan.engines.param_memory import hidden_size
 from vramplan.engines.precision import Dtypes
@@ -31,6 +33,8 @@ def _loss_memory(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes, task:
     if not t or not vocab:
         return 0.0, 0.0, 0.0
     c, h = dt.compute, hidden_size(arch)
+    if job.loss == "chunked:liger":
+        return liger_loss_buffers(job, t, vocab, h, dt)
     if job.loss.startswith("chunked:torchtune"):
         return torchtune_loss_buffers(job, t, vocab, h, dt)
     if job.loss == "chunked":
@@ -107,3 +111,21 @@ def torchtune_loss_buffers(job: Job, t: float, vocab: float, h: int, dt: Dtypes)
         remaining = 4 * (TORCHTUNE_LOSS_CHUNKS - 2) * tc * vocab
         backward = max(backward, remaining + 3 * vocab * h * dt.grad)
     return forward, backward, forward - transient
+
+
+def liger_loss_buffers(job: Job, t: float, vocab: float, h: int, dt: Dtypes):
+    """(forward, backward-start, kept until backward) bytes of Liger-Kernel's fused linear
+    cross-entropy (ops/fused_linear_cross_entropy.py at ead96b6,
+    fused_linear_cross_entropy_forward): the tokens go through the head in chunks of
+    next_pow2(ceil(t / ceil(V / h))) rows; each chunk's 16-bit logits become their gradient
+    in place, and the input's and the head's gradients are computed in forward, into
+    buffers kept for backward: grad_input (t x h, the hidden states' dtype: fp32 under
+    autocast) and, when the head trains, grad_weight (V x h, the head's dtype; on Ampere and
+    later addmm accumulates it in place). Backward only scales them. No logits stay."""
+    c = dt.compute
+    inc = math.ceil(vocab / h)
+    chunk = min(2 ** math.ceil(math.log2(max(1.0, math.ceil(t / inc)))), t)
+    kept = t * h * dt.residual + (vocab * h * dt.weight if job.peft is None else 0.0)
+    # one chunk's logits, its grad_input rows before they are copied in, the fp32 losses
+    forward = kept + chunk * vocab * c + chunk * h * c + 4 * t
+    return forward, kept, kept

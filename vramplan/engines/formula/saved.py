@@ -151,7 +151,8 @@ def outside_block_activations(job: Job, arch: Architecture, shapes: Shapes, dt: 
         arch.stacks, shapes.stack_seq, b, dt, attention=attention_impl(job, arch),
         checkpointing=job.checkpointing, adapters=adapters_of(job), final_norm_bytes=norm_bytes,
         relative_bias=arch.traits.trained_attention_bias, hidden_dropout=arch.hidden_dropout))
-    head_trains = job.peft is None  # a frozen head needs no input saved
+    # a frozen head needs no input saved; Liger's fused loss keeps its gradient instead
+    head_trains = job.peft is None and job.loss != "chunked:liger"
     if task in HEAD_INPUT_TASKS and head_trains:
         total += c * n_last  # the LM head's (cast) input
     if task == "masked-lm":
