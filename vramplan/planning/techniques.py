@@ -141,6 +141,14 @@ TECHNIQUES: tuple[Technique, ...] = (
               False, categories=("temporary",),
               apply=_set("loss", "chunked", lambda j: j.loss == "standard"
                          and j.task in (None, "causal-lm")), cost=1),
+    Technique("Liger fused loss", {"loss": "chunked:liger"}, "--loss chunked:liger",
+              "no logits at all: the head and the loss run in chunks, their gradients in "
+              "forward (needs liger-kernel installed; Axolotl also its LigerPlugin)",
+              "faster: one Triton kernel instead of the upcast, log-softmax and gradients",
+              False, categories=("temporary",),
+              apply=_set("loss", "chunked:liger", lambda j: j.loss in ("standard", "chunked")
+                         and j.task in (None, "causal-lm") and not j.compile
+                         and j.framework not in ("torchtune", "torchtitan")), cost=1),
     Technique("selective checkpointing", {"checkpointing": "selective"},
               "--checkpointing selective",
               "keeps only matmul and attention outputs of each block",
