@@ -357,6 +357,15 @@ def test_axolotl_8bit_base_is_refused():
         read_config(AX / "llama-2_lora.yml")
 
 
+def _local_model_folder(tmp_path: Path) -> Path:
+    """A local config folder standing in for a Hub id the catalog lacks (Llama 3.1 8B's)."""
+    folder = tmp_path / "llama3-8b"
+    folder.mkdir()
+    catalog = Path(vramplan.__file__).parent / "models" / "configs" / "llama-3.1-8b.json"
+    (folder / "config.json").write_text(catalog.read_text())
+    return folder
+
+
 def test_llamafactory_examples(tmp_path):
     e = raw(LF / "qwen25_05b_eaft_full.yaml")
     hand = Job(model="qwen2.5-0.5b", framework="hf-trainer",
@@ -373,10 +382,7 @@ def test_llamafactory_examples(tmp_path):
     assert (q3.model, q3.batch_size, q3.peft) == ("qwen3-8b", f["per_device_train_batch_size"],
                                                   None)
     # a Hub id the catalog lacks: a local config folder stands in for it
-    folder = tmp_path / "llama3-8b"
-    folder.mkdir()
-    catalog = Path(vramplan.__file__).parent / "models" / "configs" / "llama-3.1-8b.json"
-    (folder / "config.json").write_text(catalog.read_text())
+    folder = _local_model_folder(tmp_path)
     lora = read_config(LF / "llama3_lora_sft.yaml", model=str(folder)).job()
     cfg = raw(LF / "llama3_lora_sft.yaml")
     assert lora.peft == Peft(method="qlora", rank=cfg["lora_rank"], alpha=2 * cfg["lora_rank"],
@@ -859,10 +865,7 @@ def test_dora_is_read_where_peft_runs_it_and_refused_for_torchtunes_own(tmp_path
     axolotl = read_config(tmp_path / "dora.yml").job()
     assert axolotl.peft.dora and axolotl.peft == read_config(
         AX / "gemma2_qlora.yml").job().peft.model_copy(update={"dora": True})
-    folder = tmp_path / "llama3-8b"
-    folder.mkdir()
-    catalog = Path(vramplan.__file__).parent / "models" / "configs" / "llama-3.1-8b.json"
-    (folder / "config.json").write_text(catalog.read_text())
+    folder = _local_model_folder(tmp_path)
     lf = raw(LF / "llama3_lora_sft.yaml")
     (tmp_path / "lf.yaml").write_text(yaml.safe_dump({**lf, "use_dora": True}))
     assert read_config(tmp_path / "lf.yaml", model=str(folder)).job().peft.dora
@@ -885,10 +888,7 @@ def test_ligers_fused_loss_is_read_where_the_frameworks_apply_it(tmp_path):
     axolotl = read_config(tmp_path / "liger.yml")
     assert axolotl.job().loss == "chunked:liger"
     assert "liger_rms_norm" in axolotl.not_understood  # counted as eager: said
-    folder = tmp_path / "llama3-8b"
-    folder.mkdir()
-    catalog = Path(vramplan.__file__).parent / "models" / "configs" / "llama-3.1-8b.json"
-    (folder / "config.json").write_text(catalog.read_text())
+    folder = _local_model_folder(tmp_path)
     lf = raw(LF / "llama3_lora_sft.yaml")
     (tmp_path / "lf.yaml").write_text(yaml.safe_dump({**lf, "enable_liger_kernel": True}))
     assert read_config(tmp_path / "lf.yaml", model=str(folder)).job().loss == "chunked:liger"
