@@ -76,7 +76,10 @@ def test_dora_flops_and_its_slower_step():
 
 
 def test_dora_where_it_is_not_modelled_is_refused():
+    experts = Job(model="mixtral-8x7b", peft=Peft(target_modules=("w1",), dora=True))
     with pytest.raises(JobError, match="DoRA on the experts"):
-        estimate(Job(model="mixtral-8x7b", peft=Peft(target_modules=("w1",), dora=True)))
+        estimate(experts)
+    with pytest.raises(JobError, match="DoRA on the experts"):  # the time model too
+        predict(experts, get_gpu("H100-SXM"))
     with pytest.raises(JobError, match="DoRA"):
         estimate(_job().with_changes(compile=True))

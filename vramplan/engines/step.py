@@ -63,6 +63,7 @@ def describe_step(job: Job, arch: Architecture) -> Step:
     shapes = shapes_of(job, arch, task)
     params = param_memory(job, arch, task)
     pipeline.check_pipeline(job, arch)
+    check_dora(job, arch)
     return Step(job, arch, task, shapes, dtypes_for(job), activation_dtypes(job),
                 attention_impl(job, arch), params, pipeline.stages(job, arch))
 
@@ -160,6 +161,16 @@ def dora_linears(job: Job, stack: Stack) -> list[Linear]:
         return []
     targets = set(job.peft.target_modules)
     return [ln for ln in stack.linears if "all-linear" in targets or ln.name in targets]
+
+
+def check_dora(job: Job, arch: Architecture) -> None:
+    """DoRA is modelled on dense linears: one line for the experts' (memory and time both
+    describe the step from here)."""
+    experts = sorted({ln.name for s in arch.stacks for ln in dora_linears(job, s)
+                      if ln.count > 1})
+    if experts:
+        raise JobError(f"DoRA on the experts' linears ({', '.join(experts)}) is not modelled: "
+                       "target the attention projections, or use --engine trace")
 
 
 def attention_impl(job: Job, arch: Architecture) -> str:

@@ -26,19 +26,8 @@ from __future__ import annotations
 
 from vramplan.engines.precision import Dtypes, adapter_bytes, frozen_base_bytes
 from vramplan.engines.step import dora_linears as adapted
-from vramplan.errors import JobError
 from vramplan.job import Job
 from vramplan.models import Architecture, Stack
-
-
-def check_dora(job: Job, arch: Architecture) -> None:
-    """DoRA is modelled on dense linears, eager: one line for the rest."""
-    if job.peft is None or not job.peft.dora:
-        return
-    experts = sorted({ln.name for s in arch.stacks for ln in adapted(job, s) if ln.count > 1})
-    if experts:
-        raise JobError(f"DoRA on the experts' linears ({', '.join(experts)}) is not modelled: "
-                       "target the attention projections, or use --engine trace")
 
 
 def _weight_copy_bytes(job: Job, dt: Dtypes) -> int:

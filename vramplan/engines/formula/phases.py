@@ -51,7 +51,6 @@ def estimate(job: Job, *, gpus: list[GPU] | None = None,
             else load_architecture(job.model))
     runtime_gpu = get_gpu(job.gpu) if job.gpu else None
     check_job(job, arch, runtime_gpu)  # what every engine refuses
-    dora.check_dora(job, arch)
     if job.compile:
         check_compiled(job, arch, task_of(job, arch))
     step = describe_step(job, arch)

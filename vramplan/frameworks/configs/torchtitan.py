@@ -173,13 +173,19 @@ def _pipeline(flat: dict[str, Any], table, mapping: Mapping, ctx, accumulation: 
         mapping.assign("parallel.pipeline_flushes", accumulation, "training.global_batch_size")
     mapping.assign("parallel.pipeline_schedule", schedules[name],
                    f"parallelism.pipeline_parallel_schedule={name!r}")
-    for end, part in (("first", "embedding"), ("last", "head")):  # the split's weights
-        key = f"parallelism.pipeline_parallel_{end}_stage_less_layers"
-        mapping.assign(f"parallel.pipeline_{part}_layers", flat.get(key, 1),
+    for part, (key, weight) in zip(("embedding", "head"), _stage_weights(flat)):
+        mapping.assign(f"parallel.pipeline_{part}_layers", weight,
                        key if key in flat else f"{key} (torchtitan's default, 1)")
     if schedules[name] == "interleaved":
         mapping.assign("parallel.pipeline_chunks", _stages_per_rank(flat, pp, ctx, mapping),
                        "parallelism.pipeline_parallel_layers_per_stage")
+
+
+def _stage_weights(flat: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    """(key, value) of first_stage_less_layers and last_stage_less_layers: the blocks the
+    embedding and the output count as in the split (1 each by default, job_config.py)."""
+    keys = (f"parallelism.pipeline_parallel_{end}_stage_less_layers" for end in ("first", "last"))
+    return tuple((key, flat.get(key, 1)) for key in keys)
 
 
 def _stages_per_rank(flat: dict[str, Any], pp: int, ctx, mapping: Mapping) -> int:
@@ -195,8 +201,7 @@ def _stages_per_rank(flat: dict[str, Any], pp: int, ctx, mapping: Mapping) -> in
     from vramplan.models import load_architecture
 
     layers = sum(s.num_layers for s in load_architecture(model).stacks)
-    extra = sum(flat.get(f"parallelism.pipeline_parallel_{end}_stage_less_layers", 1)
-                for end in ("first", "last"))
+    extra = sum(weight for _, weight in _stage_weights(flat))
     stages = math.ceil((layers + extra) / per_stage)
     if stages % pp or stages // pp < 2:
         raise ConfigError(f"torchtitan: {layers} layers at pipeline_parallel_layers_per_stage "
