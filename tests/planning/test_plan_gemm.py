@@ -8,10 +8,11 @@ import pytest
 from vramplan.hardware import get_gpu
 from vramplan.job import Job
 from vramplan.models import load_architecture
-from vramplan.planning import gemm
+from vramplan.planning import gemm, performance
 from vramplan.planning.efficiency import (
     factors_for,
     fp8_ratio,
+    fp32_ratio,
     gemm_model,
     interval,
     shipped_factors,
@@ -127,6 +128,39 @@ def test_a_geforce_card_may_pass_its_datasheet_peak():
     assert one.matmul == pytest.approx(min(max(1.0, data["gpu_ceilings"]["RTX-3090"]),
                                            data["gpu_ceilings"]["RTX-3090"] * share))
     assert one.matmul > 1.0
+
+
+def test_fp32_matmuls_take_the_cuda_cores_measured_share_not_the_tensor_cores():
+    """torch.mm in fp32 (TF32 off) reaches 91% of a V100's fp32 peak but 66% of an RTX 4090's,
+    whose datasheet counts two fp32 operations per core and clock; the matmul factor stands
+    for the tensor cores' share (77% and 101%). An fp32 job's matmul and attention terms are
+    divided by the ratio of the two; a GPU with no fp32 measurement keeps the factor."""
+    data = _toml()
+    fp32, ceilings = data["gpu_fp32_ceilings"], data["gpu_ceilings"]
+    assert set(fp32) == set(fp32["sources"]) | {"sources"}
+    assert all(isinstance(fp32[s], float) for s in fp32.values() if isinstance(s, str))
+    v100, r4090 = get_gpu("V100-16GB"), get_gpu("RTX-4090")
+    assert fp32_ratio(v100)[0] == pytest.approx(0.910 / 0.769)
+    assert fp32_ratio(r4090)[0] == pytest.approx(fp32["RTX-4090"] / ceilings["RTX-4090"])
+    sibling, note = fp32_ratio(get_gpu("RTX-6000-Ada"))
+    assert sibling == pytest.approx(fp32["L40S"] / ceilings["L40S"]) and "L40S" in note
+    flagship, note = fp32_ratio(get_gpu("GH200"))  # not measured: Hopper's flagship
+    assert flagship == pytest.approx(data["architectures"]["hopper"]["mamf_fp32"]
+                                     / ceilings["GH200"]) and "not measured" in note
+    assert fp32_ratio(get_gpu("MI300X"))[0] == 1.0
+    job = Job(model="gpt2", precision="fp32", batch_size=4, seq_len=512)
+    for gpu in (v100, r4090):
+        ratio, note = fp32_ratio(gpu)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(performance, "fp32_ratio", lambda g: (1.0, ""))
+            before = performance.step_terms(job, gpu)
+        after = performance.step_terms(job, gpu)
+        assert any(note in n and "CUDA cores" in n for n in after.notes)
+        for b, a in zip(before.phases, after.phases):
+            assert a.matmul_s == pytest.approx(b.matmul_s / ratio)
+            assert a.attention_s == pytest.approx(b.attention_s / ratio)
+    bf16 = Job(model="gpt2", precision="bf16-mixed", batch_size=4, seq_len=512)
+    assert not any("CUDA cores" in n for n in performance.step_terms(bf16, r4090).notes)
 
 
 @pytest.mark.parametrize("num_gpus", [1, 8])

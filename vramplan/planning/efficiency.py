@@ -91,19 +91,42 @@ def sm_count(gpu: GPU) -> int | None:
 def fp8_ratio(gpu: GPU) -> float:
     """How much less of its fp8 peak than of its bf16 peak the architecture's best matmul
     reaches (mamf_fp8 / mamf; 1 where fp8 was not measured)."""
-    data = _data()
-    arch = architecture_of(gpu)
-    lender = arch if arch in data["architectures"] else data["borrowed"].get(arch, "hopper")
-    row = data["architectures"][lender]
+    row = _lender(gpu)
     return row.get("mamf_fp8", row["mamf"]) / row["mamf"]
 
 
-def gpu_ceiling(gpu_name: str) -> float | None:
-    """The GPU's measured matmul ceiling / its dense peak ([gpu_ceilings]), if any: its own,
-    or that of the sibling it names."""
-    table = _data()["gpu_ceilings"]
-    value = table.get(gpu_name)
-    return table[value] if isinstance(value, str) else value
+def gpu_ceiling(gpu_name: str, table: str = "gpu_ceilings") -> float | None:
+    """The GPU's measured matmul ceiling / its dense peak ([gpu_ceilings], or the fp32 one
+    of [gpu_fp32_ceilings]), if any: its own, or that of the sibling it names."""
+    rows = _data()[table]
+    value = rows.get(gpu_name)
+    return rows[value] if isinstance(value, str) else value
+
+
+def _lender(gpu: GPU) -> dict:
+    """The [architectures] row whose ceilings the GPU's architecture uses."""
+    data = _data()
+    arch = architecture_of(gpu)
+    return data["architectures"][arch if arch in data["architectures"]
+                                 else data["borrowed"].get(arch, "hopper")]
+
+
+def fp32_ratio(gpu: GPU) -> tuple[float, str]:
+    """An fp32 matmul's share of the fp32 (CUDA-core) peak over the share of the tensor-core
+    peak the matmul factor stands for, and whose measurement it is: the GPU's own
+    ([gpu_fp32_ceilings]), its architecture flagship's, or none (1: the 16-bit share kept)."""
+    row = _lender(gpu)
+    tensor = gpu_ceiling(gpu.name) or row["mamf"]
+    own = gpu_ceiling(gpu.name, "gpu_fp32_ceilings")
+    fp32 = own if own is not None else row.get("mamf_fp32")
+    if fp32 is None:
+        return 1.0, (f"no fp32 matmul rate measured for {gpu.name} or its architecture: "
+                     "the 16-bit matmuls' share of the peak")
+    sibling = _data()["gpu_fp32_ceilings"].get(gpu.name)
+    whose = (f"the {sibling} (the same chip)" if isinstance(sibling, str) else gpu.name
+             ) if own is not None else f"its architecture's flagship ({gpu.name}: not measured)"
+    return fp32 / tensor, (f"{fp32:.0%} of the fp32 peak, as torch.mm measures on {whose} "
+                           "(efficiency.toml, gpu_fp32_ceilings)")
 
 
 def ceiling_sibling(gpu_name: str) -> str | None:

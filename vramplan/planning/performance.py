@@ -38,6 +38,7 @@ from vramplan.planning.efficiency import (
     Factors,
     factors_for,
     fp8_ratio,
+    fp32_ratio,
     gemm_model,
     interval,
     sm_count,
@@ -58,13 +59,14 @@ def compute_dtype(job: Job, gpu: GPU) -> tuple[str, list[str]]:
     wanted = PRECISION_MATMUL_DTYPE[job.precision]
     if wanted == "fp32" and job.tf32 and "tf32" in gpu.tflops:
         wanted = "tf32"
-        notes.append("fp32 matmuls on TF32 tensor cores (tf32), reaching the same share of "
-                     "their peak as 16-bit ones (assumption)")
+        notes.append("fp32 matmuls on TF32 tensor cores (tf32), reaching the share of their "
+                     "peak 16-bit ones do (as torch.mm measures: efficiency.toml)")
     elif wanted == "fp32":
-        notes.append(f"{gpu.name} has no TF32 tensor cores: fp32 matmuls at the plain fp32 "
-                     "rate" if job.tf32 else
-                     "fp32 matmuls at the plain fp32 rate (torch leaves TF32 off by default; "
-                     "--tf32 turns it on)")
+        share = fp32_ratio(gpu)[1]
+        notes.append(f"{gpu.name} has no TF32 tensor cores: fp32 matmuls on the CUDA cores: "
+                     f"{share}" if job.tf32 else
+                     "fp32 matmuls on the CUDA cores (torch leaves TF32 off by default; --tf32 "
+                     f"turns it on): {share}")
     if wanted == "fp8" and "fp8" not in gpu.tflops:
         notes.append(f"{gpu.name} has no fp8 tensor cores: fp8 matmuls timed at the bf16 rate")
         wanted = "bf16"
@@ -221,6 +223,10 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
     unit = _per_gpu_work(job, work)
     shape = _shape(job, arch, work, gpu, peak)
     attention_peak = peak
+    if dtype == "fp32":  # CUDA cores, not tensor cores: their own measured share (attention too)
+        ratio = fp32_ratio(gpu)[0]
+        shape *= ratio
+        attention_peak = peak * ratio
     if dtype == "fp8":  # fp8 GEMMs reach a smaller share of their (doubled) peak
         shape *= fp8_ratio(gpu)
         # float8 training converts the linears only: attention runs in 16-bit (torchao's

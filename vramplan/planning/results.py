@@ -40,7 +40,8 @@ class Performance(_Frozen):
 
     gpu: str = Field(description="the GPU type")
     num_gpus: int = Field(description="GPUs the job runs on")
-    compute_dtype: str = Field(description="the tensor-core rate used: bf16, fp16, fp8, fp32")
+    compute_dtype: str = Field(description="the matmul rate used: bf16, fp16, fp8, tf32 "
+                               "(tensor cores) or fp32 (CUDA cores)")
     step_time_s: float = Field(description="one optimizer step: all micro-batches, the "
                                "optimizer and exposed communication")
     tokens_per_step: int = Field(description="tokens (samples for vision) per step, all GPUs")
@@ -69,6 +70,11 @@ class Performance(_Frozen):
     cost_range_usd: tuple[float, float] | None = Field(
         None, description="80% interval of the cost (as step_time_range_s)")
     notes: list[str] = Field(default_factory=list, description="assumptions of the prediction")
+
+    @property
+    def cores(self) -> str:
+        """Which units run the matmuls: fp32 without TF32 runs on the CUDA cores."""
+        return "CUDA cores" if self.compute_dtype == "fp32" else "tensor cores"
 
 
 class Fix(_Frozen):

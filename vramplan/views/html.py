@@ -225,8 +225,9 @@ def performance_section(report: MemoryReport) -> Section:
     ])
     rows = [(p.phase, duration(p.time_s), p.per_step, p.bound) for p in perf.phases]
     body = kpis + table_html(("phase", "time", "x per step", "bound"), rows, numeric=(1, 2))
-    body += (f"<p>{esc(perf.num_gpus)} x {esc(perf.gpu)}, {esc(perf.compute_dtype)} tensor "
-             "cores; predicted by the performance model (vramplan/planning/performance.py).</p>")
+    body += (f"<p>{esc(perf.num_gpus)} x {esc(perf.gpu)}, {esc(perf.compute_dtype)} "
+             f"{esc(perf.cores)}; predicted by the performance model "
+             "(vramplan/planning/performance.py).</p>")
     return Section(f"Time and cost on {perf.gpu}", body, "performance")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from vramplan.planning.results import Performance
@@ -27,7 +28,7 @@ def money(usd: float | None) -> str:
 
 def print_performance(perf: Performance, console: Console) -> None:
     console.print(f"\n[bold]Performance[/bold] on {perf.num_gpus} x {perf.gpu} "
-                  f"({perf.compute_dtype} tensor cores; factors: {perf.factors})")
+                  f"({perf.compute_dtype} {perf.cores}; factors: {escape(perf.factors)})")
     table = Table(show_header=True, header_style="bold")
     for column in ("phase", "time", "x per step", "bound"):
         table.add_column(column, justify="left" if column in ("phase", "bound") else "right")
@@ -50,7 +51,7 @@ def print_performance(perf: Performance, console: Console) -> None:
                       + (f"{money(perf.cost_usd)}{c_span} at ${perf.price_per_hour:g}/GPU-hour"
                          if perf.cost_usd is not None else "no price known (--price-per-hour)"))
     for note in perf.notes:
-        console.print(f"  note: {note}")
+        console.print(f"  note: {escape(note)}")
 
 
 def print_plan(plan, console: Console) -> None:
@@ -95,7 +96,7 @@ def print_plan(plan, console: Console) -> None:
         for r in plan.ruled_out:
             console.print(f"  {r.gpu}: {r.reason}")
     for note in plan.notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {escape(note)}")
 
 
 def _ranges(*intervals: tuple[tuple[float, float] | None, Callable[[float], str]]) -> str:
