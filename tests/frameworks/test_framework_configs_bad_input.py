@@ -38,6 +38,11 @@ FILES = {  # name -> content
                                    "micro_batch_size: 1\n",
     "lf-dpo.yaml": "model_name_or_path: Qwen/Qwen2.5-0.5B-Instruct\nstage: dpo\n"
                    "finetuning_type: lora\n",
+    # adapters other than LoRA: read as LoRA (or as full training) they were wrong numbers
+    "peft-ia3.json": json.dumps({"peft_type": "IA3", "target_modules": ["k_proj", "v_proj"],
+                                 "base_model_name_or_path": "meta-llama/Llama-3.2-1B"}),
+    "axolotl-llama-adapter.yml": "base_model: meta-llama/Llama-3.2-1B\nadapter: llama-adapter\n"
+                                 "micro_batch_size: 1\n",
     "bomb.yaml": BOMB,
     "not-utf8.yaml": "model:\xff\xfe",
     "list.yaml": "- 1\n- 2\n",
@@ -102,6 +107,10 @@ def test_bad_framework_configs(tmp_path, capsys, monkeypatch):
     assert "too large" in seen["config huge"] and "is a folder" in seen["config folder"]
     assert "expands to more than" in seen["config bomb.yaml"]  # the node cap, bounded
     assert "not a config of any format" in seen["config no-format.yaml"]
+    assert "peft_type: IA3 is not modelled" in seen["config peft-ia3.json"]
+    assert "models LORA" in seen["config peft-ia3.json"]
+    assert "adapter: llama-adapter is not modelled" in seen["config axolotl-llama-adapter.yml"]
+    assert "lora or qlora" in seen["config axolotl-llama-adapter.yml"]
 
 
 @pytest.mark.skipif(not hasattr(os, "truncate"), reason="needs sparse files")

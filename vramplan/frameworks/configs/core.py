@@ -159,6 +159,8 @@ class Entry:
     values: dict[str, dict[str, Any]] = _field(default_factory=dict)  # value -> Job fields
     weak: bool = False              # loses silently to a non-weak key setting the field
     auto: bool = False              # "auto" means: left to the launcher (unset)
+    strict: bool = False            # a value outside `values` is an error: the key chooses
+                                    # what is trained, and a guess would be a wrong number
     source: str = ""
 
 
@@ -287,6 +289,9 @@ def map_keys(table: Table, flat: dict[str, Any], mapping: Mapping | None = None,
         if entry.values:
             spelt = value_key(value)
             fields = entry.values.get(spelt, entry.values.get(spelt.lower()))
+            if fields is None and entry.strict:
+                raise ConfigError(f"{key}: {spelt[:40]} is not modelled; vramplan models "
+                                  f"{' or '.join(entry.values)} ({table.docs})")
             if fields is None:
                 mapping.mapped.remove(key)
                 mapping.not_understood.append(f"{key}={spelt[:40]}")
