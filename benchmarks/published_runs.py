@@ -20,6 +20,9 @@ every row of that source:
     table's gradient reduce overlaps as its `--overlap-grad-reduce` says;
   * interleaved pipelines: `virtual_pp` model chunks per GPU;
   * Megatron-LM 2021 (Narayanan et al.) predates FlashAttention: eager attention;
+  * KempnerForge skips FSDP's gradient reduce-scatter on all but a step's last micro-batch
+    (kempnerforge/training/grad.py maybe_no_sync: set_requires_gradient_sync(False), at the
+    report's code 01b461a): parallel.fsdp_no_sync;
   * Megatron-LM and NeMo run fused kernels (Transformer Engine, Apex): their memory-bound
     work is timed as vramplan times compiled blocks (`compile`: one kernel per fused chain).
 
@@ -454,6 +457,8 @@ def case(row: dict) -> Case:
                         "pipeline_parallel": pp, "context_parallel": cp,
                         "async_tp": "--tp-comm-overlap" in str(tech.get("other")), **pipeline,
                         "overlap_grad_reduce": not (megatron_2021 or group == "bigscience"),
+                        # KempnerForge reduce-scatters a step's last micro-batch only
+                        "fsdp_no_sync": group == "kempnerforge" and strategy == "fsdp",
                         "sequence_parallel": not megatron_2021 and _COLLECTED.get(
                             group, {}).get("sequence_parallel", True),
                         # a row's own node size where it states one, else the catalog GPU's

@@ -167,6 +167,10 @@ class Peft(_Strict):
         return names
 
 
+# the strategies PyTorch runs with FSDP (vramplan/training/fsdp.py)
+FSDP_STRATEGIES = ("zero2", "zero3", "fsdp", "hybrid-shard")
+
+
 class Parallel(_Strict):
     """How the job is spread over GPUs. num_gpus = data x tensor x context x pipeline
     parallel."""
@@ -206,6 +210,12 @@ class Parallel(_Strict):
     # FSDP/ZeRO shard over data-parallel x context-parallel ranks, as torchtitan's dp_shard_cp
     # mesh does (distributed/parallel_dims.py); False: over data-parallel ranks only
     shard_over_context_parallel: bool = False
+    # FSDP (zero2 / zero3 / fsdp / hybrid-shard) with gradient accumulation: reduce-scatter
+    # only a step's last micro-batch's gradients (FSDP2's set_requires_gradient_sync(False),
+    # FSDP's no_sync: what the HF Trainer and Accelerate do unless sync_each_batch), holding
+    # every parameter's whole gradient in fp32 until then. False: every micro-batch's
+    # gradients are reduce-scattered and sharded (torchtitan)
+    fsdp_no_sync: bool = False
 
     @property
     def model_parallel(self) -> int:
@@ -236,6 +246,10 @@ class Parallel(_Strict):
             raise ValueError(
                 f"{self.data_parallel} data-parallel ranks need a strategy: "
                 "ddp, zero1, zero2, zero3, fsdp or hybrid-shard")
+        if self.fsdp_no_sync and self.strategy not in FSDP_STRATEGIES:
+            raise ValueError(
+                f"fsdp_no_sync is FSDP's: strategy {self.strategy} has no such switch (ddp "
+                f"already reduces once per step); use {', '.join(FSDP_STRATEGIES)} or drop it")
         return self
 
 

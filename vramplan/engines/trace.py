@@ -52,6 +52,7 @@ from vramplan.training.private_api import (
     FakeTensorMode,
     TorchDispatchMode,
     UnsupportedOperatorException,
+    fsdp_accumulated_grads,
     is_traceable_wrapper_subclass,
     tree_leaves,
 )
@@ -270,8 +271,8 @@ class _Tracker(TorchDispatchMode):
         self.marks.append((len(self.events), step, phase))
 
     def mark_grads(self, model: torch.nn.Module) -> None:
-        for p in model.parameters():
-            grad = p.grad
+        held = fsdp_accumulated_grads(model)  # FSDP without gradient sync: whole gradients
+        for grad in [p.grad for p in model.parameters()] + held:
             if grad is not None and is_traceable_wrapper_subclass(grad):
                 grad = getattr(grad, "_local_tensor", None)  # DTensor: the local shard
             if grad is not None:

@@ -25,7 +25,8 @@ its m GPUs reaches only (g - 1) / (m - 1) of the GPU's NVLink bandwidth
               (every gradient collective: after the backward, not overlapped, when
               parallel.overlap_grad_reduce is false)
   zero3/fsdp  per micro-batch: all-gather of 16-bit parameters in forward and again in
-              backward (prefetched: overlapped), reduce-scatter of gradients (overlapped);
+              backward (prefetched: overlapped), reduce-scatter of gradients (overlapped;
+              with parallel.fsdp_no_sync once per step, the last micro-batch's);
               with fp8.fsdp_float8_all_gather the block linears' weights travel in float8
   hybrid      fsdp inside a node, plus an all-reduce of the gradient shards between nodes
   tensor par. 2 all-reduces of the activations per block in forward, 2 in backward (and
@@ -152,8 +153,10 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
                                       ring_bytes("all-gather", gathered, shard), "micro-batch",
                                       phase, shard_link, shard,
                                       nics=in_node(shard, model_parallel)))
+            # without gradient sync (fsdp_no_sync) only the last micro-batch reduce-scatters
             out.append(Collective(f"gradient reduce-scatter ({strategy})",
-                                  ring_bytes("reduce-scatter", grads, shard), "micro-batch",
+                                  ring_bytes("reduce-scatter", grads, shard),
+                                  "step" if par.fsdp_no_sync else "micro-batch",
                                   grad_phase, shard_link, shard,
                                   nics=in_node(shard, model_parallel)))
             replicas = dp // shard

@@ -12,6 +12,8 @@ import, with a message that names it, instead of deep inside a trace.
     torch.testing._internal.distributed.fake_pg.FakeStore   the fake process group
     torch.distributed.fsdp._fully_shard._fsdp_param(.alloc_storage, .free_storage),
         _fsdp_param_group.alloc_storage                      FSDP2's all-gather buffers
+    FSDPModule._get_fsdp_state()._fsdp_param_group.fsdp_params[i].unsharded_accumulated_grad
+                                      the whole gradients held without gradient sync
     transformers.masking_utils.find_packed_sequence_indices  (see patches.py)
 """
 
@@ -78,6 +80,20 @@ def fsdp_storage_modules():
     return _fsdp_param, _fsdp_param_group
 
 
+def fsdp_accumulated_grads(model) -> list:
+    """The whole gradients FSDP2 holds without gradient sync (set_requires_gradient_sync
+    False: FSDPParam.unsharded_accumulated_grad, its fp32 reduce-dtype copy)."""
+    out = []
+    for module in model.modules():
+        state_of = getattr(module, "_get_fsdp_state", None)
+        group = state_of()._fsdp_param_group if state_of is not None else None
+        for fsdp_param in group.fsdp_params if group is not None else ():
+            grad = getattr(fsdp_param, "unsharded_accumulated_grad", None)
+            if grad is not None:
+                out.append(grad)
+    return out
+
+
 def transformers_masking():
     """transformers.masking_utils, or None when this transformers has no packed-sequence
     detection to switch off."""
@@ -92,6 +108,6 @@ __all__ = [
     "AUTOCAST_CPU_KEYS", "DataDependentOutputException", "DynamicOutputShapeException",
     "ExcludeDispatchKeyGuard", "FakeTensorMode", "TESTED_VERSIONS", "TorchDispatchMode",
     "UnsupportedOperatorException", "_disable_current_modes", "destroy_library", "fake_store",
-    "fsdp_storage_modules", "is_fake", "is_traceable_wrapper_subclass", "transformers_masking",
+    "fsdp_accumulated_grads", "fsdp_storage_modules", "is_fake", "is_traceable_wrapper_subclass", "transformers_masking",
     "tree_leaves",
 ]

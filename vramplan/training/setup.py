@@ -70,6 +70,7 @@ class TrainingSetup:
     tokens_per_sample: int = 0  # text tokens per sample; 0 for vision, speech and factories
     mark: Callable[[str], None] = lambda phase: None  # the running train_step's phase marker
     keep_grads: bool = False  # zero_grad(set_to_none=False): grads live into the next step
+    no_sync: bool = False  # FSDP: reduce-scatter the last micro-batch's gradients only
     kernels: Kernels | None = None  # real low-bit libraries in use (None: the stand-ins)
 
     @property
@@ -114,7 +115,9 @@ def train_step(setup: TrainingSetup, grad_accum: int,
 
 
 def _micro_steps(setup: TrainingSetup, grad_accum: int, mark: Callable[[str], None]) -> None:
-    for _ in range(grad_accum):
+    for i in range(grad_accum):
+        if setup.no_sync:  # FSDP2 (job.parallel.fsdp_no_sync): as the HF Trainer's no_sync
+            setup.model.set_requires_gradient_sync(i == grad_accum - 1)
         mark("inputs")
         batch = setup.make_batch()
         mark("forward")
@@ -193,7 +196,7 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
     setup = TrainingSetup(model, optimizer, make_batch, compute_loss, autocast, device, name,
                           clip_foreach=job.optimizer_impl != "loop", notes=notes, task=task,
                           tokens_per_sample=tokens, keep_grads=job.keep_grads_between_steps,
-                          kernels=kernels)
+                          no_sync=job.parallel.fsdp_no_sync, kernels=kernels)
     if job.optimizer_in_backward:
         setup.optimizer = _optimizer_in_backward(setup, job, trainable)
     return setup

@@ -64,6 +64,9 @@ def include_named(parent: Mapping, content: dict[str, Any], ctx) -> None:
     if content.get("deepspeed"):
         as_master_weights(parent)
         include(parent, content["deepspeed"], "deepspeed", ctx)
+        # the Trainer's no_sync skips DeepSpeed, which reduces as its own config says
+        parent.assign("parallel.fsdp_no_sync", False, "deepspeed (the HF Trainer runs no "
+                      "no_sync under DeepSpeed)", weak=True)
     elif "deepspeed" in content:
         parent.ignored.append("deepspeed")
 

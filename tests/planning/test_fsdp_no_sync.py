@@ -1,0 +1,69 @@
+"""FSDP without gradient sync between micro-batches (parallel.fsdp_no_sync): who turns it
+on, what it costs in time, and what it refuses. Its memory is checked against the trace in
+tests/engines/test_formula_vs_trace.py."""
+
+import json
+
+import pytest
+
+from vramplan import Job
+from vramplan.errors import JobError
+from vramplan.frameworks.configs.read import read_config_text
+from vramplan.hardware import get_gpu
+from vramplan.models import load_architecture
+from vramplan.planning.comm import collectives
+from vramplan.planning.performance import predict
+
+
+def _job(**parallel) -> Job:
+    return Job(model="llama-3.1-8b", batch_size=2, seq_len=2048, grad_accum=4,
+               checkpointing="full",
+               parallel={"strategy": "fsdp", "num_gpus": 16, "gpus_per_node": 8, **parallel})
+
+
+def test_the_gradients_are_reduce_scattered_once_per_step_and_the_step_is_shorter():
+    gpu = get_gpu("H100-SXM")
+    arch = load_architecture("llama-3.1-8b")
+
+    def by_name(job):
+        return {c.name: c for c in collectives(job, arch, gpu)}
+    synced, held = by_name(_job()), by_name(_job(fsdp_no_sync=True))
+    scatter = "gradient reduce-scatter (fsdp)"
+    assert (synced[scatter].per, held[scatter].per) == ("micro-batch", "step")
+    assert synced[scatter].bytes_per_gpu == held[scatter].bytes_per_gpu
+    gathers = [n for n in synced if "all-gather" in n]
+    assert gathers and all(held[n] == synced[n] for n in gathers)  # still every micro-batch
+    assert predict(_job(fsdp_no_sync=True), gpu).step_time_s < predict(_job(), gpu).step_time_s
+
+
+def test_the_hf_trainer_and_accelerate_hold_whole_gradients_under_fsdp_torchtitan_does_not():
+    def held(framework, strategy):
+        return Job(model="gpt2", framework=framework, grad_accum=2,
+                   parallel={"strategy": strategy, "num_gpus": 4}).parallel.fsdp_no_sync
+    for framework in ("hf-trainer", "accelerate"):
+        assert all(held(framework, s) for s in ("fsdp", "zero3", "zero2", "hybrid-shard"))
+        assert not held(framework, "ddp")
+    assert not held("torchtitan", "fsdp") and not held("plain", "fsdp")
+
+
+def test_sync_each_batch_and_deepspeed_turn_it_off_in_a_trainer_config():
+    base = {"output_dir": "o", "model_name_or_path": "gpt2", "gradient_accumulation_steps": 2,
+            "fsdp": "full_shard auto_wrap"}
+
+    def held(**extra):
+        read = read_config_text(json.dumps({**base, **extra}), path=__import__(
+            "pathlib").Path("args.json"), local_files=False)
+        return read.job(parallel={"num_gpus": 4}).parallel.fsdp_no_sync
+    assert held()
+    assert not held(accelerator_config={"gradient_accumulation_kwargs": {
+        "sync_each_batch": True}})
+    ds = {k: v for k, v in base.items() if k != "fsdp"}
+    read = read_config_text(json.dumps({**ds, "deepspeed": {"zero_optimization": {"stage": 3}}}),
+                            path=__import__("pathlib").Path("args.json"), local_files=False)
+    job = read.job(parallel={"num_gpus": 4})
+    assert job.parallel.strategy == "zero3" and not job.parallel.fsdp_no_sync
+
+
+def test_it_is_refused_where_there_is_no_fsdp():
+    with pytest.raises(JobError, match="fsdp_no_sync is FSDP's: strategy ddp"):
+        Job(model="gpt2", parallel={"strategy": "ddp", "num_gpus": 2, "fsdp_no_sync": True})
