@@ -108,6 +108,6 @@ __all__ = [
     "AUTOCAST_CPU_KEYS", "DataDependentOutputException", "DynamicOutputShapeException",
     "ExcludeDispatchKeyGuard", "FakeTensorMode", "TESTED_VERSIONS", "TorchDispatchMode",
     "UnsupportedOperatorException", "_disable_current_modes", "destroy_library", "fake_store",
-    "fsdp_accumulated_grads", "fsdp_storage_modules", "is_fake", "is_traceable_wrapper_subclass", "transformers_masking",
-    "tree_leaves",
+    "fsdp_accumulated_grads", "fsdp_storage_modules", "is_fake", "is_traceable_wrapper_subclass",
+    "transformers_masking", "tree_leaves",
 ]
