@@ -43,7 +43,7 @@ from vramplan.engines.allocator import CachingAllocator, round_size
 from vramplan.engines.memory_report import CATEGORIES, MemoryReport, ModuleUsage
 from vramplan.engines.trace_shard import sharding
 from vramplan.errors import EngineError, VramplanError
-from vramplan.job import Job
+from vramplan.job import FSDP_STRATEGIES, Job
 from vramplan.training.patches import transformers_quirks
 from vramplan.training.placement import HOST, UNIFIED, current_placement
 from vramplan.training.private_api import (
@@ -386,7 +386,7 @@ class TraceResult:
         capacity = (gpu.usable_bytes - runtime.runtime_context_bytes(job.runtime, gpu)
                     if gpu else None)
         # sharded jobs: the build's unsharded model never reaches the GPU (built below)
-        built = self.step_range(1)[0] if job.parallel.strategy in SHARDED_STRATEGIES else 0
+        built = self.step_range(1)[0] if job.parallel.strategy in FSDP_STRATEGIES else 0
         allocator = _replay(self.events, workspaces, job.runtime.cublas_workspaces, capacity,
                             built)
         peak_allocated = sum(categories[c] for c in CATEGORIES[:6])
@@ -489,10 +489,6 @@ def _live_at(events: list[tuple[int, Storage]], index: int) -> list[Storage]:
         else:
             live.pop(id(record), None)
     return list(live.values())
-
-
-# Strategies the trace runs as FSDP2's fully_shard (engines/trace_shard.py)
-SHARDED_STRATEGIES = ("zero2", "zero3", "fsdp", "hybrid-shard")
 
 
 def _replay(events, workspaces: int, count: int, capacity: int | None = None,
