@@ -96,6 +96,10 @@ JOB_FIELDS: tuple[JobField, ...] = (
              short=("--pp-schedule",), flag="--pp-schedule",
              help="1f1b, interleaved (--set parallel.pipeline_chunks=N chunks per GPU, "
                   "default 2), or gpipe (every forward, then every backward)"),
+    JobField("fsdp_no_sync", ("parallel", "fsdp_no_sync"),
+             help="FSDP reduce-scatters only a step's last micro-batch's gradients, holding "
+                  "every whole fp32 gradient until then (HF Trainer / Accelerate no_sync; "
+                  "default from --framework)"),
     JobField("offload_optimizer", ("offload", "optimizer"), help="optimizer states in CPU memory"),
     JobField("offload_params", ("offload", "params"), help="parameters in CPU memory (zero3/fsdp)"),
     JobField("gpu", ("gpu",), short=("-g",), help="the GPU to check (default: every catalog GPU)"),

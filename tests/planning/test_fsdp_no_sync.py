@@ -67,3 +67,30 @@ def test_sync_each_batch_and_deepspeed_turn_it_off_in_a_trainer_config():
 def test_it_is_refused_where_there_is_no_fsdp():
     with pytest.raises(JobError, match="fsdp_no_sync is FSDP's: strategy ddp"):
         Job(model="gpt2", parallel={"strategy": "ddp", "num_gpus": 2, "fsdp_no_sync": True})
+
+
+def test_make_it_fit_shards_the_gradients_and_writes_the_trainers_own_key():
+    """Llama 3.1 8B under the Trainer's FSDP on 8 A100-40GB with 8 micro-batches holds its
+    whole fp32 gradients (32 GB per GPU) and does not fit; reduce-scattering every
+    micro-batch does, and the fix is written as accelerate's sync_each_batch."""
+    from pathlib import Path
+
+    from vramplan.frameworks.configs.write import config_changes, override_line
+    from vramplan.planning.make_fit import make_it_fit
+
+    text = json.dumps({"output_dir": "o", "model_name_or_path": "meta-llama/Llama-3.1-8B",
+                       "per_device_train_batch_size": 1, "gradient_accumulation_steps": 8,
+                       "bf16": True, "fsdp": "full_shard auto_wrap", "max_length": 2048,
+                       "gradient_checkpointing": True})
+    read = read_config_text(text, path=Path("args.json"), local_files=False)
+    job = read.job(gpu="A100-40GB", parallel={"num_gpus": 8})
+    assert job.parallel.fsdp_no_sync
+    fixes = make_it_fit(job, get_gpu("A100-40GB"), allow=(), limit=10)
+    fix = next(f for f in fixes if f.job.parallel.fsdp_no_sync is False)
+    assert fix.job.with_changes(parallel={**fix.job.parallel.model_dump(),
+                                          "fsdp_no_sync": True}) == job
+    changes, missing = config_changes(read, job, fix.job)
+    key = "accelerator_config.gradient_accumulation_kwargs.sync_each_batch"
+    assert changes == {key: True} and not missing
+    assert override_line(read, changes).endswith(
+        """--accelerator_config '{"gradient_accumulation_kwargs": {"sync_each_batch": true}}'""")

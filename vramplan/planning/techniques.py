@@ -102,6 +102,14 @@ def _fsdp(job: Job) -> Job | None:
                                       "num_gpus": max(2, p.num_gpus)})
 
 
+def _sync_each_batch(job: Job) -> Job | None:
+    """FSDP that holds whole gradients between micro-batches (fsdp_no_sync) shards them."""
+    p = job.parallel
+    if not p.fsdp_no_sync or job.grad_accum < 2:
+        return None
+    return job.with_changes(parallel={**p.model_dump(), "fsdp_no_sync": False})
+
+
 @dataclass(frozen=True)
 class Technique:
     name: str
@@ -177,6 +185,13 @@ TECHNIQUES: tuple[Technique, ...] = (
               "optimizer states and gradients sharded over data-parallel GPUs",
               "reduce-scatter + all-gather instead of all-reduce: about the same traffic",
               False, categories=("optimizer_states", "gradients"), apply=_zero2, cost=1),
+    Technique("sync each micro-batch", {"parallel": {"fsdp_no_sync": False}},
+              "--no-fsdp-no-sync",
+              "FSDP reduce-scatters each micro-batch's gradients and keeps its shard, not "
+              "every whole fp32 gradient until the last micro-batch (HF Trainer: "
+              "accelerator_config.gradient_accumulation_kwargs.sync_each_batch)",
+              "a reduce-scatter per micro-batch instead of per step, overlapped with backward",
+              False, categories=("gradients",), apply=_sync_each_batch, cost=1),
     Technique("FSDP / ZeRO-3", {"parallel": {"strategy": "fsdp"}}, "--strategy fsdp -n N",
               "weights, gradients and optimizer states sharded over data-parallel GPUs",
               "weights all-gathered twice per micro-batch (1.5x DDP's traffic), overlapped",

@@ -4,6 +4,7 @@ TrainingArguments' defaults; a file with TRL's model keys gets those."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from vramplan.frameworks.configs import core, deepspeed
@@ -165,5 +166,15 @@ def _targets(flat: dict[str, Any], table, mapping: Mapping) -> None:
 
 
 def override_line(config_file: str, changes: dict[str, Any]) -> str:
-    parts = [f"--{key} {value}" for key, value in changes.items()]
+    """HfArgumentParser flags; a nested key (accelerator_config.*) goes in its top-level
+    argument as JSON, the only way that parser takes a dict."""
+    flat: dict[str, Any] = {}
+    for key, value in changes.items():
+        top, _, rest = key.partition(".")
+        if rest:
+            core.set_dotted(flat.setdefault(top, {}), rest, value)
+        else:
+            flat[key] = value
+    parts = [f"--{key} '{json.dumps(value)}'" if isinstance(value, dict) else f"--{key} {value}"
+             for key, value in flat.items()]
     return f"python train.py {config_file} " + " ".join(parts)
