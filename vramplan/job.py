@@ -217,6 +217,16 @@ class Parallel(_Strict):
     # gradients are reduce-scattered and sharded (torchtitan)
     fsdp_no_sync: bool = False
 
+    def changed(self, **changes: Any) -> dict[str, Any]:
+        """This layout's fields with `changes`, to build a Job from. Another strategy drops
+        fsdp_no_sync (FSDP's own switch) unless `changes` set it, so the framework's profile
+        decides it again for the new strategy (the Trainer holds whole gradients under FSDP,
+        not under DDP)."""
+        data = {**self.model_dump(), **changes}
+        if data["strategy"] != self.strategy and "fsdp_no_sync" not in changes:
+            del data["fsdp_no_sync"]
+        return data
+
     @property
     def model_parallel(self) -> int:
         """GPUs that hold one copy of the model between them: tensor x context x pipeline."""

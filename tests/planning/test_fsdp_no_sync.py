@@ -94,3 +94,21 @@ def test_make_it_fit_shards_the_gradients_and_writes_the_trainers_own_key():
     assert changes == {key: True} and not missing
     assert override_line(read, changes).endswith(
         """--accelerator_config '{"gradient_accumulation_kwargs": {"sync_each_batch": true}}'""")
+
+
+def test_a_fix_that_switches_to_fsdp_lets_the_framework_decide_again():
+    """A Trainer job on DDP has fsdp_no_sync false (DDP has no such switch); make-it-fit's
+    FSDP fix must not carry that false over: under FSDP the Trainer holds whole gradients.
+    A plain job's FSDP fix does not; a switch asked for explicitly is kept."""
+    from vramplan.planning.techniques import technique
+
+    def ddp(framework):
+        return Job(model="gpt2", framework=framework, grad_accum=4,
+                   parallel={"strategy": "ddp", "num_gpus": 8})
+    fsdp = technique("FSDP / ZeRO-3")
+    assert fsdp.applied(ddp("hf-trainer")).parallel.fsdp_no_sync
+    assert not fsdp.applied(ddp("plain")).parallel.fsdp_no_sync
+    held = Job(model="gpt2", grad_accum=4,
+               parallel={"strategy": "fsdp", "num_gpus": 8, "fsdp_no_sync": True})
+    assert Job.model_validate({**held.model_dump(), "parallel": held.parallel.changed(
+        num_gpus=16)}).parallel.fsdp_no_sync

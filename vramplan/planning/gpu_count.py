@@ -133,7 +133,7 @@ def _layouts(job: Job, arch, n: int) -> list[Parallel]:
         if n < own.model_parallel or n % own.model_parallel:
             return []
         tried = ["none"] if n == own.model_parallel else strategies
-        return [own.model_copy(update={"num_gpus": n, "strategy": s}) for s in tried]
+        return [Parallel.model_validate(own.changed(num_gpus=n, strategy=s)) for s in tried]
     keep = ("none", *strategies)
     layouts = [p.model_copy(update={"gpus_per_node": own.gpus_per_node})
                for p in parallel_layouts(job, arch, n) if p.strategy in keep]

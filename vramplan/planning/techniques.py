@@ -90,7 +90,7 @@ def _zero2(job: Job) -> Job | None:
     p = job.parallel
     if p.data_parallel < 2 or p.strategy not in ("none", "ddp"):
         return None
-    return job.with_changes(parallel={**p.model_dump(), "strategy": "zero2"})
+    return job.with_changes(parallel=p.changed(strategy="zero2"))
 
 
 def _fsdp(job: Job) -> Job | None:
@@ -98,8 +98,7 @@ def _fsdp(job: Job) -> Job | None:
     p = job.parallel
     if p.strategy not in ("none", "ddp", "zero2") or p.model_parallel > 1:
         return None
-    return job.with_changes(parallel={**p.model_dump(), "strategy": "fsdp",
-                                      "num_gpus": max(2, p.num_gpus)})
+    return job.with_changes(parallel=p.changed(strategy="fsdp", num_gpus=max(2, p.num_gpus)))
 
 
 def _sync_each_batch(job: Job) -> Job | None:
@@ -107,7 +106,7 @@ def _sync_each_batch(job: Job) -> Job | None:
     p = job.parallel
     if not p.fsdp_no_sync or job.grad_accum < 2:
         return None
-    return job.with_changes(parallel={**p.model_dump(), "fsdp_no_sync": False})
+    return job.with_changes(parallel=p.changed(fsdp_no_sync=False))
 
 
 @dataclass(frozen=True)
