@@ -444,3 +444,36 @@ def test_a_pipelined_job_on_the_page_is_the_cli_and_apis_job(page, server):
     page.fill("#pipeline_chunks", "64")
     page.wait_for_function("() => document.getElementById('err-pipeline_chunks').textContent"
                            ".includes('at most 4 chunks per GPU')")
+
+
+def test_fsdps_gradient_sync_on_the_page_is_the_apis(page, server):
+    """The FSDP gradient-sync select reaches parallel.fsdp_no_sync: holding whole fp32
+    gradients between micro-batches gives vramplan.estimate's bytes and the CLI's flag; it
+    is off for strategies without FSDP."""
+    import vramplan
+
+    page.goto(server.url)
+    page.wait_for_selector("#gpu option[value='H100-SXM']", state="attached")
+    page.wait_for_selector("#strategy option[value='fsdp']", state="attached")
+    page.fill("#model", "llama-3.2-1b")
+    page.fill("#num_gpus", "8")
+    page.fill("#grad_accum", "4")
+    page.select_option("#strategy", "ddp")
+    page.select_option("#gpu", "H100-SXM")
+    ddp = vramplan.estimate(vramplan.Job(model="llama-3.2-1b", grad_accum=4, gpu="H100-SXM",
+                                         parallel={"num_gpus": 8, "strategy": "ddp"}))
+    wait_for_bytes(page, ddp.peak_allocated)
+    assert page.is_disabled("#fsdp_sync")
+    page.select_option("#strategy", "fsdp")
+    page.select_option("#fsdp_sync", "last")
+    job = vramplan.Job(model="llama-3.2-1b", grad_accum=4, gpu="H100-SXM",
+                       parallel={"num_gpus": 8, "strategy": "fsdp", "fsdp_no_sync": True})
+    held = vramplan.estimate(job)
+    wait_for_bytes(page, held.peak_allocated)
+    assert "--fsdp-no-sync" in page.inner_text("#cli-command")
+    page.select_option("#fsdp_sync", "each")
+    synced = vramplan.estimate(job.with_changes(parallel={**job.parallel.model_dump(),
+                                                          "fsdp_no_sync": False}))
+    assert synced.peak_allocated < held.peak_allocated
+    wait_for_bytes(page, synced.peak_allocated)
+    assert page.problems == []
