@@ -43,7 +43,11 @@ from vramplan.engines.step import describe_step  # noqa: E402
 from vramplan.hardware import get_gpu  # noqa: E402
 from vramplan.job import Job  # noqa: E402
 from vramplan.models import load_architecture  # noqa: E402
-from vramplan.planning.efficiency import architecture_of, shipped_factors  # noqa: E402
+from vramplan.planning.efficiency import (  # noqa: E402
+    architecture_of,
+    sdpa_speedup,
+    shipped_factors,
+)
 from vramplan.planning.performance import step_terms, step_time  # noqa: E402
 from vramplan.planning.traffic import step_traffic  # noqa: E402
 
@@ -136,7 +140,9 @@ def load() -> tuple[list[dict], list[dict]]:
         try:
             run["terms"] = step_terms(run["job"], gpu)
             if run.get("attention_kernel") == "triton":
-                run["terms"] = _slower_attention(run["terms"], TRITON_ATTENTION_SLOWDOWN)
+                # not torch's SDPA: no cuDNN kernel (sdpa_speedup), Triton's rate instead
+                run["terms"] = _slower_attention(run["terms"], TRITON_ATTENTION_SLOWDOWN
+                                                 * sdpa_speedup(gpu))
             if STACK[run["source"]] == "megatron-core":
                 run["terms"] = _sixteen_bit_model(run["terms"], run["job"], gpu)
                 if run["job"].attention == "eager":

@@ -111,6 +111,15 @@ def _lender(gpu: GPU) -> dict:
                                  else data["borrowed"].get(arch, "hopper")]
 
 
+def sdpa_speedup(gpu: GPU) -> float:
+    """How much faster than FlashAttention-2 (the `flash` rate) torch's SDPA runs a 16-bit
+    attention on `gpu`: cuDNN's kernel, which SDPA takes first on compute capability 9.0 and
+    10.0 (efficiency.toml cudnn_sdpa); 1 elsewhere (FlashAttention-2 itself)."""
+    if gpu.vendor != "nvidia" or gpu.compute_capability not in ("9.0", "10.0"):
+        return 1.0
+    return float(_lender(gpu).get("cudnn_sdpa", 1.0))
+
+
 def fp32_ratio(gpu: GPU) -> tuple[float, str]:
     """An fp32 matmul's share of the fp32 (CUDA-core) peak over the share of the tensor-core
     peak the matmul factor stands for, and whose measurement it is: the GPU's own
