@@ -13,9 +13,9 @@ from vramplan.planning.efficiency import (
     factors_for,
     fp8_ratio,
     fp32_ratio,
-    sdpa_speedup,
     gemm_model,
     interval,
+    sdpa_speedup,
     shipped_factors,
     sm_count,
 )
