@@ -45,6 +45,7 @@ from vramplan.job import Job  # noqa: E402
 from vramplan.models import load_architecture  # noqa: E402
 from vramplan.planning.efficiency import (  # noqa: E402
     architecture_of,
+    cudnn_attention_speedup,
     sdpa_speedup,
     shipped_factors,
 )
@@ -145,6 +146,11 @@ def load() -> tuple[list[dict], list[dict]]:
                                                  * sdpa_speedup(gpu))
             if STACK[run["source"]] == "megatron-core":
                 run["terms"] = _sixteen_bit_model(run["terms"], run["job"], gpu)
+                if run["job"].attention == "sdpa" and run["job"].precision != "fp32":
+                    # Transformer Engine's fused attention is cuDNN's on every Hopper and
+                    # Blackwell GPU, not only where torch's SDPA would take it (GB300: 10.3)
+                    run["terms"] = _slower_attention(
+                        run["terms"], sdpa_speedup(gpu) / cudnn_attention_speedup(gpu))
                 if run["job"].attention == "eager":
                     run["terms"] = _unfused_attention_dropout(run["terms"], run["job"], gpu)
         except Exception as error:  # said, never dropped silently

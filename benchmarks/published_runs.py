@@ -23,6 +23,9 @@ every row of that source:
   * KempnerForge skips FSDP's gradient reduce-scatter on all but a step's last micro-batch
     (kempnerforge/training/grad.py maybe_no_sync: set_requires_gradient_sync(False), at the
     report's code 01b461a): parallel.fsdp_no_sync;
+  * Megatron-LM (2024) and NeMo attend with Transformer Engine's fused attention, cuDNN's
+    kernel, on every Hopper and Blackwell GPU (GB300's compute capability 10.3 included,
+    where torch's SDPA would not take it);
   * Megatron-LM and NeMo run fused kernels (Transformer Engine, Apex): their memory-bound
     work is timed as vramplan times compiled blocks (`compile`: one kernel per fused chain).
 

@@ -10,6 +10,7 @@ from vramplan.job import Job
 from vramplan.models import load_architecture
 from vramplan.planning import gemm, performance
 from vramplan.planning.efficiency import (
+    cudnn_attention_speedup,
     factors_for,
     fp8_ratio,
     fp32_ratio,
@@ -173,6 +174,9 @@ def test_sdpa_runs_cudnns_attention_on_compute_capability_9_0_and_10_0():
     assert sdpa_speedup(get_gpu("H100-SXM")) == sdpa_speedup(get_gpu("B200")) == ratio
     for other in ("A100-80GB", "GB300", "RTX-5090", "L40S", "MI300X"):
         assert sdpa_speedup(get_gpu(other)) == 1.0, other
+    # cuDNN's kernel itself (what Transformer Engine runs) is Blackwell's on a GB300 too
+    assert cudnn_attention_speedup(get_gpu("GB300")) == ratio
+    assert cudnn_attention_speedup(get_gpu("A100-80GB")) == 1.0
 
     def attention(job, gpu, speedup):
         with pytest.MonkeyPatch.context() as mp:

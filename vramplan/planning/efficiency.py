@@ -111,13 +111,17 @@ def _lender(gpu: GPU) -> dict:
                                  else data["borrowed"].get(arch, "hopper")]
 
 
+def cudnn_attention_speedup(gpu: GPU) -> float:
+    """How much faster than FlashAttention-2 (the `flash` rate) cuDNN's fused attention runs
+    on `gpu`'s architecture (efficiency.toml cudnn_sdpa; 1 where not measured)."""
+    return float(_lender(gpu).get("cudnn_sdpa", 1.0)) if gpu.vendor == "nvidia" else 1.0
+
+
 def sdpa_speedup(gpu: GPU) -> float:
-    """How much faster than FlashAttention-2 (the `flash` rate) torch's SDPA runs a 16-bit
-    attention on `gpu`: cuDNN's kernel, which SDPA takes first on compute capability 9.0 and
-    10.0 (efficiency.toml cudnn_sdpa); 1 elsewhere (FlashAttention-2 itself)."""
-    if gpu.vendor != "nvidia" or gpu.compute_capability not in ("9.0", "10.0"):
-        return 1.0
-    return float(_lender(gpu).get("cudnn_sdpa", 1.0))
+    """The same for torch's SDPA, which takes cuDNN's kernel first on compute capability 9.0
+    and 10.0 only (sdp_utils.cpp check_prefer_cudnn_attention); 1 elsewhere
+    (FlashAttention-2 itself)."""
+    return cudnn_attention_speedup(gpu) if gpu.compute_capability in ("9.0", "10.0") else 1.0
 
 
 def fp32_ratio(gpu: GPU) -> tuple[float, str]:
