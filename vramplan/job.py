@@ -610,11 +610,13 @@ def merge_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str
 def choices() -> dict[str, list[str]]:
     """Every choice of a Job (a field whose type is a Literal of names) and its allowed
     values, the default first, keyed by its path ("precision", "parallel.strategy"): what
-    the web page's selects offer, so a value added to the Job reaches them."""
+    the web page's selects offer, so a value added to the Job reaches them; and under
+    "fsdp_strategies" the strategies that have FSDP's gradient-sync switch."""
     out = {}
     for prefix, model in (("", Job), ("parallel.", Parallel)):
         for name, field in model.model_fields.items():
             if get_origin(field.annotation) is Literal:
                 values = list(get_args(field.annotation))
                 out[prefix + name] = [field.default] + [v for v in values if v != field.default]
+    out["fsdp_strategies"] = list(FSDP_STRATEGIES)  # where parallel.fsdp_no_sync applies
     return out

@@ -341,6 +341,8 @@ def test_the_pages_choices_are_the_jobs_own(client):
                               r'</select>', page))
     assert set(selects.values()) == set(literals)
     assert "<option>" not in page  # no select restates a Job value
+    assert offered["fsdp_strategies"] == list(job_module.FSDP_STRATEGIES)
+    assert '"fsdp", "hybrid-shard"' not in page  # nor the strategies with FSDP's switch
 
 
 def test_a_refused_pipeline_names_its_field(client):

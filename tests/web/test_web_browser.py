@@ -406,17 +406,23 @@ def test_plan_allow_boxes_come_from_the_techniques_table_and_global_batch_is_sen
         "() => document.getElementById('err-global_batch_tokens').textContent !== ''")
 
 
+def _llama_on_8_gpus(page, server, grad_accum: int) -> None:
+    """The page, its selects filled from the API, with llama-3.2-1b on 8 GPUs."""
+    page.goto(server.url)
+    page.wait_for_selector("#gpu option[value='H100-SXM']", state="attached")
+    page.wait_for_selector("#pipeline_schedule option[value='gpipe']", state="attached")
+    page.wait_for_selector("#strategy option[value='fsdp']", state="attached")
+    page.fill("#model", "llama-3.2-1b")
+    page.fill("#num_gpus", "8")
+    page.fill("#grad_accum", str(grad_accum))
+
+
 def test_a_pipelined_job_on_the_page_is_the_cli_and_apis_job(page, server):
     """The page's pipeline fields reach the Job: the same numbers as vramplan.estimate and
     the CLI line that reproduces them (interleaved's chunks through --set)."""
     import vramplan
 
-    page.goto(server.url)
-    page.wait_for_selector("#gpu option[value='H100-SXM']", state="attached")
-    page.wait_for_selector("#pipeline_schedule option[value='gpipe']", state="attached")
-    page.fill("#model", "llama-3.2-1b")
-    page.fill("#num_gpus", "8")
-    page.fill("#grad_accum", "8")
+    _llama_on_8_gpus(page, server, grad_accum=8)
     page.fill("#pipeline_parallel", "4")
     page.fill("#context_parallel", "2")
     assert page.is_disabled("#pipeline_chunks")  # 1F1B runs one chunk per GPU
@@ -452,12 +458,7 @@ def test_fsdps_gradient_sync_on_the_page_is_the_apis(page, server):
     is off for strategies without FSDP."""
     import vramplan
 
-    page.goto(server.url)
-    page.wait_for_selector("#gpu option[value='H100-SXM']", state="attached")
-    page.wait_for_selector("#strategy option[value='fsdp']", state="attached")
-    page.fill("#model", "llama-3.2-1b")
-    page.fill("#num_gpus", "8")
-    page.fill("#grad_accum", "4")
+    _llama_on_8_gpus(page, server, grad_accum=4)
     page.select_option("#strategy", "ddp")
     page.select_option("#gpu", "H100-SXM")
     ddp = vramplan.estimate(vramplan.Job(model="llama-3.2-1b", grad_accum=4, gpu="H100-SXM",

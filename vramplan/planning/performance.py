@@ -233,11 +233,11 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         # float8 training converts the linears only: attention runs in 16-bit (torchao's
         # float8 and Transformer Engine's recipes leave SDPA / flash attention in bf16)
         attention_peak = gpu.tflops["bf16" if "bf16" in gpu.tflops else "fp16"] * 1e12
-    if job.attention == "sdpa" and dtype != "fp32" and sdpa_speedup(gpu) != 1:
-        # torch's SDPA runs cuDNN's attention here, faster than FlashAttention-2's rate
-        attention_peak *= sdpa_speedup(gpu)
+    cudnn = sdpa_speedup(gpu) if job.attention == "sdpa" and dtype != "fp32" else 1.0
+    if cudnn != 1:  # torch's SDPA runs cuDNN's attention here, faster than FlashAttention-2
+        attention_peak *= cudnn
         notes.append(f"SDPA runs cuDNN's attention on {gpu.name} (torch takes it first on "
-                     f"compute capability {gpu.compute_capability}): {sdpa_speedup(gpu):g}x "
+                     f"compute capability {gpu.compute_capability}): {cudnn:g}x "
                      "FlashAttention-2's rate")
     phases = [PhaseTerms(phase, job.grad_accum, mm / (peak * shape), attention / attention_peak,
                          moved / bandwidth,
