@@ -45,8 +45,6 @@ from vramplan.job import Job  # noqa: E402
 from vramplan.models import load_architecture  # noqa: E402
 from vramplan.planning.efficiency import (  # noqa: E402
     architecture_of,
-    cudnn_attention_speedup,
-    sdpa_speedup,
     shipped_factors,
 )
 from vramplan.planning.performance import step_terms, step_time  # noqa: E402
@@ -140,17 +138,10 @@ def load() -> tuple[list[dict], list[dict]]:
         gpu = get_gpu(run["gpu"])
         try:
             run["terms"] = step_terms(run["job"], gpu)
-            if run.get("attention_kernel") == "triton":
-                # not torch's SDPA: no cuDNN kernel (sdpa_speedup), Triton's rate instead
-                run["terms"] = _slower_attention(run["terms"], TRITON_ATTENTION_SLOWDOWN
-                                                 * sdpa_speedup(gpu))
+            if run.get("attention_kernel") == "triton":  # its job: flash-attn-2
+                run["terms"] = _slower_attention(run["terms"], TRITON_ATTENTION_SLOWDOWN)
             if STACK[run["source"]] == "megatron-core":
                 run["terms"] = _sixteen_bit_model(run["terms"], run["job"], gpu)
-                if run["job"].attention == "sdpa" and run["job"].precision != "fp32":
-                    # Transformer Engine's fused attention is cuDNN's on every Hopper and
-                    # Blackwell GPU, not only where torch's SDPA would take it (GB300: 10.3)
-                    run["terms"] = _slower_attention(
-                        run["terms"], sdpa_speedup(gpu) / cudnn_attention_speedup(gpu))
                 if run["job"].attention == "eager":
                     run["terms"] = _unfused_attention_dropout(run["terms"], run["job"], gpu)
         except Exception as error:  # said, never dropped silently

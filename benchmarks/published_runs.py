@@ -96,7 +96,7 @@ _COLLECTED = {"lambda-bert": {"fused": False, "attention": "eager"},
               # Megatron-DeepSpeed in 2022: no sequence parallelism (tr11-176B-ml.slurm passes
               # no --sequence-parallel)
               "bigscience": {"fused": True, "attention": "eager", "sequence_parallel": False},
-              "flash-attention": {"fused": True, "attention": "sdpa"},
+              "flash-attention": {"fused": True, "attention": "flash-attn-2"},
               "llm.c": {"fused": True, "attention": "sdpa"},
               "llama3-paper": {"fused": True, "attention": "sdpa"},
               "nvidia-bert": {"fused": False, "attention": "eager"},
@@ -129,7 +129,7 @@ class Case:
     measured_tokens_per_s_per_gpu: float
     assumed: list[str] = field(default_factory=list)
     skipped: str = ""    # why vramplan cannot express the row (empty when it can)
-    attention_kernel: str = "sdpa"  # "triton": llm-foundry's Triton FlashAttention
+    attention_kernel: str = ""  # "triton": llm-foundry's Triton FlashAttention
 
 
 def load_rows() -> list[dict]:
@@ -439,7 +439,10 @@ def case(row: dict) -> Case:
     # Megatron-LM 2021 predates FlashAttention (unfused QK^T and PV with a fused softmax)
     # and Megatron-LM's sequence parallelism (2022): its tensor-parallel ranks keep the norms
     # and residual stream whole
-    attention = "eager" if megatron_2021 else "sdpa"
+    # (the others: Transformer Engine's fused attention is cuDNN's; llm-foundry's Triton
+    # kernel is timed from FlashAttention-2's rate, published_accuracy.py)
+    attention = ("eager" if megatron_2021 else "cudnn" if fused and precision != "fp32"
+                 else "flash-attn-2" if group == "llm-foundry" else "sdpa")
     if fused:
         assumed.append("Transformer Engine / Megatron fused kernels timed as compiled blocks")
     task = None
@@ -470,7 +473,7 @@ def case(row: dict) -> Case:
     measured = _measured(row, seq)
     if not math.isfinite(measured) or measured <= 0:
         return Case(row["id"], group, None, _gpu(row), 0.0, assumed, skipped="no throughput")
-    kernel = "triton" if "triton" in str(row["model_config"].get("attn_impl", "")) else "sdpa"
+    kernel = "triton" if "triton" in str(row["model_config"].get("attn_impl", "")) else ""
     return Case(row["id"], group, job, _gpu(row), measured, assumed, attention_kernel=kernel)
 
 

@@ -63,7 +63,9 @@ JOB_FIELDS: tuple[JobField, ...] = (
              help="full recomputes each block; selective keeps every matmul output; "
                   "selective:torchtitan-op recomputes every second matmul; "
                   "selective:every-2nd-layer checkpoints every second block"),
-    JobField("attention", ("attention",), help="sdpa: flash / memory-efficient kernels"),
+    JobField("attention", ("attention",),
+             help="eager: scores materialised; sdpa: torch's SDPA (its kernel per GPU); "
+             "flash-attn-2 / -3: the flash-attn package; cudnn: cuDNN's fused attention"),
     JobField("loss", ("loss",), help="chunked never holds all logits at once; chunked:liger "
              "is Liger-Kernel's fused linear cross-entropy"),
     JobField("peft", ("peft", "method"), help="LoRA adapters, or QLoRA (LoRA on a 4-bit base)"),

@@ -80,6 +80,39 @@ def precision_problem(precision: str, gpu: GPU, fp8_recipe: str = "tensorwise") 
     return f"{gpu.name}{capability} has no {needed} tensor cores: use {fallback}"
 
 
+# --- attention kernels per GPU ---------------------------------------------------------------
+
+# flash-attn's FlashAttention-2 runs on Ampere and newer (its README: "Ampere, Ada, or Hopper";
+# ROCm MI200 / MI300 through its CK backend); its FlashAttention-3 kernels are built for
+# compute capability 9.0 only (its hopper/ directory); cuDNN's fused attention (NVIDIA's)
+# needs 8.0 too (cudnn-frontend's fused attention support: sm80+)
+ATTENTION_MIN_CAPABILITY = {"flash-attn-2": (8, 0), "cudnn": (8, 0)}
+
+
+def attention_problem(attention: str, gpu: GPU) -> str:
+    """Why `gpu` cannot run the job's attention kernel ("" when it can)."""
+    capability = gpu.compute_capability
+    where = f"{gpu.name} (compute capability {capability})" if capability else gpu.name
+    if attention == "flash-attn-3" and capability != "9.0":
+        return (f"{where} cannot run attention flash-attn-3, whose kernels are Hopper's "
+                "(9.0) only: use flash-attn-2 or sdpa")
+    if attention == "cudnn" and gpu.vendor != "nvidia":
+        return f"{gpu.name} has no cuDNN (NVIDIA's) for attention cudnn: use sdpa"
+    least = ATTENTION_MIN_CAPABILITY.get(attention)
+    if least and capability and tuple(int(x) for x in capability.split(".")) < least:
+        return (f"{where} cannot run attention {attention}, which needs compute capability "
+                f"{'.'.join(map(str, least))} or newer: use sdpa")
+    return ""
+
+
+def gpu_problem(job_precision: str, fp8_recipe: str, attention: str, gpu: GPU) -> str:
+    """Why `gpu` cannot run the job whatever its memory ("" when it can): its precision,
+    then its attention kernel."""
+    problem = precision_problem(job_precision, gpu, fp8_recipe)
+    return f"precision {job_precision}: {problem}" if problem else attention_problem(
+        attention, gpu)
+
+
 def _mxfp8_problem(gpu: GPU) -> str:
     capability = gpu.compute_capability
     if capability and tuple(int(x) for x in capability.split(".")) >= MXFP8_MIN_CAPABILITY:

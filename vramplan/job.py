@@ -46,7 +46,15 @@ OptimizerImpl = Literal["foreach", "fused", "loop"]
 # per-layer SAC with N = 2), the other blocks keep everything.
 Checkpointing = Literal["none", "selective", "full", "selective:torchtitan-op",
                         "selective:every-2nd-layer"]
-Attention = Literal["eager", "sdpa"]
+# eager: the scores are materialised (matmul, softmax, dropout, matmul). The others are
+# fused kernels that keep q, k, v, the output and the softmax statistics only (the same
+# memory); they differ in speed. sdpa: torch's scaled_dot_product_attention, which picks
+# its kernel per GPU (planning/efficiency.py attention_kernel); flash-attn-2 / -3: the
+# flash-attn package (transformers' flash_attention_2 / _3, Axolotl's flash_attention,
+# LLaMA-Factory's fa2 / fa3); cudnn: cuDNN's fused attention (Transformer Engine, or SDPA
+# forced to its CUDNN_ATTENTION backend)
+Attention = Literal["eager", "sdpa", "flash-attn-2", "flash-attn-3", "cudnn"]
+FUSED_16_BIT_ONLY = ("flash-attn-2", "flash-attn-3", "cudnn")  # no fp32 kernels
 # chunked: vramplan's own (8 checkpointed sequence chunks); chunked:torchtune-linear:
 # torchtune's LinearCrossEntropyLoss (output projection + CE per chunk, not checkpointed);
 # chunked:torchtune-output: torchtune's CEWithChunkedOutputLoss (the model returns 8 chunks);
@@ -353,7 +361,10 @@ class Job(_Strict):
                                           "foreach is its CUDA default for Adam/AdamW/SGD")
     checkpointing: Checkpointing = Field("none", description="activation checkpointing "
                                          "policy (see Checkpointing above)")
-    attention: Attention = Field("sdpa", description="sdpa: flash / memory-efficient kernels")
+    attention: Attention = Field("sdpa", description="eager: scores materialised; sdpa: "
+                                 "torch's SDPA (flash / memory-efficient / cuDNN kernels); "
+                                 "flash-attn-2, flash-attn-3: the flash-attn package; cudnn: "
+                                 "cuDNN's fused attention (Transformer Engine)")
     loss: Loss = Field("standard", description="how the loss holds the logits")
     peft: Peft | None = Field(None, description="LoRA / QLoRA adapters; null trains every "
                               "weight")
@@ -444,6 +455,10 @@ class Job(_Strict):
         if self.loss == "chunked:liger" and self.compile:
             problems.append("loss chunked:liger with torch.compile is not modelled: drop "
                             "compile, or use loss standard")
+        if self.attention in FUSED_16_BIT_ONLY and self.precision == "fp32":
+            problems.append(f"attention {self.attention} runs in fp16 / bf16 only, and "
+                            "precision fp32 computes in fp32: use a 16-bit precision "
+                            "(bf16-mixed), or attention sdpa")
         if self.optimizer_impl == "fused" and self.optimizer in ("adafactor", "lion") :
             problems.append(f"{self.optimizer} has no fused implementation in torch: use "
                             "foreach or loop")

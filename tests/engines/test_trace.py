@@ -330,3 +330,13 @@ def test_reserved_memory_never_exceeds_the_gpus_capacity():
                    model_config=LLAMA)
     capacity = l4.usable_bytes - capped.categories["runtime_context"]
     assert free.peak_reserved > capacity >= capped.peak_reserved >= capped.peak_allocated
+
+
+def test_flash_attn_kernels_trace_as_sdpa_and_say_so():
+    """flash-attn and cuDNN's kernels are CUDA's: the trace runs SDPA in their place (they
+    keep the same tensors) and its report says so."""
+    sdpa = run_trace(_job(precision="bf16-mixed"), model_config=LLAMA)
+    flash = run_trace(_job(precision="bf16-mixed", attention="flash-attn-2"), model_config=LLAMA)
+    assert flash.peak() == sdpa.peak()
+    assert any("flash-attn-2 is CUDA-only: traced with SDPA" in n for n in flash.notes)
+    assert not any("CUDA-only" in n for n in sdpa.notes)

@@ -336,16 +336,18 @@ def test_axolotl_examples():
     hand = Job(model="gemma-2-9b", framework="hf-trainer", batch_size=g["micro_batch_size"],
                grad_accum=g["gradient_accumulation_steps"], seq_len=g["sequence_len"],
                precision="bf16-mixed", checkpointing="full", optimizer="adamw-8bit",
-               optimizer_impl="foreach", attention="sdpa", tf32=g["tf32"],
+               optimizer_impl="foreach", attention="flash-attn-2", tf32=g["tf32"],
                peft=Peft(method="qlora", rank=g["lora_r"], alpha=g["lora_alpha"],
                          dropout=g["lora_dropout"], target_modules=("all-linear",)))
+    assert g["attn_implementation"] == "flash_attention_2"
     same_estimate(read_config(AX / "gemma2_qlora.yml").job(), hand)
     f = raw(AX / "llama-3_fft-8b.yaml")
     assert f["base_model"] == "NousResearch/Meta-Llama-3.1-8B"  # a re-upload of the catalog's
     fft = Job(model="llama-3.1-8b", framework="hf-trainer", batch_size=f["micro_batch_size"],
               grad_accum=f["gradient_accumulation_steps"], seq_len=f["sequence_len"],
               precision="bf16-mixed", checkpointing="full", optimizer="paged-adamw-8bit",
-              optimizer_impl="foreach")
+              optimizer_impl="foreach", attention="flash-attn-2")
+    assert f["attn_implementation"] == "flash_attention_2"
     same_estimate(read_config(AX / "llama-3_fft-8b.yaml").job(), fft)
     q = read_config(AX / "llama-2_qlora.yml").job()
     assert (q.model, q.peft.method, q.seq_len) == ("llama-2-7b", "qlora",

@@ -10,13 +10,11 @@ from vramplan.job import Job
 from vramplan.models import load_architecture
 from vramplan.planning import gemm, performance
 from vramplan.planning.efficiency import (
-    cudnn_attention_speedup,
     factors_for,
     fp8_ratio,
     fp32_ratio,
     gemm_model,
     interval,
-    sdpa_speedup,
     shipped_factors,
     sm_count,
 )
@@ -163,32 +161,6 @@ def test_fp32_matmuls_take_the_cuda_cores_measured_share_not_the_tensor_cores():
             assert a.attention_s == pytest.approx(b.attention_s / ratio)
     bf16 = Job(model="gpt2", precision="bf16-mixed", batch_size=4, seq_len=512)
     assert not any("CUDA cores" in n for n in performance.step_terms(bf16, r4090).notes)
-
-
-def test_sdpa_runs_cudnns_attention_on_compute_capability_9_0_and_10_0():
-    """torch's SDPA takes cuDNN's kernel first on sm90 / sm100 (1.6x FlashAttention-2 on an
-    H100): a 16-bit SDPA job's attention term shrinks by that much there, nowhere else, and
-    not for eager attention or fp32."""
-    data = _toml()
-    ratio = data["architectures"]["hopper"]["cudnn_sdpa"]
-    assert sdpa_speedup(get_gpu("H100-SXM")) == sdpa_speedup(get_gpu("B200")) == ratio
-    for other in ("A100-80GB", "GB300", "RTX-5090", "L40S", "MI300X"):
-        assert sdpa_speedup(get_gpu(other)) == 1.0, other
-    # cuDNN's kernel itself (what Transformer Engine runs) is Blackwell's on a GB300 too
-    assert cudnn_attention_speedup(get_gpu("GB300")) == ratio
-    assert cudnn_attention_speedup(get_gpu("A100-80GB")) == 1.0
-
-    def attention(job, gpu, speedup):
-        with pytest.MonkeyPatch.context() as mp:
-            if speedup is not None:
-                mp.setattr(performance, "sdpa_speedup", lambda g: speedup)
-            return [p.attention_s for p in performance.step_terms(job, get_gpu(gpu)).phases]
-    job = Job(model="llama-3.2-1b", batch_size=2, seq_len=2048)
-    plain = attention(job, "H100-SXM", 1.0)
-    assert attention(job, "H100-SXM", None) == pytest.approx([a / ratio for a in plain])
-    assert "cuDNN's attention" in " ".join(performance.step_terms(job, get_gpu("H200")).notes)
-    for unchanged in (job.with_changes(attention="eager"), job.with_changes(precision="fp32")):
-        assert attention(unchanged, "H100-SXM", None) == attention(unchanged, "H100-SXM", 1.0)
 
 
 @pytest.mark.parametrize("num_gpus", [1, 8])

@@ -17,7 +17,9 @@ from vramplan.fit import (  # noqa: F401
     MXFP8_MIN_CAPABILITY,
     PRECISION_MATMUL_DTYPE,
     SAFETY_MARGIN,
+    attention_problem,
     fits_within,
+    gpu_problem,
     precision_problem,
 )
 from vramplan.hardware.gpu import GPU
@@ -63,17 +65,22 @@ def runtime_context_bytes(runtime: Runtime, gpu: GPU | None) -> int:
 
 
 def check_precision_supported(job: Job, gpu: GPU) -> None:
+    """Refuse a job its GPU cannot run: its precision, or its attention kernel."""
     problem = precision_problem(job.precision, gpu, job.fp8.recipe)
     if problem:
         recipe = f" (fp8 recipe {job.fp8.recipe})" if job.precision == "fp8" else ""
         raise JobError(f"precision {job.precision}{recipe} on {problem}")
+    problem = attention_problem(job.attention, gpu)
+    if problem:
+        raise JobError(problem)
 
 
 def fit_table(report: MemoryReport, runtime: Runtime, gpus: Iterable[GPU],
               runtime_gpu: GPU | None, *, workspaces_included: bool = True,
               margin: float = SAFETY_MARGIN) -> list[GpuFit]:
     """Fit of the report on each GPU, moving the cuBLAS workspaces and the runtime context
-    to that GPU's size; a GPU that cannot run the job's precision does not fit.
+    to that GPU's size; a GPU that cannot run the job (its precision or attention kernel)
+    does not fit.
     workspaces_included=False: the report has none (a CPU measurement): add each GPU's.
     A GPU fits when the job needs at most usable x (1 - margin)."""
     fits = []
@@ -84,7 +91,7 @@ def fit_table(report: MemoryReport, runtime: Runtime, gpus: Iterable[GPU],
                  + runtime_context_bytes(runtime, gpu) - report.categories["runtime_context"])
         required = report.device_total + delta
         headroom = gpu.usable_bytes - required
-        problem = precision_problem(precision, gpu, report.job.fp8.recipe)
+        problem = gpu_problem(precision, report.job.fp8.recipe, report.job.attention, gpu)
         fits.append(GpuFit(gpu=gpu.name, usable_bytes=gpu.usable_bytes, required_bytes=required,
                            headroom_bytes=headroom, margin=margin,
                            fits=fits_within(required, gpu.usable_bytes, margin) and not problem,

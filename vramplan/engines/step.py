@@ -174,6 +174,11 @@ def check_dora(job: Job, arch: Architecture) -> None:
 
 
 def attention_impl(job: Job, arch: Architecture) -> str:
-    # Gemma-2 soft-caps the scores: transformers runs its attention eagerly whatever the
-    # job asks.
-    return "eager" if arch.traits.eager_attention_only else job.attention
+    """What the attention keeps and computes: "eager" (the scores materialised) or "sdpa"
+    (a fused kernel: torch's SDPA, flash-attn and cuDNN keep and compute the same; only
+    their speed differs, planning/efficiency.py attention_kernel)."""
+    if job.attention == "eager":
+        return "eager"
+    # Gemma-2 soft-caps the scores, which SDPA cannot: transformers runs that attention
+    # eagerly (flash-attn takes the cap: softcap of flash_attention_forward)
+    return "eager" if job.attention == "sdpa" and arch.traits.eager_attention_only else "sdpa"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import tomllib
@@ -11,6 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vramplan.errors import JobError
+from vramplan.fit import attention_problem
 from vramplan.hardware.gpu import GPU
 from vramplan.planning.gemm import GemmModel
 
@@ -111,17 +113,47 @@ def _lender(gpu: GPU) -> dict:
                                  else data["borrowed"].get(arch, "hopper")]
 
 
-def cudnn_attention_speedup(gpu: GPU) -> float:
-    """How much faster than FlashAttention-2 (the `flash` rate) cuDNN's fused attention runs
-    on `gpu`'s architecture (efficiency.toml cudnn_sdpa; 1 where not measured)."""
-    return float(_lender(gpu).get("cudnn_sdpa", 1.0)) if gpu.vendor == "nvidia" else 1.0
+@dataclasses.dataclass(frozen=True)
+class AttentionKernel:
+    """The fused attention kernel a job runs on a GPU, and its speed beside
+    FlashAttention-2's (efficiency.toml `flash`, what the attention factor is a share of)."""
+
+    name: str
+    speedup: float = 1.0
+    note: str = ""  # why, where it is not FlashAttention-2 at its own rate
 
 
-def sdpa_speedup(gpu: GPU) -> float:
-    """The same for torch's SDPA, which takes cuDNN's kernel first on compute capability 9.0
-    and 10.0 only (sdp_utils.cpp check_prefer_cudnn_attention); 1 elsewhere
-    (FlashAttention-2 itself)."""
-    return cudnn_attention_speedup(gpu) if gpu.compute_capability in ("9.0", "10.0") else 1.0
+FLASH_2 = "FlashAttention-2"
+CUDNN = "cuDNN's fused attention"
+
+
+def attention_kernel(attention: str, gpu: GPU) -> AttentionKernel:
+    """Which kernel the job's fused `attention` (job.Attention, not eager) runs on `gpu` and
+    how fast, from its architecture's measurements (cudnn_attention, flash_attn_3)."""
+    problem = attention_problem(attention, gpu)
+    if problem:  # the fit table says the job cannot run there; a time is still asked for
+        return AttentionKernel(FLASH_2, note=f"{problem}; timed at FlashAttention-2's rate")
+    row = _lender(gpu) if gpu.vendor == "nvidia" else {}
+    cc = gpu.compute_capability
+    cudnn = row.get("cudnn_attention")
+    if attention == "sdpa":
+        # torch's SDPA takes cuDNN's kernel first on compute capability 9.0 and 10.0 only
+        # (sdp_utils.cpp check_prefer_cudnn_attention); FlashAttention-2 elsewhere
+        if cudnn and cc in ("9.0", "10.0"):
+            return AttentionKernel(CUDNN, cudnn, f"SDPA runs cuDNN's attention on {gpu.name} "
+                                   f"(torch takes it first on compute capability {cc}): "
+                                   f"{cudnn:g}x FlashAttention-2's rate")
+        return AttentionKernel(FLASH_2)
+    if attention in ("cudnn", "flash-attn-3"):
+        name, speedup = ((CUDNN, cudnn) if attention == "cudnn"
+                         else ("FlashAttention-3", row.get("flash_attn_3")))
+        if speedup:
+            return AttentionKernel(name, speedup, f"{name}: {speedup:g}x FlashAttention-2's "
+                                   "rate")
+        return AttentionKernel(name, note=f"{name} was not measured on "
+                               f"{architecture_of(gpu).capitalize()}: timed at "
+                               "FlashAttention-2's rate")
+    return AttentionKernel(FLASH_2)  # flash-attn-2
 
 
 def fp32_ratio(gpu: GPU) -> tuple[float, str]:

@@ -36,12 +36,12 @@ from vramplan.planning.amount import TrainingAmount
 from vramplan.planning.comm import collectives
 from vramplan.planning.efficiency import (
     Factors,
+    attention_kernel,
     factors_for,
     fp8_ratio,
     fp32_ratio,
     gemm_model,
     interval,
-    sdpa_speedup,
     sm_count,
 )
 from vramplan.planning.flops import check_timed, step_flops
@@ -110,7 +110,7 @@ class StepTerms:
 
     phases: tuple[PhaseTerms, ...]
     collectives: tuple[CollectiveTerms, ...]
-    sdpa: bool
+    fused_attention: bool  # a fused kernel (timed at the attention factor), not eager
     peak: float
     dtype: str
     tokens_per_step: int
@@ -233,12 +233,11 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         # float8 training converts the linears only: attention runs in 16-bit (torchao's
         # float8 and Transformer Engine's recipes leave SDPA / flash attention in bf16)
         attention_peak = gpu.tflops["bf16" if "bf16" in gpu.tflops else "fp16"] * 1e12
-    cudnn = sdpa_speedup(gpu) if job.attention == "sdpa" and dtype != "fp32" else 1.0
-    if cudnn != 1:  # torch's SDPA runs cuDNN's attention here, faster than FlashAttention-2
-        attention_peak *= cudnn
-        notes.append(f"SDPA runs cuDNN's attention on {gpu.name} (torch takes it first on "
-                     f"compute capability {gpu.compute_capability}): {cudnn:g}x "
-                     "FlashAttention-2's rate")
+    fused = work[3].attention != "eager"
+    if fused and dtype != "fp32":  # fp32 SDPA runs the memory-efficient kernel: no cuDNN
+        kernel = attention_kernel(job.attention, gpu)
+        attention_peak *= kernel.speedup
+        notes += [kernel.note] if kernel.note else []
     phases = [PhaseTerms(phase, job.grad_accum, mm / (peak * shape), attention / attention_peak,
                          moved / bandwidth,
                          kernels, mm + attention, moved, modules=modules)
@@ -274,7 +273,7 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         notes.append(f"{gpu.name}s have no peer-to-peer access: NCCL stages "
                      f"{', '.join(staged)} through host memory, a {link:g} GB/s link "
                      "(collectives measure 2-15 GB/s there, by platform)")
-    return StepTerms(tuple(phases), tuple(comms), job.attention == "sdpa", peak, dtype,
+    return StepTerms(tuple(phases), tuple(comms), fused, peak, dtype,
                      tokens_per_step=unit["tokens_per_step"],
                      samples_per_step=unit["samples_per_step"],
                      model_flops_gpu=unit["model_flops_gpu"],
@@ -286,7 +285,7 @@ def phase_times(terms: StepTerms, factors: Factors) -> tuple[list[PhaseTime], fl
     """Each phase's time and bound, and the exposed communication per step."""
     out = []
     for p in terms.phases:
-        attention_eff = factors.attention if terms.sdpa else factors.matmul
+        attention_eff = factors.attention if terms.fused_attention else factors.matmul
         compute = p.matmul_s / factors.matmul + p.attention_s / attention_eff
         memory = p.memory_s / factors.memory
         host = (p.kernels * factors.kernel_us + p.modules * factors.module_us) * 1e-6

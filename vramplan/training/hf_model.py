@@ -178,18 +178,23 @@ def _build_on(auto, hf_config, job: Job, dtype: torch.dtype, device: torch.devic
 
 def _from_config(auto, hf_config, job: Job, dtype: torch.dtype, task: str, notes: list[str],
                  device: torch.device) -> nn.Module:
+    # flash-attn and cuDNN's kernels are CUDA's: the trace runs SDPA, which keeps the same
+    attention = "eager" if job.attention == "eager" else "sdpa"
+    if attention != job.attention:
+        notes.append(f"attention {job.attention} is CUDA-only: traced with SDPA, whose fused "
+                     "kernels keep the same tensors")
     try:
         with device:
             try:
-                model = auto.from_config(hf_config, attn_implementation=job.attention,
+                model = auto.from_config(hf_config, attn_implementation=attention,
                                          dtype=dtype)
             except ValueError as error:
-                if "attention implementation" not in str(error) or job.attention == "eager":
+                if "attention implementation" not in str(error) or attention == "eager":
                     raise
                 model = auto.from_config(hf_config, attn_implementation="eager", dtype=dtype)
-                notes.append(f"{hf_config.model_type}: transformers has no {job.attention} "
+                notes.append(f"{hf_config.model_type}: transformers has no {attention} "
                              "attention for this model; traced with eager attention")
-            if job.attention == "sdpa" and family_traits(hf_config.model_type,
+            if attention == "sdpa" and family_traits(hf_config.model_type,
                                                         {}).trained_attention_bias:
                 notes.append(f"{hf_config.model_type} passes a trained position bias to sdpa: "
                              "CUDA runs it with the memory-efficient kernel, whose tensors the "

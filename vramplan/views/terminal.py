@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from vramplan.engines.memory_report import CATEGORIES, CATEGORY_HELP, MemoryReport
@@ -101,12 +102,12 @@ def print_fits(report: MemoryReport, console: Console, unit: str, highlight: str
         table.add_column(col, justify=justify)
     for fit in sorted(report.fits, key=lambda f: (f.usable_bytes, f.gpu)):
         mark = "[green]yes[/]" if fit.fits else "[red]no[/]"
-        if not fit.supported:  # the GPU cannot run the job's precision, whatever the memory
-            mark = "[red]no: precision[/]"
+        if not fit.supported:  # the GPU cannot run the job, whatever the memory
+            mark = "[red]no: cannot run[/]"
         style = "bold" if highlight and fit.gpu.lower() == highlight.lower() else None
         table.add_row(fit.gpu, _size(fit.usable_bytes, unit), _size(fit.required_bytes, unit),
                       _size(fit.headroom_bytes, unit), f"{100 * fit.headroom_fraction:.0f}%",
                       mark, style=style)
     console.print(table)
     for problem in sorted({fit.problem for fit in report.fits if fit.problem}):
-        console.print(f"[dim]precision:[/] {problem}")
+        console.print(f"[dim]cannot run:[/] {escape(problem)}")
