@@ -70,8 +70,9 @@ def test_kernels_change_the_attention_time_only():
     assert not any("FlashAttention" in n for n in eager.notes)
 
 
-def test_fp32_sdpa_takes_no_cudnn_kernel():
-    job = Job(model="llama-3.2-1b", batch_size=2, seq_len=2048, precision="fp32")
+@pytest.mark.parametrize("tf32", [False, True])
+def test_fp32_sdpa_takes_no_cudnn_kernel(tf32):
+    job = Job(model="llama-3.2-1b", batch_size=2, seq_len=2048, precision="fp32", tf32=tf32)
     notes = " ".join(performance.step_terms(job, get_gpu("H100-SXM")).notes)
     assert "cuDNN" not in notes
 

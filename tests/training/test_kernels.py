@@ -77,8 +77,37 @@ def test_fake_libraries_are_picked_and_their_versions_recorded(monkeypatch):
     k = select_kernels(QLORA_8BIT, "cuda")
     assert (k.qlora, k.optimizer) == ("bitsandbytes", "bitsandbytes")
     assert k.libraries["bitsandbytes"] == "9.8.7"
-    assert k.note() == ("low-bit kernels are real kernels: QLoRA base: bitsandbytes, "
+    assert k.note() == ("library kernels are real kernels: QLoRA base: bitsandbytes, "
                         "optimizer: bitsandbytes")
+
+
+@pytest.mark.parametrize("attention, package, install, implementation", [
+    ("flash-attn-2", "flash_attn", "pip install flash-attn", "flash_attention_2"),
+    ("flash-attn-3", "flash_attn_interface", "build flash-attn-3", "flash_attention_3"),
+])
+def test_flash_attn_jobs_run_the_package_on_cuda_and_sdpa_elsewhere(
+        monkeypatch, attention, package, install, implementation):
+    from vramplan.training import hf_model
+
+    job = Job(model="tiny", precision="bf16-mixed", attention=attention)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kernels_mod, "library_version", _missing(package))
+        with pytest.raises(EngineError, match=f"attention {attention} needs the {package} "
+                           f"package on cuda: {install}"):
+            select_kernels(job, "cuda")
+    asked = []
+    auto = types.SimpleNamespace(from_config=lambda config, attn_implementation, dtype: (
+        asked.append(attn_implementation) or nn.Linear(1, 1)))
+    config = types.SimpleNamespace(model_type="llama")
+    monkeypatch.setitem(sys.modules, package, types.SimpleNamespace(__version__="9.9"))
+    for device, wanted in (("cuda", implementation), ("cpu", "sdpa")):
+        kernels, notes = select_kernels(job, device), []
+        hf_model._from_config(auto, config, job, torch.bfloat16, "causal-lm", notes,
+                              torch.device("meta"), kernels)
+        assert asked.pop() == wanted
+        assert any("run as SDPA here" in n for n in notes) == (device == "cpu")
+    assert select_kernels(job, "cuda").attention == package
+    assert select_kernels(job, "cpu").attention == STAND_IN
 
 
 def test_a_library_that_fails_to_import_counts_as_missing(monkeypatch):
@@ -321,8 +350,8 @@ def test_measure_with_the_real_kernels_on_the_cpu_records_them():
 
     assert real.measured.complete
     assert real.measured.libraries["bitsandbytes"] == bitsandbytes.__version__
-    assert real.measured.kernels.startswith("low-bit kernels are real kernels")
-    assert stand_in.measured.kernels.startswith("low-bit kernels are vramplan's stand-ins")
+    assert real.measured.kernels.startswith("library kernels are real kernels")
+    assert stand_in.measured.kernels.startswith("library kernels are vramplan's stand-ins")
     assert "bitsandbytes" not in stand_in.measured.libraries
     # the same tensors but bitsandbytes' code maps: 14 double-quantised weights x (16 + 256
     # fp32 map entries + an fp32 offset) = 14 x 1092 B

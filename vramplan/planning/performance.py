@@ -234,7 +234,8 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         # float8 and Transformer Engine's recipes leave SDPA / flash attention in bf16)
         attention_peak = gpu.tflops["bf16" if "bf16" in gpu.tflops else "fp16"] * 1e12
     fused = work[3].attention != "eager"
-    if fused and dtype != "fp32":  # fp32 SDPA runs the memory-efficient kernel: no cuDNN
+    # fp32 SDPA (TF32 or not) runs the memory-efficient kernel: no cuDNN, no FlashAttention
+    if fused and job.precision != "fp32":
         kernel = attention_kernel(job.attention, gpu)
         attention_peak *= kernel.speedup
         notes += [kernel.note] if kernel.note else []

@@ -16,7 +16,7 @@ from vramplan.models.families import family_traits
 from vramplan.training.checkpointing import apply_checkpointing
 from vramplan.training.emulate import lowbit
 from vramplan.training.hf_config import to_hf_config
-from vramplan.training.kernels import BNB, TORCHAO, Kernels
+from vramplan.training.kernels import BNB, FLASH_ATTN, STAND_IN, TORCHAO, Kernels
 from vramplan.training.peft import apply_peft
 from vramplan.training.tensors import SIXTEEN_BIT, model_dtype, replace_tensors
 
@@ -126,7 +126,8 @@ def _build_qlora(auto, hf_config, job: Job, dtype: torch.dtype, device: torch.de
     and initialised there, then peft wraps the Linear4bit layers (its bnb LoRA layers)."""
     from vramplan.training import real_kernels
 
-    model = _from_config(auto, hf_config, job, dtype, task, notes, torch.device("meta"))
+    model = _from_config(auto, hf_config, job, dtype, task, notes, torch.device("meta"),
+                         kernels)
     head = model.get_output_embeddings()
     skip = {id(m) for m in (head, getattr(model, "classifier", None)) if m is not None}
     count = real_kernels.quantize_linears_4bit(model, skip, job.peft.double_quant, device,
@@ -155,7 +156,7 @@ def _no_dispatch_modes():
 
 def _build_on(auto, hf_config, job: Job, dtype: torch.dtype, device: torch.device, task: str,
               notes: list[str], kernels: Kernels) -> nn.Module:
-    model = _from_config(auto, hf_config, job, dtype, task, notes, device)
+    model = _from_config(auto, hf_config, job, dtype, task, notes, device, kernels)
     skip = {id(model.get_output_embeddings())} if model.get_output_embeddings() else set()
     recipe = job.fp8.recipe
     if job.precision == "fp8" and kernels.fp8 == TORCHAO:
@@ -177,12 +178,16 @@ def _build_on(auto, hf_config, job: Job, dtype: torch.dtype, device: torch.devic
 
 
 def _from_config(auto, hf_config, job: Job, dtype: torch.dtype, task: str, notes: list[str],
-                 device: torch.device) -> nn.Module:
-    # flash-attn and cuDNN's kernels are CUDA's: the trace runs SDPA, which keeps the same
-    attention = "eager" if job.attention == "eager" else "sdpa"
-    if attention != job.attention:
-        notes.append(f"attention {job.attention} is CUDA-only: traced with SDPA, whose fused "
-                     "kernels keep the same tensors")
+                 device: torch.device, kernels: Kernels) -> nn.Module:
+    # flash-attn's kernels are CUDA's: measure on CUDA runs them (kernels.attention); the
+    # trace and CPU runs take SDPA, whose fused kernels keep the same tensors. cudnn: SDPA,
+    # which takes cuDNN's kernel itself on compute capability 9.0 / 10.0
+    real = kernels.attention not in ("", STAND_IN)
+    attention = ("eager" if job.attention == "eager" else
+                 FLASH_ATTN[job.attention][1] if real else "sdpa")
+    if job.attention not in ("eager", "sdpa") and not real:
+        notes.append(f"attention {job.attention}: run as SDPA here, whose fused kernels "
+                     "keep the same tensors")
     try:
         with device:
             try:

@@ -19,6 +19,14 @@ from vramplan.job import Job
 
 STAND_IN = "stand-in"
 BNB, TORCHAO = "bitsandbytes", "torchao"  # import name = pip package name for both
+FLASH_ATTN_2, FLASH_ATTN_3 = "flash_attn", "flash_attn_interface"  # import names
+# the flash-attn package's kernels, by the job's attention: (import name, transformers'
+# attn_implementation, what to install; transformers 5.24 utils/import_utils.py
+# is_flash_attn_2_available / is_flash_attn_3_available)
+FLASH_ATTN = {"flash-attn-2": (FLASH_ATTN_2, "flash_attention_2", "pip install flash-attn"),
+              "flash-attn-3": (FLASH_ATTN_3, "flash_attention_3",
+                               "build flash-attn-3 from the flash-attention repository's "
+                               "hopper/ directory")}
 BNB_OPTIMIZERS = ("adamw-8bit", "paged-adamw-8bit", "paged-adamw")
 TORCHAO_OPTIMIZERS = ("adamw-4bit", "adamw-fp8")
 ALWAYS_RECORDED = ("torch", "transformers", "peft")
@@ -31,19 +39,21 @@ class Kernels:
     qlora: str = ""      # the 4-bit frozen base: bitsandbytes or stand-in
     optimizer: str = ""  # low-bit / paged optimizer: bitsandbytes, torchao or stand-in
     fp8: str = ""        # float8 training: torchao or stand-in
+    attention: str = ""  # the flash-attn package (flash-attn-2 / -3 jobs), or stand-in: SDPA
     libraries: dict[str, str] = field(default_factory=dict)  # import name -> version
 
     @property
     def real(self) -> bool:
-        return STAND_IN not in (self.qlora, self.optimizer, self.fp8)
+        return STAND_IN not in (self.qlora, self.optimizer, self.fp8, self.attention)
 
     def note(self) -> str:
         parts = [f"{what}: {how}" for what, how in (
-            ("QLoRA base", self.qlora), ("optimizer", self.optimizer), ("fp8", self.fp8)) if how]
+            ("QLoRA base", self.qlora), ("optimizer", self.optimizer), ("fp8", self.fp8),
+            ("attention", self.attention)) if how]
         if not parts:
             return ""
         kind = "real kernels" if self.real else "vramplan's stand-ins (same tensor layout)"
-        return f"low-bit kernels are {kind}: " + ", ".join(parts)
+        return f"library kernels are {kind}: " + ", ".join(parts)
 
 
 def needed_libraries(job: Job) -> dict[str, str]:
@@ -57,11 +67,13 @@ def needed_libraries(job: Job) -> dict[str, str]:
         needs["optimizer"] = TORCHAO
     if job.precision == "fp8":
         needs["fp8"] = TORCHAO
+    if job.attention in FLASH_ATTN:
+        needs["attention"] = FLASH_ATTN[job.attention][0]
     return needs
 
 
 _WHY = {"qlora": "QLoRA's 4-bit base", "optimizer": "optimizer {optimizer}",
-        "fp8": "fp8 training"}
+        "fp8": "fp8 training", "attention": "attention {attention}"}
 
 
 def select_kernels(job: Job, device, real: bool | None = None) -> Kernels:
@@ -75,9 +87,11 @@ def select_kernels(job: Job, device, real: bool | None = None) -> Kernels:
                        libraries=_versions(ALWAYS_RECORDED))
     for piece, library in needs.items():
         if library_version(library) is None:
-            why = _WHY[piece].format(optimizer=job.optimizer)
-            raise EngineError(f"{why} needs the {library} package on {kind}: pip install "
-                              f"{library} (--engine trace still works without it)")
+            why = _WHY[piece].format(optimizer=job.optimizer, attention=job.attention)
+            install = (FLASH_ATTN[job.attention][2] if piece == "attention"
+                       else f"pip install {library}")
+            raise EngineError(f"{why} needs the {library} package on {kind}: {install} "
+                              "(--engine trace still works without it)")
     return Kernels(**needs, libraries=_versions((*ALWAYS_RECORDED, *sorted(set(needs.values())))))
 
 
