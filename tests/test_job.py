@@ -174,3 +174,30 @@ def test_the_public_functions_refuse_what_is_not_a_job_in_one_line(name):
     with pytest.raises(JobError, match=rf"^{name}\(\) takes a vramplan.Job, got str "
                                        rf"'llama-3.2-1b': write {name}\(Job\(model="):
         getattr(vramplan, name)("llama-3.2-1b")
+
+
+def test_with_changes_lets_the_framework_decide_its_conditional_defaults_again():
+    """The Trainer's QLoRA turns on peft's full checkpointing (profiles.toml value_when):
+    a LoRA job changed to QLoRA gets it, and back again; a value the job set itself, or a
+    change that sets it, is kept; a plain job has no profile to decide."""
+    from vramplan.job import Peft
+
+    lora = Job(model="llama-3.2-1b", framework="hf-trainer", peft={"method": "lora"})
+    qlora = lora.with_changes(peft=Peft(method="qlora"))
+    assert (lora.checkpointing, qlora.checkpointing) == ("none", "full")
+    assert qlora.with_changes(peft=Peft(method="lora")).checkpointing == "none"
+    assert qlora.with_changes(batch_size=2).checkpointing == "full"
+    own = lora.with_changes(checkpointing="selective")
+    assert own.with_changes(peft=Peft(method="qlora")).checkpointing == "selective"
+    assert lora.with_changes(peft=Peft(method="qlora"), checkpointing="none").checkpointing \
+        == "none"  # named by the change: its own
+    plain = Job(model="llama-3.2-1b", peft={"method": "lora"})
+    assert plain.with_changes(peft=Peft(method="qlora")).checkpointing == "none"
+    # FSDP's no_sync, nested in parallel: a Trainer job on DDP switched to FSDP holds whole
+    # gradients, and one that asked to sync each micro-batch keeps asking
+    ddp = Job(model="gpt2", framework="hf-trainer", grad_accum=4,
+              parallel={"strategy": "ddp", "num_gpus": 8})
+    fsdp = ddp.with_changes(parallel={**ddp.parallel.model_dump(), "strategy": "fsdp"})
+    assert (ddp.parallel.fsdp_no_sync, fsdp.parallel.fsdp_no_sync) == (False, True)
+    synced = fsdp.with_changes(parallel={**fsdp.parallel.model_dump(), "fsdp_no_sync": False})
+    assert not synced.with_changes(batch_size=2).parallel.fsdp_no_sync

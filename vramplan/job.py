@@ -540,8 +540,15 @@ class Job(_Strict):
         return self.batch_size * self.grad_accum * self.parallel.data_parallel
 
     def with_changes(self, **changes: Any) -> Job:
-        """A copy with fields changed, validated again (search and sweeps use this)."""
-        return Job.model_validate({**self.model_dump(), **changes})
+        """A copy with fields changed, validated again (search and sweeps use this). The
+        framework's conditional defaults the change leaves alone are decided again for the
+        changed job (frameworks/profiles.py redecide_conditional)."""
+        data = {**self.model_dump(), **changes}
+        if data.get("framework") == self.framework != "plain":
+            from vramplan.frameworks.profiles import redecide_conditional
+
+            data = redecide_conditional(self.framework, self, changes, data)
+        return Job.model_validate(data)
 
 
 # --- building a Job from dicts and files, with errors a person can act on -------------------

@@ -96,6 +96,46 @@ def apply_profile(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def redecide_conditional(framework: str, before: BaseModel, changes: dict[str, Any],
+                         data: dict[str, Any]) -> dict[str, Any]:
+    """`data` (the fields of the built job `before` with `changes`) without the values of the
+    profile's conditional settings (value_when) that `before` had from its profile and the
+    change left as they were: the profile decides them again for the changed job. (A
+    Trainer job switched to QLoRA gets peft's full checkpointing; one switched from DDP to
+    FSDP, FSDP's no_sync.) A top-level field the change names is its own, never decided
+    again; a nested one is, when it kept its value (callers pass whole parts: parallel=)."""
+    profile = load_profiles().get(framework)
+    for dotted, setting in (profile.settings.items() if profile else ()):
+        if not setting.value_when or dotted in changes:
+            continue
+        path = dotted.split(".")
+        decided = next((v for condition, v in setting.value_when.items()
+                        if _matches(before, condition)), setting.value)
+        if _value_at(before, path) == decided == _value_at(data, path):
+            data = _without(data, path)
+    return data
+
+
+def _value_at(data: Any, path: list[str]) -> Any:
+    for key in path:
+        data = getattr(data, key, None) if isinstance(data, BaseModel) else (
+            data.get(key) if isinstance(data, dict) else None)
+    return data
+
+
+def _without(data: dict[str, Any], path: list[str]) -> dict[str, Any]:
+    """A copy of `data` without the nested key at `path` (nested models become dicts)."""
+    data = dict(data)
+    if len(path) == 1:
+        data.pop(path[0], None)
+        return data
+    part = data.get(path[0])
+    part = part.model_dump() if isinstance(part, BaseModel) else part
+    if isinstance(part, dict):
+        data[path[0]] = _without(part, path[1:])
+    return data
+
+
 def _matches(data: dict[str, Any], condition: str) -> bool:
     """'peft.method=qlora' against job data whose parts are dicts or built models."""
     dotted, _, wanted = condition.partition("=")
