@@ -33,6 +33,9 @@ JOBS = [
       "--strategy", "zero2", "--set", "parallel.overlap_grad_reduce=false"],
      Job(model="llama-3.1-8b", precision="bf16-master", gpu="A100-80GB",
          parallel={"num_gpus": 4, "strategy": "zero2", "overlap_grad_reduce": False}), {}),
+    # the flash-attn package's FlashAttention-3 on Hopper: its own attention rate
+    (["llama-3.2-1b", "-s", "4096", "--attention", "flash-attn-3", "--gpu", "H200"],
+     Job(model="llama-3.2-1b", seq_len=4096, attention="flash-attn-3", gpu="H200"), {}),
 ]
 
 
