@@ -515,7 +515,8 @@ class Job(_Strict):
                   "fp8.recipe": self.fp8.recipe if self.precision == "fp8" else None,
                   "fp8.fsdp_float8_all_gather": self.fp8.fsdp_float8_all_gather
                   if self.precision == "fp8" else None,
-                  "compile_components": self.compile_components if self.compile else None}
+                  "compile_components": self.compile_components if self.compile else None,
+                  "parallel.fsdp_no_sync": self.parallel.fsdp_no_sync}
         problems = profile_problems(self.framework, fields)
         if self.framework == "torchtune" and self.activation_offload and (
                 self.checkpointing == "none"):

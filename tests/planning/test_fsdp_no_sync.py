@@ -69,6 +69,19 @@ def test_it_is_refused_where_there_is_no_fsdp():
         Job(model="gpt2", parallel={"strategy": "ddp", "num_gpus": 2, "fsdp_no_sync": True})
 
 
+@pytest.mark.parametrize("framework", ["torchtune", "torchtitan"])
+def test_torchtune_and_torchtitan_sync_every_micro_batch_and_refuse_it(framework):
+    """Their training loops reduce-scatter each micro-batch's gradients (profiles.toml cites
+    the code): their FSDP jobs never hold whole gradients, and asking for it is refused."""
+    fsdp = {"strategy": "fsdp", "num_gpus": 4}
+    assert not Job(model="gpt2", framework=framework, grad_accum=2,
+                   parallel=fsdp).parallel.fsdp_no_sync
+    with pytest.raises(JobError, match=f"{framework} does not support "
+                       "parallel.fsdp_no_sync=True"):
+        Job(model="gpt2", framework=framework, grad_accum=2,
+            parallel={**fsdp, "fsdp_no_sync": True})
+
+
 def test_make_it_fit_shards_the_gradients_and_writes_the_trainers_own_key():
     """Llama 3.1 8B under the Trainer's FSDP on 8 A100-40GB with 8 micro-batches holds its
     whole fp32 gradients (32 GB per GPU) and does not fit; reduce-scattering every
