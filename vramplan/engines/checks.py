@@ -11,7 +11,7 @@ context parallelism).
 from __future__ import annotations
 
 from vramplan.engines import pipeline
-from vramplan.engines.runtime import check_precision_supported
+from vramplan.engines.runtime import check_gpu_runs_job
 from vramplan.engines.step import Shapes, shapes_of, task_of
 from vramplan.errors import JobError, VramplanError
 from vramplan.hardware import get_gpu
@@ -31,7 +31,7 @@ def check_job(job: Job, arch: Architecture, runtime_gpu: GPU | None = None) -> N
                        f"{task}: use loss standard")
     shapes = shapes_of(job, arch, task)
     if runtime_gpu:
-        check_precision_supported(job, runtime_gpu)
+        check_gpu_runs_job(job, runtime_gpu)
     check_parallel(job, arch)
     check_context_parallel_split(job, shapes)
 

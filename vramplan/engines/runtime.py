@@ -64,7 +64,7 @@ def runtime_context_bytes(runtime: Runtime, gpu: GPU | None) -> int:
     return int(H200_DRIVER_RESERVED * gpu.usable_bytes / H200_TOTAL) + CONTEXT_AND_KERNELS
 
 
-def check_precision_supported(job: Job, gpu: GPU) -> None:
+def check_gpu_runs_job(job: Job, gpu: GPU) -> None:
     """Refuse a job its GPU cannot run: its precision, or its attention kernel."""
     problem = precision_problem(job.precision, gpu, job.fp8.recipe)
     if problem:
