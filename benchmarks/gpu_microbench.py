@@ -4,7 +4,8 @@ What it measures (each a fact efficiency.toml can take, with this file as its so
   * GEMM TFLOP/s by shape and dtype (bf16, fp16, fp32/TF32 off, fp8 where torch has
     torch._scaled_mm): square sizes and LLM-like shapes, small M and K, misaligned sizes;
     the GEMM shape model (planning/gemm.py) is refitted from these;
-  * attention: torch SDPA forward + backward, causal, by head size and sequence length;
+  * attention: torch SDPA forward + backward, causal, by head size and sequence length,
+    with SDPA's own kernel and with FlashAttention-2's and cuDNN's forced (CUDA);
   * HBM bandwidth: device-to-device copy and an elementwise add (STREAM-like);
   * host cost per kernel launch: a chain of tiny kernels, eager, timed on the host;
   * collectives, when several GPUs are visible and torch.distributed can start NCCL:
@@ -19,6 +20,7 @@ It writes OUT_DIR/microbench.json (the machine, torch/CUDA versions and every fi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -94,9 +96,14 @@ def gemms(torch, device: str, quick: bool, run) -> list[dict]:
 
 def attention(torch, device: str, quick: bool, run) -> list[dict]:
     import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     cases = [(64, 128)] if quick else ATTENTION
     dt = torch.bfloat16 if device == "cuda" else torch.float32
+    # SDPA's own choice, then each fused kernel forced: FlashAttention-2 against cuDNN's is
+    # efficiency.toml's cudnn_attention (a kernel the GPU lacks is recorded as an error)
+    backends = ["default"] + (["FLASH_ATTENTION", "CUDNN_ATTENTION"] if device == "cuda"
+                              else [])
     out = []
     for head, seq in cases:
         heads = max(1, 4096 // head) if not quick else 2
@@ -106,11 +113,18 @@ def attention(torch, device: str, quick: bool, run) -> list[dict]:
         def fn(q=q, k=k, v=v):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             y.sum().backward()
-        seconds = run(fn, 3 if quick else 10)
         # causal: half of the s x s tiles; forward 2 matmuls, backward 2.5x the forward
         flops = 3.5 * 2 * 2 * heads * seq * seq * head / 2
-        out.append({"head_dim": head, "seq": seq, "heads": heads, "seconds": seconds,
-                    "tflops": flops / seconds / 1e12})
+        for backend in backends:
+            row = {"head_dim": head, "seq": seq, "heads": heads, "backend": backend}
+            try:
+                with (sdpa_kernel(getattr(SDPBackend, backend)) if backend != "default"
+                      else contextlib.nullcontext()):
+                    seconds = run(fn, 3 if quick else 10)
+                row.update(seconds=seconds, tflops=flops / seconds / 1e12)
+            except RuntimeError as error:
+                row["error"] = str(error).splitlines()[0]
+            out.append(row)
     return out
 
 
