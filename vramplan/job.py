@@ -226,12 +226,11 @@ class Parallel(_Strict):
     fsdp_no_sync: bool = False
 
     def changed(self, **changes: Any) -> dict[str, Any]:
-        """This layout's fields with `changes`, to build a Job from. Another strategy drops
-        fsdp_no_sync (FSDP's own switch) unless `changes` set it, so the framework's profile
-        decides it again for the new strategy (the Trainer holds whole gradients under FSDP,
-        not under DDP)."""
+        """This layout's fields with `changes`, to build a Job from: a strategy without
+        FSDP's gradient-sync switch drops fsdp_no_sync unless `changes` set it (the
+        framework's profile decides it again in Job.with_changes)."""
         data = {**self.model_dump(), **changes}
-        if data["strategy"] != self.strategy and "fsdp_no_sync" not in changes:
+        if data["strategy"] not in FSDP_STRATEGIES and "fsdp_no_sync" not in changes:
             del data["fsdp_no_sync"]
         return data
 

@@ -27,6 +27,7 @@ FUSED = ("sdpa", "flash-attn-2", "flash-attn-3", "cudnn")
     ("sdpa", "GB300", 1.0, ""),  # 10.3: FlashAttention-2
     ("sdpa", "A100-80GB", 1.0, ""),
     ("sdpa", "RTX-5090", 1.0, ""),
+    ("sdpa", "L40S", 1.0, ""),
     ("sdpa", "MI300X", 1.0, ""),
     # the flash-attn package's FlashAttention-2 everywhere from compute capability 8.0
     ("flash-attn-2", "H100-SXM", 1.0, ""),

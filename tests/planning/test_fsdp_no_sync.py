@@ -125,3 +125,20 @@ def test_a_fix_that_switches_to_fsdp_lets_the_framework_decide_again():
                parallel={"strategy": "fsdp", "num_gpus": 8, "fsdp_no_sync": True})
     assert Job.model_validate({**held.model_dump(), "parallel": held.parallel.changed(
         num_gpus=16)}).parallel.fsdp_no_sync
+
+
+def test_search_num_gpus_keeps_the_trainers_no_sync_as_the_planner_does():
+    """`search num-gpus` builds fresh layouts; what they leave unset the framework decides,
+    as in the planner: a Trainer FSDP job keeps holding whole gradients, and the flags do
+    not turn it off (they did: --no-fsdp-no-sync)."""
+    from vramplan.planning.gpu_count import search_gpu_count
+    from vramplan.planning.planner import plan
+
+    job = Job(model="llama-3.1-8b", framework="hf-trainer", grad_accum=4,
+              parallel={"strategy": "fsdp", "num_gpus": 2})
+    found = search_gpu_count(job, get_gpu("A100-40GB"))
+    assert found.job.parallel.strategy == "fsdp" and found.job.parallel.fsdp_no_sync
+    assert "fsdp-no-sync" not in found.flags
+    planned = [c.job for c in plan(job, tokens=1e8).candidates
+               if c.job.parallel.strategy == "fsdp"]
+    assert planned and all(j.parallel.fsdp_no_sync for j in planned)

@@ -116,10 +116,12 @@ def redecide_conditional(framework: str, before: BaseModel, changes: dict[str, A
     return data
 
 
-def _value_at(data: Any, path: list[str]) -> Any:
+def _value_at(data: Any, path: list[str], defaults: dict[str, Any] | None = None) -> Any:
+    """The value at `path` in job data whose parts are dicts or built models (None where
+    it is missing; `defaults`: a dict part's value for a key it leaves out)."""
     for key in path:
         data = getattr(data, key, None) if isinstance(data, BaseModel) else (
-            data.get(key) if isinstance(data, dict) else None)
+            data.get(key, (defaults or {}).get(key)) if isinstance(data, dict) else None)
     return data
 
 
@@ -139,15 +141,7 @@ def _without(data: dict[str, Any], path: list[str]) -> dict[str, Any]:
 def _matches(data: dict[str, Any], condition: str) -> bool:
     """'peft.method=qlora' against job data whose parts are dicts or built models."""
     dotted, _, wanted = condition.partition("=")
-    value: Any = data
-    for key in dotted.split("."):
-        if isinstance(value, BaseModel):
-            value = getattr(value, key, None)
-        elif isinstance(value, dict):
-            value = value.get(key, "lora" if key == "method" else None)  # Peft's default
-        else:
-            return False
-    return str(value) == wanted
+    return str(_value_at(data, dotted.split("."), {"method": "lora"})) == wanted  # Peft's
 
 
 def _set_default(data: dict[str, Any], path: list[str], value: Any) -> None:

@@ -94,7 +94,8 @@ def search_gpu_count(job: Job, gpu: GPU, *, margin: float = policy.SAFETY_MARGIN
         for layout in _layouts(job, arch, n):
             for impl in impls:
                 try:
-                    candidate = job.with_changes(parallel=layout.model_dump(), gpu=None, **impl)
+                    # the layout itself: what it leaves unset, the framework decides
+                    candidate = job.with_changes(parallel=layout, gpu=None, **impl)
                     last = formula.run(candidate, gpus=[gpu])
                     fit = last.fits[0]
                 except (JobError, ValueError) as error:
