@@ -229,9 +229,10 @@ class Parallel(_Strict):
         """This layout's fields with `changes`, to build a Job from: a strategy without
         FSDP's gradient-sync switch drops fsdp_no_sync unless `changes` set it (the
         framework's profile decides it again in Job.with_changes)."""
-        data = {**self.model_dump(), **changes}
-        if data["strategy"] not in FSDP_STRATEGIES and "fsdp_no_sync" not in changes:
-            del data["fsdp_no_sync"]
+        data = {**self.model_dump(exclude_unset=True), **changes}  # unset stays unset
+        if (changes.get("strategy", self.strategy) not in FSDP_STRATEGIES
+                and "fsdp_no_sync" not in changes):
+            data.pop("fsdp_no_sync", None)
         return data
 
     @property
@@ -543,7 +544,8 @@ class Job(_Strict):
         """A copy with fields changed, validated again (search and sweeps use this). The
         framework's conditional defaults the change leaves alone are decided again for the
         changed job (frameworks/profiles.py redecide_conditional)."""
-        data = {**self.model_dump(), **changes}
+        # what the job left unset stays unset (a node size from the GPU catalog, not 8)
+        data = {**self.model_dump(exclude_unset=True), **changes}
         if data.get("framework") == self.framework != "plain":
             from vramplan.frameworks.profiles import redecide_conditional
 

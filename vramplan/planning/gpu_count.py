@@ -136,8 +136,7 @@ def _layouts(job: Job, arch, n: int) -> list[Parallel]:
         tried = ["none"] if n == own.model_parallel else strategies
         return [Parallel.model_validate(own.changed(num_gpus=n, strategy=s)) for s in tried]
     keep = ("none", *strategies)
-    layouts = [p.model_copy(update={"gpus_per_node": own.gpus_per_node})
-               for p in parallel_layouts(job, arch, n) if p.strategy in keep]
+    layouts = [p for p in parallel_layouts(job, arch, n) if p.strategy in keep]
     order = {s: i for i, s in enumerate(keep)}
     return sorted(layouts, key=lambda p: (p.model_parallel, p.tensor_parallel,
                                           order[p.strategy]))

@@ -5,7 +5,7 @@ same lists, so its fewest GPUs is the planner's.
 
 from __future__ import annotations
 
-from vramplan.job import Job, Parallel
+from vramplan.job import FSDP_STRATEGIES, Job, Parallel
 from vramplan.models import Architecture
 
 SMALL_COUNTS = (1, 2, 4, 8)
@@ -32,10 +32,25 @@ def fused_optimizer(job: Job) -> dict:
     return {"optimizer_impl": "fused"}
 
 
+# what a layout decides; the job's other parallel settings are its own and ride along
+LAYOUT_FIELDS = frozenset({"strategy", "num_gpus", "tensor_parallel", "context_parallel",
+                           "pipeline_parallel"})
+
+
+def own_settings(job: Job, strategy: str) -> dict:
+    """The parallel settings `job` sets beyond its layout (its node size, overlap_grad_reduce,
+    async_tp, ...), for a fresh layout of `strategy` to keep; fsdp_no_sync only under FSDP.
+    What the job leaves unset stays unset: its framework's profile decides it."""
+    own = job.parallel
+    keep = own.model_fields_set - LAYOUT_FIELDS - (
+        set() if strategy in FSDP_STRATEGIES else {"fsdp_no_sync"})
+    return {name: getattr(own, name) for name in keep}
+
+
 def parallel_layouts(job: Job, arch: Architecture, n: int) -> list[Parallel]:
     """Every layout of n GPUs: tensor parallel degrees the heads divide, pipeline stages
     once tensor parallelism fills what it can, context parallelism for long sequences, and
-    the data-parallel strategies of what is left."""
+    the data-parallel strategies of what is left; each keeps the job's own settings."""
     seq = job.seq_len or 0
     heads = [(s.num_heads, s.num_kv_heads) for s in arch.stacks]
     layers = sum(s.num_layers for s in arch.stacks)
@@ -56,6 +71,7 @@ def parallel_layouts(job: Job, arch: Architecture, n: int) -> list[Parallel]:
                 strategies = ["none"] if dp == 1 else ["ddp", "zero2", "fsdp"] + (
                     ["hybrid-shard"] if dp > 8 else [])
                 layouts += [Parallel(strategy=s, num_gpus=n, tensor_parallel=tp,
-                                     context_parallel=cp, pipeline_parallel=pp)
+                                     context_parallel=cp, pipeline_parallel=pp,
+                                     **own_settings(job, s))
                             for s in strategies]
     return layouts
