@@ -18,8 +18,9 @@ percentile of the other sources' out-of-sample errors).
     PYTHONPATH=. python benchmarks/published_accuracy.py --fit    # also print the shares
     PYTHONPATH=. python benchmarks/published_accuracy.py --write-interval  # ship the interval
 
-The shipped intervals (efficiency.toml [interval], one for single-GPU jobs, one for several
-GPUs) are the 10th-90th percentiles of their rows' out-of-sample errors (see intervals());
+The shipped intervals (efficiency.toml [interval]: one GPU; several GPUs training a decoder's
+own weights; several GPUs training an encoder or adapters) are the 10th-90th percentiles of
+their rows' out-of-sample errors (see intervals());
 --write-interval writes this run's into efficiency.toml.
 """
 
@@ -44,10 +45,15 @@ from vramplan.hardware import get_gpu  # noqa: E402
 from vramplan.job import Job  # noqa: E402
 from vramplan.models import load_architecture  # noqa: E402
 from vramplan.planning.efficiency import (  # noqa: E402
+    INTERVAL_BUCKETS,
     architecture_of,
     shipped_factors,
 )
-from vramplan.planning.performance import step_terms, step_time  # noqa: E402
+from vramplan.planning.performance import (  # noqa: E402
+    interval_bucket_of,
+    step_terms,
+    step_time,
+)
 from vramplan.planning.traffic import step_traffic  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -317,20 +323,23 @@ def fit_pool(runs: list[dict], stack: str) -> list[dict]:
 
 
 def _bucket(run: dict) -> str:
-    return "single_gpu" if run["job"].parallel.num_gpus == 1 else "multi_gpu"
+    """The shipped interval a row's job carries (the tool's own rule)."""
+    return interval_bucket_of(run["job"])
 
 
 def _pool(runs: list[dict], bucket: str) -> list[dict]:
-    """The rows whose out-of-sample errors set a bucket's interval. Multi-GPU: the fitted
-    sources' rows (270). Single GPU: the fitted ones are 16 of our runs and one KempnerForge
-    row, too few to speak for other stacks, so the held-out single-GPU rows (Lambda's BERT)
-    join them: their errors still test the predictions, no longer the interval."""
+    """The rows whose out-of-sample errors set a bucket's interval. Several GPUs training a
+    decoder's own weights: the fitted sources' rows. The other two buckets have too few
+    fitted rows to speak for other stacks (one GPU: 16 of our runs and one KempnerForge row;
+    several GPUs, encoders or adapters: NeMo's LoRA rows), so every row of the bucket sets
+    it (held-out ones too: Lambda's and NVIDIA's BERT, Answer.AI's QLoRA): their errors
+    still test the predictions, no longer the interval; nested coverage stays out of sample."""
     rows = [r for r in runs if _bucket(r) == bucket]
-    return rows if bucket == "single_gpu" else [r for r in rows if is_fitted(r)]
+    return [r for r in rows if is_fitted(r)] if bucket == "multi_gpu" else rows
 
 
 def intervals(runs: list[dict]) -> dict:
-    """The 80% interval of each bucket (one GPU, several): the 10th-90th percentile of its
+    """The 80% interval of each bucket (INTERVAL_BUCKETS): the 10th-90th percentile of its
     pool's out-of-sample log errors (shipped), and its coverage two ways. Nested: each
     source's rows against the interval of the *other* sources' pool rows (out of sample for
     the interval too); shipped: every row against the shipped interval (the interval's
@@ -338,7 +347,7 @@ def intervals(runs: list[dict]) -> dict:
     out: dict = {}
     for r in runs:
         r["log_error"] = math.log1p(r["loso_error"])
-    for bucket in ("single_gpu", "multi_gpu"):
+    for bucket in INTERVAL_BUCKETS:
         pool = _pool(runs, bucket)
         logs = [r["log_error"] for r in pool]
         lo, hi = _quantile(logs, 0.1), _quantile(logs, 0.9)
@@ -491,7 +500,7 @@ EFFICIENCY = Path(__file__).parent.parent / "vramplan" / "planning" / "efficienc
 def write_interval(interval: dict) -> None:
     """Put this run's intervals into efficiency.toml's [interval] (their four numbers only)."""
     text = EFFICIENCY.read_text()
-    for bucket in ("single_gpu", "multi_gpu"):
+    for bucket in INTERVAL_BUCKETS:
         for end in ("log_low", "log_high"):
             key = f"{bucket}_{end}"
             text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {interval[bucket][end]:.4f}",
@@ -500,7 +509,7 @@ def write_interval(interval: dict) -> None:
     EFFICIENCY.write_text(text)
     print("efficiency.toml [interval]: " + ", ".join(
         f"{b} {interval[b]['log_low']:.4f} / {interval[b]['log_high']:.4f}"
-        for b in ("single_gpu", "multi_gpu")))
+        for b in INTERVAL_BUCKETS))
 
 
 def _cell(s: dict) -> str:
@@ -546,7 +555,9 @@ def markdown(result: dict) -> str:
               "each source's rows against the interval of the other sources' pool rows (out of "
               "sample for the interval too); *shipped*: against the shipped interval (its "
               "quantiles in sample).", ""]
-    for bucket, label in (("single_gpu", "one GPU"), ("multi_gpu", "several GPUs")):
+    for bucket, label in (("single_gpu", "one GPU"),
+                          ("multi_gpu", "several GPUs, a decoder's own weights"),
+                          ("multi_gpu_other", "several GPUs, encoders or adapters")):
         b = iv[bucket]
         lines.append(
             f"* {label}: x{math.exp(b['log_low']):.2f} to x{math.exp(b['log_high']):.2f} "
@@ -555,7 +566,9 @@ def markdown(result: dict) -> str:
             f"{100 * b['coverage_shipped']:.0f}%; nested by source: "
             + ", ".join(f"{s} {100 * c:.0f}%" for s, c in b["coverage_nested_by_source"].items()))
     for key, label in (("calibration_set", "calibration set"),
-                       ("held_out_rows", "held-out rows (never fitted)")):
+                       ("held_out_rows", "held-out rows (shares never fitted on them; "
+                                         "their encoder and adapter rows join that bucket's "
+                                         "pool)")):
         lines.append(f"* {label}: coverage nested {100 * iv[key]['coverage_nested']:.0f}%, "
                      f"shipped {100 * iv[key]['coverage_shipped']:.0f}%")
     lines += ["",

@@ -146,7 +146,7 @@ def _extra_rows():
                 f"{_pct(r35['p90_abs'], 1)}; 0.45: {_pct(r45['median_abs'], 1)} / "
                 f"{_pct(r45['p90_abs'], 1)}; the {held['rows']} never-fitted rows: "
                 f"{_pct(held['median_abs'], 1)} / {_pct(held['p90_abs'], 1)}, 80% interval "
-                "coverage "
+                "coverage (their encoder and adapter rows help set that kind's interval) "
                 f"{_pct(iv['held_out_rows']['coverage_nested'], 0)} nested, "
                 f"{_pct(iv['held_out_rows']['coverage_shipped'], 0)} shipped",
                 f"`published_accuracy.py` ({VM}; throughputs as published by their sources)"))

@@ -75,7 +75,7 @@ def test_calibration_narrows_the_interval_to_your_runs_spread(config_dir):
 
     result = calibrate([RUNS])
     low, high = result.factors.interval
-    shipped_low, shipped_high = interval(1)  # the runs are single-GPU
+    shipped_low, shipped_high = interval("single_gpu")  # the runs are single-GPU
     assert shipped_low <= low <= 1 <= high <= shipped_high
     # the interval is the spread of measured / predicted over the runs, clipped to the shipped
     gpu = get_gpu("H200")

@@ -14,7 +14,6 @@ from vramplan.planning.efficiency import (
     fp8_ratio,
     fp32_ratio,
     gemm_model,
-    interval,
     shipped_factors,
     sm_count,
 )
@@ -165,10 +164,10 @@ def test_fp32_matmuls_take_the_cuda_cores_measured_share_not_the_tensor_cores():
 
 @pytest.mark.parametrize("num_gpus", [1, 8])
 def test_every_time_carries_its_80_percent_interval(num_gpus):
-    low, high = interval(num_gpus)
-    assert low < 1 < high
     job = Job(model="llama-3.2-1b", batch_size=2, seq_len=1024,
               parallel={"num_gpus": num_gpus, "strategy": "ddp" if num_gpus > 1 else "none"})
+    low, high = performance.job_interval(job)
+    assert low < 1 < high
     perf = predict(job, get_gpu("H200"))
     lo, hi = perf.step_time_range_s
     assert lo == pytest.approx(perf.step_time_s * low)
@@ -176,19 +175,34 @@ def test_every_time_carries_its_80_percent_interval(num_gpus):
     assert math.isfinite(lo) and lo < perf.step_time_s < hi
 
 
-def test_single_gpu_jobs_get_their_own_interval():
-    """The single-GPU runs miss by more than the pre-training runs: their interval is its own,
-    read from the table (the benchmark writes both pairs)."""
+def _shipped(bucket: str) -> tuple[float, float]:
     import tomllib
 
     from vramplan.planning import efficiency
     table = tomllib.loads((Path(efficiency.__file__).parent / "efficiency.toml").read_text())
     iv = table["interval"]
-    assert interval(1) == pytest.approx((math.exp(iv["single_gpu_log_low"]),
-                                         math.exp(iv["single_gpu_log_high"])))
-    assert interval(64) == pytest.approx((math.exp(iv["multi_gpu_log_low"]),
-                                          math.exp(iv["multi_gpu_log_high"])))
-    assert interval(1) != interval(2)
+    return math.exp(iv[f"{bucket}_log_low"]), math.exp(iv[f"{bucket}_log_high"])
+
+
+def test_each_kind_of_job_gets_its_own_interval():
+    """The single-GPU runs, and on several GPUs the encoders' and adapters' runs, miss by more
+    than the pre-training runs the multi-GPU shares were fitted on: each kind carries its own
+    interval, read from the table (the benchmark writes the three pairs)."""
+    ddp = {"num_gpus": 8, "strategy": "ddp"}
+    decoder = Job(model="llama-3.2-1b", batch_size=2, seq_len=1024, parallel=ddp)
+    lora = decoder.with_changes(peft={"method": "lora"})
+    encoder = Job(model="bert-base-uncased", batch_size=8, seq_len=384, parallel=ddp)
+    single = decoder.with_changes(parallel={"num_gpus": 1})
+    assert performance.job_interval(single) == pytest.approx(_shipped("single_gpu"))
+    assert performance.job_interval(decoder) == pytest.approx(_shipped("multi_gpu"))
+    assert performance.job_interval(lora) == pytest.approx(_shipped("multi_gpu_other"))
+    assert performance.job_interval(encoder) == pytest.approx(_shipped("multi_gpu_other"))
+    assert len({_shipped(b) for b in ("single_gpu", "multi_gpu", "multi_gpu_other")}) == 3
+    # the range a prediction shows is its kind's
+    perf = predict(lora, get_gpu("H200"))
+    low, high = _shipped("multi_gpu_other")
+    assert perf.step_time_range_s == pytest.approx((perf.step_time_s * low,
+                                                    perf.step_time_s * high))
 
 
 def test_each_stack_multiplies_its_own_tokens():

@@ -27,7 +27,6 @@ from vramplan.planning.efficiency import (
     Factors,
     clear_cache,
     factors_for,
-    interval,
     read_user_factors,
     user_file,
 )
@@ -152,7 +151,7 @@ def fit(base: Factors, terms: list, measured: list[float],
 
 def calibrate(paths: list[str | Path], gpu: str | None = None) -> Calibration:
     """Fit factors for one GPU type from measured runs (all runs must be on it)."""
-    from vramplan.planning.performance import step_terms, step_time
+    from vramplan.planning.performance import job_interval, step_terms, step_time
 
     runs = load_runs(paths)
     devices = {d for _, _, d in runs if d}
@@ -188,7 +187,7 @@ def calibrate(paths: list[str | Path], gpu: str | None = None) -> Calibration:
         # your runs' own spread around the fit (measured / predicted), never wider than the
         # shipped interval: a narrower 80% range for this GPU
         ratios = [m / step_time(t, fitted) for t, m in zip(terms, measured)]
-        shipped = [interval(job.parallel.num_gpus) for job, _, _ in runs]
+        shipped = [job_interval(job) for job, _, _ in runs]
         low, high = min(lo for lo, _ in shipped), max(hi for _, hi in shipped)
         update["interval"] = (max(low, min(ratios)), min(high, max(ratios)))
     fitted = fitted.model_copy(update=update)

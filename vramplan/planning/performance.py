@@ -42,6 +42,7 @@ from vramplan.planning.efficiency import (
     fp32_ratio,
     gemm_model,
     interval,
+    interval_bucket,
     sm_count,
 )
 from vramplan.planning.flops import check_timed, step_flops
@@ -346,7 +347,7 @@ def predict(job: Job, gpu: GPU, amount: TrainingAmount | None = None, *,
         notes=list(terms.notes) + _host_note(phases, step, factors)
         + _gradient_reduce_note(job, terms, factors, step))
     training = _training(amount, gpu, step, terms.tokens_per_step, terms.samples_per_step, n)
-    low, high = factors.interval or interval(n)
+    low, high = factors.interval or job_interval(job, arch)
     perf["step_time_range_s"] = (step * low, step * high)
     if training.get("training_time_s") is not None:
         t = training["training_time_s"]
@@ -355,6 +356,17 @@ def predict(job: Job, gpu: GPU, amount: TrainingAmount | None = None, *,
         c = training["cost_usd"]
         training["cost_range_usd"] = (c * low, c * high)
     return Performance(**perf, **training)
+
+
+def interval_bucket_of(job: Job, arch: Architecture | None = None) -> str:
+    """Which of the shipped 80% intervals `job`'s times carry (efficiency.interval_bucket)."""
+    arch = arch or load_architecture(job.model)
+    return interval_bucket(job.parallel.num_gpus, arch.kind == "decoder", job.peft is not None)
+
+
+def job_interval(job: Job, arch: Architecture | None = None) -> tuple[float, float]:
+    """The shipped 80% interval (low, high multipliers) of `job`'s predicted times."""
+    return interval(interval_bucket_of(job, arch))
 
 
 def _host_note(phases: list[PhaseTime], step: float, factors: Factors) -> list[str]:
