@@ -41,6 +41,9 @@ state their GPU as a catalog name (`catalog_gpu`) or a family here, and:
     DeepSpeed pipeline engine reduces the gradients after the schedule's last micro-batch
     (deepspeed/runtime/pipe/schedule.py TrainSchedule: ReduceGrads, then OptimizerStep):
     not overlapped;
+  * BLOOM ran on Jean Zay, whose nodes join through 4 Omni-Path links (the catalog's A100
+    node: 8 x 200 Gb/s InfiniBand); its rows take the network the source measured there
+    (`network`: parallel.network_gb_s);
   * Llama 3 405B (its paper's Table 4): FSDP that keeps parameters gathered after forward is
     ZeRO-2; fused kernels; micro-batch 1 and plain 1F1B where the table is silent;
   * OLMo-core's 32B checkpoints only the MLP of each block: full checkpointing (the MLP is
@@ -469,7 +472,10 @@ def case(row: dict) -> Case:
                             group, {}).get("sequence_parallel", True),
                         # a row's own node size where it states one, else the catalog GPU's
                         **({"gpus_per_node": int(row["gpus_per_node"])}
-                           if row.get("gpus_per_node") else {})})
+                           if row.get("gpus_per_node") else {}),
+                        # and its cluster's own network, where the source measured it
+                        **({"network_gb_s": float(row["network"]["gb_s_per_gpu"])}
+                           if row.get("network") else {})})
     measured = _measured(row, seq)
     if not math.isfinite(measured) or measured <= 0:
         return Case(row["id"], group, None, _gpu(row), 0.0, assumed, skipped="no throughput")

@@ -186,6 +186,9 @@ class Parallel(_Strict):
     strategy: Strategy = "none"
     num_gpus: int = Field(1, ge=1, le=1_000_000)
     gpus_per_node: int = Field(8, ge=1, le=1024)  # hybrid-shard shards within a node
+    # the cluster's network between nodes, per GPU, one direction, decimal GB/s (e.g. 8 x
+    # 400 Gb/s NICs for 8 GPUs: 50); None: the GPU catalog's usual server (gpus.toml)
+    network_gb_s: float | None = Field(None, gt=0, le=10_000)
     tensor_parallel: int = Field(1, ge=1, le=1024)
     context_parallel: int = Field(1, ge=1, le=1024)
     # pipeline stages: each holds a contiguous share of the blocks (the embedding on the

@@ -124,6 +124,37 @@ def test_a_ring_across_nodes_uses_the_nics_of_its_gpus_in_each_node():
     assert (send.link, send.nics) == ("network", 1)
 
 
+def test_the_jobs_own_network_times_what_crosses_nodes():
+    # the same 16-GPU FSDP ring as above on a cluster of 4 x 100 Gb/s per 8 GPUs: 6.25 GB/s
+    # per GPU, so 8 x 6.25 = 50 GB/s for the ring, 8x slower than the catalog's H100 node
+    arch = load_architecture("llama-3.2-1b")
+    par = Parallel(strategy="fsdp", num_gpus=16)
+    slow = _job(parallel=par.model_copy(update={"network_gb_s": 6.25}))
+    gather = collectives(slow, arch, H100)[0]
+    terms = step_terms(slow, H100, arch)
+    assert terms.collectives[0].link_s == gather.bytes_per_gpu / 50e9
+    assert any("crosses nodes: 6.25 GB/s per GPU (parallel.network_gb_s)" in n
+               for n in terms.notes)
+    # the catalog's network says so, and how to give the cluster's own
+    hint = "--set parallel.network_gb_s=GB/s per GPU for your cluster's"
+    assert any(hint in n for n in step_terms(_job(parallel=par), H100, arch).notes)
+    assert not any(hint in n for n in terms.notes)
+    # inside one node the network is not used: the same step either way
+    one_node = Parallel(strategy="fsdp", num_gpus=8)
+    assert predict(_job(parallel=one_node), H100).step_time_s == predict(
+        _job(parallel=one_node.model_copy(update={"network_gb_s": 6.25})), H100).step_time_s
+    # a fresh layout of the planner keeps it (a setting of the job's own)
+    from vramplan.planning.layouts import own_settings
+    assert own_settings(slow.with_changes(parallel=Parallel(strategy="fsdp", num_gpus=16,
+                                                            network_gb_s=6.25)),
+                        "ddp") == {"network_gb_s": 6.25}
+
+
+def test_a_network_of_zero_is_refused():
+    with pytest.raises(ValueError, match="network_gb_s"):
+        Parallel(strategy="fsdp", num_gpus=16, network_gb_s=0)
+
+
 def test_async_tensor_parallel_hides_its_collectives_behind_compute():
     arch = load_architecture("llama-3.2-1b")
     job = _job(parallel=Parallel(tensor_parallel=2, num_gpus=2))

@@ -80,6 +80,13 @@ def node_size(job: Job, gpu: GPU) -> int:
     return par.gpus_per_node if "gpus_per_node" in par.model_fields_set else gpu.gpus_per_node
 
 
+def network_bytes_s(job: Job, gpu: GPU) -> float:
+    """The network between nodes, per GPU, one direction: the job's own where it says so
+    (parallel.network_gb_s, the user's cluster), else the catalog's for `gpu`."""
+    own = job.parallel.network_gb_s
+    return own * 1e9 if own is not None else gpu.network_bytes_s
+
+
 def mesh_share(gpu: GPU, per_node: int, group: int) -> float:
     """Of its NVLink bandwidth, what one GPU reaches in a group of `group` ranks inside a
     node of `per_node`: 1 behind an NVSwitch (or over PCIe), (g - 1) / (m - 1) on a

@@ -33,7 +33,7 @@ from vramplan.hardware.gpu import GPU
 from vramplan.job import Job
 from vramplan.models import Architecture, load_architecture
 from vramplan.planning.amount import TrainingAmount
-from vramplan.planning.comm import collectives
+from vramplan.planning.comm import collectives, network_bytes_s
 from vramplan.planning.efficiency import (
     Factors,
     attention_kernel,
@@ -255,14 +255,16 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         phases.append(PhaseTerms("optimizer", 1, 0.0, 0.0, unit["optimizer_bytes"] / bandwidth,
                                  unit["optimizer_kernels"], bytes=unit["optimizer_bytes"]))
     comms, staged = [], []
+    network = network_bytes_s(job, gpu)
     for c in _collectives(job, arch, work, gpu):
         rate = gpu.interconnect_bytes_s if c.link == "interconnect" else min(
-            gpu.network_bytes_s * c.nics, gpu.interconnect_bytes_s)
+            network * c.nics, gpu.interconnect_bytes_s)
         comms.append(CollectiveTerms(c.name, c.bytes_per_gpu / (rate * c.link_share),
                                      job.grad_accum if c.per == "micro-batch" else 1,
                                      c.overlaps, c.link == "network"))
         if c.link == "network":
-            notes.append(f"{c.name} crosses nodes: {gpu.network_bytes_s / 1e9:g} GB/s per GPU"
+            notes.append(f"{c.name} crosses nodes: {network / 1e9:g} GB/s per GPU"
+                         + ("" if job.parallel.network_gb_s is None else " (parallel.network_gb_s)")
                          + (f", {rate / 1e9:g} GB/s over its {c.nics} GPUs' NICs per node"
                             if c.nics > 1 else ""))
         elif not gpu.p2p:
@@ -270,6 +272,9 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         elif c.link_share < 1:
             notes.append(f"{c.name}: {c.group} GPUs of a switchless NVLink node reach "
                          f"{c.link_share:.2g} of its bandwidth")
+    if job.parallel.network_gb_s is None and any(c.crosses_nodes for c in comms):
+        notes.append(f"the network between nodes is the catalog's usual {gpu.name} server's; "
+                     "--set parallel.network_gb_s=GB/s per GPU for your cluster's")
     if staged:
         link = gpu.interconnect_bytes_s / 1e9
         notes.append(f"{gpu.name}s have no peer-to-peer access: NCCL stages "
