@@ -43,6 +43,15 @@ def test_estimate_equals_the_library(client):
     assert r.json()["charts"] is None
 
 
+def test_a_clusters_own_network_gives_the_librarys_answer(client):
+    job = {"model": "llama-3.2-1b", "gpu": "H100-SXM",
+           "parallel": {"strategy": "fsdp", "num_gpus": 16, "network_gb_s": 6.25}}
+    r = client.post("/api/v1/estimate", json={"job": job})
+    assert r.status_code == 200
+    assert r.json()["report"] == vramplan.estimate(Job.model_validate(job)).to_json_dict()
+    assert "--set parallel.network_gb_s=6.25" in r.json()["command"]
+
+
 def test_estimate_charts_and_html(client):
     r = client.post("/api/v1/estimate", json={"job": {"model": "gpt2"}, "charts": True})
     charts = r.json()["charts"]
@@ -60,6 +69,8 @@ def test_estimate_charts_and_html(client):
     ({"model": "gpt2", "target_len": 10**12}, "job.target_len", "less than or equal"),
     ({"model": "gpt2", "precision": "fp9"}, "job.precision", "must be one of"),
     ({"model": "gpt2", "colour": "red"}, "job.colour", "unknown field"),
+    ({"model": "gpt2", "parallel": {"network_gb_s": 0}}, "job.parallel.network_gb_s",
+     "greater than 0"),
     ({"model": "gpt2", "gpu": "L5"}, "job.gpu", "Did you mean 'L4'"),
     ({"model": "/etc/passwd"}, "job.model", "paths, module:factory references"),
     ({"model": "mypkg.models:build"}, "job.model", "not a catalog model"),
