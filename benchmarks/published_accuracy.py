@@ -46,6 +46,7 @@ from vramplan.job import Job  # noqa: E402
 from vramplan.models import load_architecture  # noqa: E402
 from vramplan.planning.efficiency import (  # noqa: E402
     INTERVAL_BUCKETS,
+    takes_single_gpu_shares,
     architecture_of,
     shipped_factors,
 )
@@ -308,6 +309,23 @@ def stack_of(run: dict) -> str:
     return stack
 
 
+# the shares [training_single_gpu] ships (the others are [training]'s)
+SINGLE_GPU_RATES = ("matmul_share", "attention_share", "memory")
+
+
+def _rates(fit: dict) -> dict:
+    return {k: fit[k] for k in SINGLE_GPU_RATES}
+
+
+def takes_single_gpu_shares_row(run: dict) -> bool:
+    """A multi-GPU eager-PyTorch row the tool times at the single-GPU rates
+    (efficiency.takes_single_gpu_shares: an encoder or adapters on several GPUs). Its rates
+    come from the single-GPU fit without its own source (out of sample); the multi-GPU rows
+    never join that fit."""
+    return (STACK[run["source"]] == "pytorch" and run["job"].parallel.num_gpus > 1
+            and takes_single_gpu_shares(_bucket(run)))
+
+
 def is_fitted(run: dict) -> bool:
     return run["source"] in FITTED or (run["source"] in FITTED_SINGLE_GPU
                                        and stack_of(run) == "pytorch-single-gpu")
@@ -439,12 +457,16 @@ def main() -> None:
                     others = [o for o in pool if o is not r]
                     row_fold = fit(others[::8] if QUICK else others, rounds=rounds,
                                    fixed=None if stack == "pytorch-single-gpu" else host())
+                if takes_single_gpu_shares_row(r):  # the tool's rule: one GPU's rates
+                    row_fold = {**row_fold, **_rates(single_without.get(source, single))}
                 r["loso_tps_gpu"] = predicted_tps_gpu(r, row_fold)
                 r["loso_error"] = r["loso_tps_gpu"] / r["measured_tps_gpu"] - 1
     all_fit = stack_fits["pytorch"]
     for r in runs:
-        r["in_sample_error"] = (predicted_tps_gpu(r, stack_fits[stack_of(r)])
-                                / r["measured_tps_gpu"] - 1)
+        in_sample = stack_fits[stack_of(r)]
+        if takes_single_gpu_shares_row(r):
+            in_sample = {**in_sample, **_rates(single)}
+        r["in_sample_error"] = predicted_tps_gpu(r, in_sample) / r["measured_tps_gpu"] - 1
         r["rule_035_error"] = _rule(r, 0.35) / r["measured_tps_gpu"] - 1
         r["rule_045_error"] = _rule(r, 0.45) / r["measured_tps_gpu"] - 1
     interval_80 = intervals(runs)

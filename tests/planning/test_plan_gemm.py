@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from vramplan.hardware import get_gpu
-from vramplan.job import Job
+from vramplan.job import Job, Parallel, Peft
 from vramplan.models import load_architecture
 from vramplan.planning import gemm, performance
 from vramplan.planning.efficiency import (
@@ -243,4 +243,32 @@ def test_single_gpu_jobs_take_their_own_shares_everywhere():
     single = [c for c in result.candidates if c.num_gpus == 1]
     assert single
     for c in single:
+        assert c.step_time_s == pytest.approx(predict(c.job, gpu).step_time_s)
+
+
+def test_adapters_or_an_encoder_on_several_gpus_take_the_single_gpu_shares():
+    """The multi-GPU shares are pre-training's (a decoder's own weights); a LoRA job or an
+    encoder on several GPUs runs at one GPU's rates, in predict() and in the planner alike."""
+    import tomllib
+
+    from vramplan.planning import efficiency
+    from vramplan.planning.efficiency import factors_for
+    from vramplan.planning.planner import plan
+    table = tomllib.loads((Path(efficiency.__file__).parent / "efficiency.toml").read_text())
+    gpu = get_gpu("RTX-4090")
+    single_memory = table["training_single_gpu"]["memory"]
+    assert factors_for(gpu, num_gpus=2, adapters=True).memory == single_memory
+    assert factors_for(gpu, num_gpus=2, decoder=False).memory == single_memory
+    assert factors_for(gpu, num_gpus=2).memory == table["training"]["memory"]
+    two = Parallel(strategy="ddp", num_gpus=2)
+    lora = Job(model="llama-3.2-1b", batch_size=2, seq_len=1024, parallel=two,
+               peft=Peft(method="lora", rank=8))
+    assert "single-GPU shares" in predict(lora, gpu).factors
+    assert "single-GPU shares" not in predict(lora.with_changes(peft=None), gpu).factors
+    bert = Job(model="bert-base-uncased", batch_size=8, seq_len=256, parallel=two)
+    assert "single-GPU shares" in predict(bert, gpu).factors
+    result = plan(lora, gpus=["RTX-4090"], tokens=10**7, max_gpus=2)
+    several = [c for c in result.candidates if c.num_gpus == 2]
+    assert several
+    for c in several:
         assert c.step_time_s == pytest.approx(predict(c.job, gpu).step_time_s)

@@ -406,15 +406,29 @@ def test_plan_allow_boxes_come_from_the_techniques_table_and_global_batch_is_sen
         "() => document.getElementById('err-global_batch_tokens').textContent !== ''")
 
 
-def _llama_on_8_gpus(page, server, grad_accum: int) -> None:
-    """The page, its selects filled from the API, with llama-3.2-1b on 8 GPUs."""
+def _set_fields(page, values: dict[str, str]) -> None:
+    """Set several fields in one JavaScript task, so that the page's debounced request only
+    sees them all set: one at a time, a slow machine can send a job in between (8 GPUs
+    before their strategy or pipeline is set) and get a 422 for it."""
+    page.evaluate("""values => {
+        for (const [id, value] of Object.entries(values)) {
+            const el = document.getElementById(id);
+            el.value = value;
+            el.dispatchEvent(new Event("input", {bubbles: true}));
+            el.dispatchEvent(new Event("change", {bubbles: true}));
+        }
+    }""", values)
+
+
+def _llama_on_8_gpus(page, server, grad_accum: int, **fields: str) -> None:
+    """The page, its selects filled from the API, with llama-3.2-1b on 8 GPUs (and `fields`,
+    set with them)."""
     page.goto(server.url)
     page.wait_for_selector("#gpu option[value='H100-SXM']", state="attached")
     page.wait_for_selector("#pipeline_schedule option[value='gpipe']", state="attached")
     page.wait_for_selector("#strategy option[value='fsdp']", state="attached")
-    page.fill("#model", "llama-3.2-1b")
-    page.fill("#num_gpus", "8")
-    page.fill("#grad_accum", str(grad_accum))
+    _set_fields(page, {"model": "llama-3.2-1b", "num_gpus": "8",
+                       "grad_accum": str(grad_accum), **fields})
 
 
 def test_a_pipelined_job_on_the_page_is_the_cli_and_apis_job(page, server):
@@ -422,9 +436,7 @@ def test_a_pipelined_job_on_the_page_is_the_cli_and_apis_job(page, server):
     the CLI line that reproduces them (interleaved's chunks through --set)."""
     import vramplan
 
-    _llama_on_8_gpus(page, server, grad_accum=8)
-    page.fill("#pipeline_parallel", "4")
-    page.fill("#context_parallel", "2")
+    _llama_on_8_gpus(page, server, grad_accum=8, pipeline_parallel="4", context_parallel="2")
     assert page.is_disabled("#pipeline_chunks")  # 1F1B runs one chunk per GPU
     page.select_option("#pipeline_schedule", "interleaved")
     page.fill("#pipeline_chunks", "4")
@@ -458,8 +470,7 @@ def test_fsdps_gradient_sync_on_the_page_is_the_apis(page, server):
     is off for strategies without FSDP."""
     import vramplan
 
-    _llama_on_8_gpus(page, server, grad_accum=4)
-    page.select_option("#strategy", "ddp")
+    _llama_on_8_gpus(page, server, grad_accum=4, strategy="ddp")
     page.select_option("#gpu", "H100-SXM")
     ddp = vramplan.estimate(vramplan.Job(model="llama-3.2-1b", grad_accum=4, gpu="H100-SXM",
                                          parallel={"num_gpus": 8, "strategy": "ddp"}))

@@ -26,7 +26,6 @@ from vramplan.planning.efficiency import (
     MAX_OF_PEAK,
     Factors,
     clear_cache,
-    factors_for,
     read_user_factors,
     user_file,
 )
@@ -151,7 +150,7 @@ def fit(base: Factors, terms: list, measured: list[float],
 
 def calibrate(paths: list[str | Path], gpu: str | None = None) -> Calibration:
     """Fit factors for one GPU type from measured runs (all runs must be on it)."""
-    from vramplan.planning.performance import job_interval, step_terms, step_time
+    from vramplan.planning.performance import job_factors, job_interval, step_terms, step_time
 
     runs = load_runs(paths)
     devices = {d for _, _, d in runs if d}
@@ -167,7 +166,7 @@ def calibrate(paths: list[str | Path], gpu: str | None = None) -> Calibration:
         if other != chosen.name:
             raise JobError(f"calibrate: a run was measured on {device!r}, not on "
                            f"{chosen.name}: give runs of one GPU type (and --gpu for it)")
-    base = factors_for(chosen, num_gpus=runs[0][0].parallel.num_gpus)
+    base = job_factors(runs[0][0], chosen)
     terms = [step_terms(job, chosen) for job, _, _ in runs]
     measured = [m for _, m, _ in runs]
     # a step faster than the datasheet peaks allow (every factor at 100%) was not this job

@@ -84,6 +84,15 @@ def interval_bucket(num_gpus: int, decoder: bool, adapters: bool) -> str:
     return "multi_gpu" if decoder and not adapters else "multi_gpu_other"
 
 
+def takes_single_gpu_shares(bucket: str) -> bool:
+    """Whether a job of `bucket` (interval_bucket) runs at the single-GPU shares
+    ([training_single_gpu]). The multi-GPU shares are fitted on LLM pre-training (a decoder
+    training its own weights on 8-6144 GPUs); an encoder or adapters fine-tuned on several
+    GPUs is nearer one GPU's rates (their published rows, out of sample: docs/performance.md
+    'The step from one GPU to two'), and it carries its own interval too."""
+    return bucket != "multi_gpu"
+
+
 def interval(bucket: str) -> tuple[float, float]:
     """(low, high) multipliers of a predicted time that hold the measured one 80% of the
     time, for a job of `bucket` (interval_bucket)."""
@@ -267,14 +276,18 @@ def _ignored(gpu: GPU, note: str) -> Factors:
     return base.model_copy(update={"source": f"{base.source}; {note}"})
 
 
-def factors_for(gpu: GPU, *, calibrated: bool = True, num_gpus: int = 2) -> Factors:
+def factors_for(gpu: GPU, *, calibrated: bool = True, num_gpus: int = 2,
+                decoder: bool = True, adapters: bool = False) -> Factors:
     """The factors calibrated on the user's own runs of `gpu` if any (and `calibrated`);
     else those of its architecture, or of the architecture it borrows from, for a job on
-    `num_gpus` of them (one GPU has its own shares), and `source` says which."""
+    `num_gpus` of them training a `decoder` (or an encoder) with or without `adapters` (one
+    GPU, and an encoder or adapters on several, take the single-GPU shares), and `source`
+    says which."""
     own = _calibrated(gpu) if calibrated else None
     if own is not None:
         return own
-    return shipped_factors(architecture_of(gpu), single_gpu=num_gpus == 1, gpu=gpu.name)
+    single = takes_single_gpu_shares(interval_bucket(num_gpus, decoder, adapters))
+    return shipped_factors(architecture_of(gpu), single_gpu=single, gpu=gpu.name)
 
 
 # ------------------------------------------------------------ the user's calibration store

@@ -332,7 +332,7 @@ def predict(job: Job, gpu: GPU, amount: TrainingAmount | None = None, *,
             arch: Architecture | None = None, factors: Factors | None = None) -> Performance:
     """Predicted step time, throughput, MFU and (with `amount`) training time and cost of
     `job` on `job.parallel.num_gpus` GPUs of type `gpu`."""
-    factors = factors or factors_for(gpu, num_gpus=job.parallel.num_gpus)
+    factors = factors or job_factors(job, gpu, arch)
     terms = step_terms(job, gpu, arch)
     phases, comm_s = phase_times(terms, factors)
     step = sum(p.time_s * p.per_step for p in phases) + comm_s
@@ -361,6 +361,15 @@ def predict(job: Job, gpu: GPU, amount: TrainingAmount | None = None, *,
         c = training["cost_usd"]
         training["cost_range_usd"] = (c * low, c * high)
     return Performance(**perf, **training)
+
+
+def job_factors(job: Job, gpu: GPU, arch: Architecture | None = None) -> Factors:
+    """The factors `job` runs at on `gpu`: the user's calibrated ones, else the shipped ones
+    of its kind (efficiency.factors_for: one GPU and an encoder or adapters on several take
+    the single-GPU shares)."""
+    arch = arch or load_architecture(job.model)
+    return factors_for(gpu, num_gpus=job.parallel.num_gpus, decoder=arch.kind == "decoder",
+                       adapters=job.peft is not None)
 
 
 def interval_bucket_of(job: Job, arch: Architecture | None = None) -> str:

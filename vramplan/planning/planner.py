@@ -221,8 +221,12 @@ class _Search:
         self.checks = 0
         self.owned: dict[str, set[int]] = {}  # GPU -> counts no on-demand instance has
         self.gpus = {g.name: g for g in catalog}
-        self.factors = {(g.name, n): factors_for(g, num_gpus=n) for g in catalog
-                        for n in (1, 2)}  # one GPU has its own shares; 2: several
+        # one GPU has its own shares, several GPUs others unless adapters (or an encoder)
+        # train on them: per GPU type, count (1 or several) and adapters or not
+        decoder = self.arch.kind == "decoder"
+        self.factors = {(g.name, n, adapters): factors_for(g, num_gpus=n, decoder=decoder,
+                                                           adapters=adapters)
+                        for g in catalog for n in (1, 2) for adapters in (False, True)}
         self.formula = get_engine("formula")
 
     def memory(self, job: Job, gpus: tuple[GPU, ...]):
@@ -309,7 +313,7 @@ class _Search:
 
     def consider(self, gpu: GPU, job: Job) -> None:
         terms = step_terms(job, gpu, self.arch)
-        factors = self.factors[gpu.name, min(job.parallel.num_gpus, 2)]
+        factors = self.factors[gpu.name, min(job.parallel.num_gpus, 2), job.peft is not None]
         seconds_per_token = step_time(terms, factors) / terms.tokens_per_step
         key = (gpu.name, job.parallel.num_gpus)
         if key not in self.best or seconds_per_token < self.best[key][0]:
