@@ -46,9 +46,9 @@ from vramplan.job import Job  # noqa: E402
 from vramplan.models import load_architecture  # noqa: E402
 from vramplan.planning.efficiency import (  # noqa: E402
     INTERVAL_BUCKETS,
-    takes_single_gpu_shares,
     architecture_of,
     shipped_factors,
+    takes_single_gpu_shares,
 )
 from vramplan.planning.performance import (  # noqa: E402
     interval_bucket_of,
