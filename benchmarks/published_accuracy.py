@@ -55,7 +55,7 @@ from vramplan.planning.performance import (  # noqa: E402
     step_terms,
     step_time,
 )
-from vramplan.planning.traffic import step_traffic  # noqa: E402
+from vramplan.planning.traffic import float8_cast_bytes, step_traffic  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 # llm-foundry's runs used its Triton FlashAttention kernel (attn_impl: triton, the default of
@@ -78,6 +78,10 @@ STACK = {"llm-foundry": "pytorch", "vramplan-h200": "pytorch", "kempnerforge": "
          "answerai-fsdp-qlora": "pytorch",
          "megatron-lm": "megatron-core", "nemo": "megatron-core",
          "bigscience": "megatron-core", "llama3-paper": "megatron-core"}
+# the sources whose fp8 is Transformer Engine's (the calibration rows say so: llm-foundry's
+# "fp8 AMP (Transformer Engine) on H100", NeMo's and Megatron-Bridge's "FP8 via Transformer
+# Engine"; Megatron-LM's TE layers)
+TRANSFORMER_ENGINE_FP8 = ("llm-foundry", "megatron-lm", "nemo", "bigscience", "llama3-paper")
 # the calibration set handed over with the project (shared/calibration/): issue 16's target
 CALIBRATION_SET = ("llm-foundry", "megatron-lm", "nemo")
 # the sources the shares are fitted on (LLM pre-training and our own runs). The other rows we
@@ -147,6 +151,8 @@ def load() -> tuple[list[dict], list[dict]]:
             run["terms"] = step_terms(run["job"], gpu)
             if run.get("attention_kernel") == "triton":  # its job: flash-attn-2
                 run["terms"] = _slower_attention(run["terms"], TRITON_ATTENTION_SLOWDOWN)
+            if run["source"] in TRANSFORMER_ENGINE_FP8:
+                run["terms"] = _transformer_engine_fp8(run["terms"], run["job"], gpu)
             if STACK[run["source"]] == "megatron-core":
                 run["terms"] = _sixteen_bit_model(run["terms"], run["job"], gpu)
                 if run["job"].attention == "eager":
@@ -172,7 +178,7 @@ def load() -> tuple[list[dict], list[dict]]:
 # fp8 on a step's first micro-batch only (is_first_microbatch). (Megatron-LM
 # megatron/core/transformer/module.py Float16Module, megatron/training/arguments.py
 # --no-gradient-accumulation-fusion, megatron/core/extensions/transformer_engine.py.)
-SIXTEEN_BIT_MODEL_OPS = {"weight cast": 0.0, "grad accumulate": 0.0, "fp8 scaling": None}
+SIXTEEN_BIT_MODEL_OPS = {"weight cast": 0.0, "grad accumulate": 0.0, "fp8 weight cast": None}
 
 
 def _with_op_bytes(terms, job: Job, gpu, scale_of) -> object:
@@ -219,6 +225,24 @@ def _unfused_attention_dropout(terms, job: Job, gpu):
     c = _SCORE_BYTES
     return _with_op_bytes(terms, job, gpu,
                           lambda op: 2 * c / (2 * c + 1) if op == "softmax" else 0.0)
+
+
+def _transformer_engine_fp8(terms, job: Job, gpu):
+    """The step terms with Transformer Engine's float8 casts (Megatron-LM, NeMo and
+    llm-foundry's amp_fp8) in place of the torchao Float8Linear casts vramplan counts
+    (traffic.py _float8_casts): each cast one fused pass (cast_transpose: read the 16-bit
+    tensor, write fp8), as vramplan counts a compiled cast; the backward casts each output
+    gradient once for both GEMMs and reuses the forward's fp8 input (no recast). Megatron
+    casts the weights once per step on top (SIXTEEN_BIT_MODEL_OPS; its rows are compiled,
+    so the two never scale the same bytes)."""
+    if job.precision != "fp8":
+        return terms
+    c = 2  # the 16-bit activations and gradients
+    fused = float8_cast_bytes(c, True)[0] / float8_cast_bytes(c, job.compiles_blocks)[0]
+    weights = float8_cast_bytes(4, True)[0] / float8_cast_bytes(4, job.compiles_blocks)[0]
+    scale = {"fp8 input cast": fused - 1, "fp8 input recast": -1.0,
+             "fp8 grad cast": fused / 2 - 1, "fp8 weight cast": weights - 1}
+    return _with_op_bytes(terms, job, gpu, lambda op: scale.get(op, 0.0))
 
 
 def _slower_attention(terms, factor: float):

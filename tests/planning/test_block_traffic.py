@@ -58,3 +58,28 @@ def test_compiled_lora_streams_its_adapters_with_scale_and_add_fused():
     assert _forward(job)["lora"] == stack.num_layers * SEQ * per_token
     eager = _forward(job.with_changes(compile=False))["lora"]
     assert eager == stack.num_layers * SEQ * c * (h + 2 * 16 + 6 * q_out)
+
+
+def test_float8_linears_cast_their_inputs_gradients_and_weights():
+    """torchao Float8Linear's dynamic casts, per block linear (traffic._float8_casts): the
+    16-bit input and the fp32 weight in forward; the output gradient twice, the weight and
+    the input again in backward. Eager, a cast of a c-byte tensor moves 4c + 25 bytes per
+    element (abs, max, upcast, scale, clamp, cast); compiled, c + 1 (the cast; its amax
+    fused into the producer)."""
+    arch = load_architecture("gpt2")
+    (stack,) = arch.stacks
+    tokens, layers = B * SEQ, stack.num_layers
+    n_in = sum(tokens * ln.in_features for ln in stack.linears)
+    n_out = sum(tokens * ln.out_features for ln in stack.linears)
+    weights = sum(ln.in_features * ln.out_features for ln in stack.linears)
+    for compile_, act, weight in ((False, 4 * 2 + 25, 4 * 4 + 25), (True, 2 + 1, 4 + 1)):
+        job = Job(model="gpt2", batch_size=B, seq_len=SEQ, precision="fp8", compile=compile_)
+        t = step_traffic(job, arch).by_op_phase
+        assert t["fp8 input cast", "forward"] == layers * n_in * act
+        assert t["fp8 weight cast", "forward"] == layers * weights * weight
+        assert t["fp8 grad cast", "backward"] == layers * 2 * n_out * act
+        assert t["fp8 input recast", "backward"] == layers * n_in * act
+        assert t["fp8 weight cast", "backward"] == layers * weights * weight
+        assert ("fp8 input cast", "recompute") not in t  # no checkpointing, no recompute
+    bf16 = step_traffic(Job(model="gpt2", batch_size=B, seq_len=SEQ), arch).by_op_phase
+    assert not any(op.startswith("fp8") for op, _ in bf16)

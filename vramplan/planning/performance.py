@@ -162,8 +162,9 @@ def _per_gpu_work(job: Job, work: tuple) -> dict:
     phases = []
     for phase in MICRO_PHASES:
         by = {c: getattr(flops.by_class[c], phase) for c in flops.by_class}
-        mm = (share * (by.get("linear", 0) + by.get("lora", 0)) + head * by.get("head", 0)
-              + (by.get("frontend", 0) if share == 1 else 0)) / split
+        head_mm = head * by.get("head", 0) / split
+        mm = (share * (by.get("linear", 0) + by.get("lora", 0))
+              + (by.get("frontend", 0) if share == 1 else 0)) / split + head_mm
         attention = share * by.get("attention", 0) / split
         moved = share * traffic.bytes[phase] / split
         if par.tensor_parallel > 1 and not par.sequence_parallel:  # whole on each TP rank
@@ -171,7 +172,7 @@ def _per_gpu_work(job: Job, work: tuple) -> dict:
             moved += share * wide * (1 - 1 / par.tensor_parallel) / par.context_parallel
         if mm or attention or moved:
             phases.append((phase, mm, attention, moved, share * traffic.kernels[phase],
-                           share * traffic.modules[phase]))
+                           share * traffic.modules[phase], head_mm))
     shards = par.tensor_parallel * par.shard_degree
     trainable = (step.params.trainable / shards
                  * share if job.offload.optimizer else 0.0)
@@ -229,21 +230,28 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         ratio = fp32_ratio(gpu)[0]
         shape *= ratio
         attention_peak = peak * ratio
+    head_rate = peak * shape  # the head's matmuls: the job's rate, except under fp8
     if dtype == "fp8":  # fp8 GEMMs reach a smaller share of their (doubled) peak
+        sixteen = gpu.tflops["bf16" if "bf16" in gpu.tflops else "fp16"] * 1e12
+        head_rate = sixteen * shape
         shape *= fp8_ratio(gpu)
-        # float8 training converts the linears only: attention runs in 16-bit (torchao's
-        # float8 and Transformer Engine's recipes leave SDPA / flash attention in bf16)
-        attention_peak = gpu.tflops["bf16" if "bf16" in gpu.tflops else "fp16"] * 1e12
+        # float8 training converts the block linears only (engines/precision.py fp8):
+        # attention and the output head run in 16-bit (torchao's float8 and Transformer
+        # Engine leave SDPA / flash attention in bf16; torchtitan's train configs skip the
+        # head, models/llama3/train_configs/llama3_8b.toml [float8] filter_fqns = ["output"];
+        # Megatron-Core's fp8 is its transformer layers' TE linears)
+        attention_peak = sixteen
     fused = work[3].attention != "eager"
     # fp32 SDPA (TF32 or not) runs the memory-efficient kernel: no cuDNN, no FlashAttention
     if fused and job.precision != "fp32":
         kernel = attention_kernel(job.attention, gpu)
         attention_peak *= kernel.speedup
         notes += [kernel.note] if kernel.note else []
-    phases = [PhaseTerms(phase, job.grad_accum, mm / (peak * shape), attention / attention_peak,
-                         moved / bandwidth,
+    phases = [PhaseTerms(phase, job.grad_accum,
+                         (mm - head_mm) / (peak * shape) + head_mm / head_rate,
+                         attention / attention_peak, moved / bandwidth,
                          kernels, mm + attention, moved, modules=modules)
-              for phase, mm, attention, moved, kernels, modules in unit["phases"]]
+              for phase, mm, attention, moved, kernels, modules, head_mm in unit["phases"]]
     if job.offload.optimizer:
         # gradients down and updated fp32 weights up over PCIe, the update on the CPU
         trainable = unit["offload_params"]

@@ -136,6 +136,8 @@ def step_traffic(job: Job, arch: Architecture | None = None, *,
     t.modules["forward"] += OUTSIDE_MODULES
     _loss(job, arch, task, shapes, dt, t)
     _weights(job, arch, params, t)
+    if job.precision == "fp8":
+        _float8_casts(job, arch, shapes, dt, t)
     _dora_weights(job, arch, dt, t)
     _saved_copies(job, arch, params, job.batch_size * shapes.stack_seq[0], dt, t)
     _optimizer(job, _stepped_elements(job, arch, params), _trainable_tensors(job, arch), t)
@@ -390,10 +392,42 @@ def _weights(job: Job, arch: Architecture, params, t: Traffic) -> None:
         t.add("dequantise", "backward", per, 2 * _linear_count(arch))
         if job.checkpointing != "none":
             t.add("dequantise", "recompute", per, 2 * _linear_count(arch))
-    if job.precision == "fp8":
-        # torchao-style scaling: amax of input, weight (and grad_output in backward), cast
-        t.add("fp8 scaling", "forward", linear * (4 + 4 + 1), 3 * _linear_count(arch))
-        t.add("fp8 scaling", "backward", linear * (4 + 1), 2 * _linear_count(arch))
+
+
+# One dynamic float8 cast of a tensor of c-byte elements, bytes per element and kernels
+# (torchao 0.18 float8/float8_scaling_utils.py hp_tensor_to_float8_dynamic, tensorwise):
+# eager, amax = max(abs(x)) (abs r c w c, max r c), then x.to(fp32) * scale, clamp,
+# .to(fp8) (r c w 4, r 4 w 4, r 4 w 4, r 4 w 1): 4c + 25 bytes, 6 kernels. Compiled,
+# Inductor reduces the amax in one pass and scales, clamps and casts in another: 2c + 1.
+def float8_cast_bytes(c: int, compiled: bool) -> tuple[float, int]:
+    return (c + 1, 1) if compiled else (4 * c + 25, 6)
+
+
+def _float8_casts(job: Job, arch: Architecture, shapes, dt, t: Traffic) -> None:
+    """torchao Float8Linear (precision fp8, engines/precision.py) casts per block linear
+    (float8/float8_linear.py matmul_with_hp_or_float8_args, torchao 0.18): forward its
+    16-bit input and fp32 weight; backward the output gradient twice (for the input and the
+    weight gradient), the weight again and the saved 16-bit input again; recomputation
+    repeats the forward's."""
+    compiled = job.compiles_blocks
+    c, w = dt.compute, 4  # Float8Linear keeps the fp32 weight (no autocast copy)
+    act_b, act_k = float8_cast_bytes(c, compiled)
+    weight_b, weight_k = float8_cast_bytes(w, compiled)
+    phases = ("forward", "recompute") if job.checkpointing != "none" else ("forward",)
+    for stack, seq in zip(arch.stacks, shapes.stack_seq):
+        tokens = job.batch_size * seq
+        for ln in stack.linears:
+            rows = tokens * (stack.experts_per_token if ln.count > 1 else 1)
+            n_in, n_out = rows * ln.in_features, rows * ln.out_features
+            weights = ln.in_features * ln.out_features * ln.count
+            calls = stack.num_layers * _calls(arch, ln)
+            layers = stack.num_layers
+            for phase in phases:
+                t.add("fp8 input cast", phase, layers * n_in * act_b, calls * act_k)
+                t.add("fp8 weight cast", phase, layers * weights * weight_b, calls * weight_k)
+            t.add("fp8 grad cast", "backward", layers * 2 * n_out * act_b, calls * 2 * act_k)
+            t.add("fp8 input recast", "backward", layers * n_in * act_b, calls * act_k)
+            t.add("fp8 weight cast", "backward", layers * weights * weight_b, calls * weight_k)
 
 
 def _linear_count(arch: Architecture) -> int:
