@@ -31,6 +31,7 @@ BENCHMARKS: list[tuple[list[str], bool]] = [
     (["mla_vs_trace.py"], True),                    # DeepSeek-style tiny models
     (["compile_accuracy.py"], True),                # quick: 1 job, Inductor on the CPU
     (["float8_vs_trace.py"], True),                 # quick: 2 jobs
+    (["float8_codegen.py"], True),                  # one compiled block, Inductor on the CPU
     (["formula_vs_trace_random.py"], True),         # quick: 4 random jobs
     (["mutation_check.py"], True),                  # quick: 1 mutant
     (["time_accuracy.py"], True),                   # quick: 2 leave-one-out folds

@@ -83,3 +83,22 @@ def test_float8_linears_cast_their_inputs_gradients_and_weights():
         assert ("fp8 input cast", "recompute") not in t  # no checkpointing, no recompute
     bf16 = step_traffic(Job(model="gpt2", batch_size=B, seq_len=SEQ), arch).by_op_phase
     assert not any(op.startswith("fp8") for op, _ in bf16)
+
+
+def test_compiled_float8_casts_a_shared_input_once():
+    """Compiled, q, k and v (and gate and up) read one cast of their input; eager, each
+    Float8Linear casts it again."""
+    arch = load_architecture("llama-3.2-1b")
+    (stack,) = arch.stacks
+    tokens, layers, h = B * SEQ, stack.num_layers, stack.hidden_size
+    by = {ln.name: ln for ln in stack.linears}
+    compiled = Job(model="llama-3.2-1b", batch_size=B, seq_len=SEQ, precision="fp8",
+                   compile=True)
+    t = step_traffic(compiled, arch).by_op_phase
+    # one cast of the normed hidden state for each of attention and MLP, plus o's and down's
+    distinct = 2 * h + by["o_proj"].in_features + by["down_proj"].in_features
+    assert t["fp8 input cast", "forward"] == layers * tokens * distinct * (2 + 1)
+    eager = step_traffic(compiled.with_changes(compile=False), arch).by_op_phase
+    every = sum(ln.in_features for ln in stack.linears)
+    assert every > distinct
+    assert eager["fp8 input cast", "forward"] == layers * tokens * every * (4 * 2 + 25)

@@ -399,6 +399,10 @@ def _weights(job: Job, arch: Architecture, params, t: Traffic) -> None:
 # eager, amax = max(abs(x)) (abs r c w c, max r c), then x.to(fp32) * scale, clamp,
 # .to(fp8) (r c w 4, r 4 w 4, r 4 w 4, r 4 w 1): 4c + 25 bytes, 6 kernels. Compiled,
 # Inductor reduces the amax in one pass and scales, clamps and casts in another: 2c + 1.
+# the roles of block linears that read the same tensor (the attention's and the MLP's input)
+SHARED_INPUT_ROLES = ("attn_in", "mlp_in")
+
+
 def float8_cast_bytes(c: int, compiled: bool) -> tuple[float, int]:
     return (c + 1, 1) if compiled else (4 * c + 25, 6)
 
@@ -408,7 +412,8 @@ def _float8_casts(job: Job, arch: Architecture, shapes, dt, t: Traffic) -> None:
     (float8/float8_linear.py matmul_with_hp_or_float8_args, torchao 0.18): forward its
     16-bit input and fp32 weight; backward the output gradient twice (for the input and the
     weight gradient), the weight again and the saved 16-bit input again; recomputation
-    repeats the forward's."""
+    repeats the forward's. Compiled, linears that read one tensor (q, k and v; gate and up)
+    share its cast: Inductor computes the identical cast once (benchmarks/float8_codegen.py)."""
     compiled = job.compiles_blocks
     c, w = dt.compute, 4  # Float8Linear keeps the fp32 weight (no autocast copy)
     act_b, act_k = float8_cast_bytes(c, compiled)
@@ -416,17 +421,24 @@ def _float8_casts(job: Job, arch: Architecture, shapes, dt, t: Traffic) -> None:
     phases = ("forward", "recompute") if job.checkpointing != "none" else ("forward",)
     for stack, seq in zip(arch.stacks, shapes.stack_seq):
         tokens = job.batch_size * seq
+        cast_inputs: set[str] = set()
         for ln in stack.linears:
             rows = tokens * (stack.experts_per_token if ln.count > 1 else 1)
-            n_in, n_out = rows * ln.in_features, rows * ln.out_features
+            n_out = rows * ln.out_features
+            # the input's cast (and recast): once per shared input when compiled
+            shared = compiled and ln.count == 1 and ln.role in SHARED_INPUT_ROLES
+            n_in = 0 if shared and ln.role in cast_inputs else rows * ln.in_features
+            if shared:
+                cast_inputs.add(ln.role)
             weights = ln.in_features * ln.out_features * ln.count
             calls = stack.num_layers * _calls(arch, ln)
             layers = stack.num_layers
+            input_k = calls * act_k if n_in else 0
             for phase in phases:
-                t.add("fp8 input cast", phase, layers * n_in * act_b, calls * act_k)
+                t.add("fp8 input cast", phase, layers * n_in * act_b, input_k)
                 t.add("fp8 weight cast", phase, layers * weights * weight_b, calls * weight_k)
             t.add("fp8 grad cast", "backward", layers * 2 * n_out * act_b, calls * 2 * act_k)
-            t.add("fp8 input recast", "backward", layers * n_in * act_b, calls * act_k)
+            t.add("fp8 input recast", "backward", layers * n_in * act_b, input_k)
             t.add("fp8 weight cast", "backward", layers * weights * weight_b, calls * weight_k)
 
 
