@@ -224,7 +224,10 @@ def test_fp8_runs_at_the_fp8_rate_only_where_the_gpu_has_fp8():
     bf16, fp8 = _job(compile=True), _job(precision="fp8", compile=True)
     assert predict(fp8, H100).compute_dtype == "fp8"
     assert predict(fp8, H100).step_time_s < predict(bf16, H100).step_time_s
-    assert predict(_job(precision="fp8"), H100).step_time_s > predict(_job(), H100).step_time_s
+    eager = predict(_job(precision="fp8"), H100)
+    assert eager.step_time_s > predict(_job(), H100).step_time_s
+    assert any(n.startswith("fp8 without --compile") for n in eager.notes)
+    assert not any(n.startswith("fp8 without") for n in predict(fp8, H100).notes)
     a100 = get_gpu("A100-80GB")
     slow = predict(fp8, a100)
     assert slow.compute_dtype == "bf16"

@@ -241,6 +241,9 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         # head, models/llama3/train_configs/llama3_8b.toml [float8] filter_fqns = ["output"];
         # Megatron-Core's fp8 is its transformer layers' TE linears)
         attention_peak = sixteen
+        if not job.compiles_blocks:
+            notes.append("fp8 without --compile: each Float8Linear cast runs as torchao's "
+                         "eager kernels (6 per cast); compiled, Inductor fuses them")
     fused = work[3].attention != "eager"
     # fp32 SDPA (TF32 or not) runs the memory-efficient kernel: no cuDNN, no FlashAttention
     if fused and job.precision != "fp32":
