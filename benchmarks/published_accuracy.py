@@ -81,7 +81,7 @@ STACK = {"llm-foundry": "pytorch", "vramplan-h200": "pytorch", "kempnerforge": "
 # the sources whose fp8 is Transformer Engine's (the calibration rows say so: llm-foundry's
 # "fp8 AMP (Transformer Engine) on H100", NeMo's and Megatron-Bridge's "FP8 via Transformer
 # Engine"; Megatron-LM's TE layers)
-TRANSFORMER_ENGINE_FP8 = ("llm-foundry", "megatron-lm", "nemo", "bigscience", "llama3-paper")
+TRANSFORMER_ENGINE_FP8 = ("llm-foundry", "megatron-lm", "nemo")
 # the calibration set handed over with the project (shared/calibration/): issue 16's target
 CALIBRATION_SET = ("llm-foundry", "megatron-lm", "nemo")
 # the sources the shares are fitted on (LLM pre-training and our own runs). The other rows we

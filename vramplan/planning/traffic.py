@@ -394,16 +394,17 @@ def _weights(job: Job, arch: Architecture, params, t: Traffic) -> None:
             t.add("dequantise", "recompute", per, 2 * _linear_count(arch))
 
 
-# One dynamic float8 cast of a tensor of c-byte elements, bytes per element and kernels
-# (torchao 0.18 float8/float8_scaling_utils.py hp_tensor_to_float8_dynamic, tensorwise):
-# eager, amax = max(abs(x)) (abs r c w c, max r c), then x.to(fp32) * scale, clamp,
-# .to(fp8) (r c w 4, r 4 w 4, r 4 w 4, r 4 w 1): 4c + 25 bytes, 6 kernels. Compiled,
-# Inductor reduces the amax in one pass and scales, clamps and casts in another: 2c + 1.
 # the roles of block linears that read the same tensor (the attention's and the MLP's input)
 SHARED_INPUT_ROLES = ("attn_in", "mlp_in")
 
 
 def float8_cast_bytes(c: int, compiled: bool) -> tuple[float, int]:
+    """Bytes per element and kernels of one dynamic float8 cast of a c-byte tensor (torchao
+    0.18 float8/float8_scaling_utils.py hp_tensor_to_float8_dynamic, tensorwise). Eager:
+    amax = max(abs(x)) (abs r c w c, max r c), then x.to(fp32) * scale, clamp, .to(fp8)
+    (r c w 4, r 4 w 4, r 4 w 4, r 4 w 1): 4c + 25 bytes, 6 kernels. Compiled: Inductor fuses
+    the amax and the cast into the kernel that produces the tensor
+    (benchmarks/float8_codegen.py), which reads it once more and writes fp8: c + 1."""
     return (c + 1, 1) if compiled else (4 * c + 25, 6)
 
 
