@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import QUICK, machine_line, results_dir  # noqa: E402
 from published_runs import cases  # noqa: E402
 
+from vramplan.engines.precision import dtypes_for  # noqa: E402
 from vramplan.engines.step import describe_step  # noqa: E402
 from vramplan.hardware import get_gpu  # noqa: E402
 from vramplan.job import Job  # noqa: E402
@@ -237,9 +238,10 @@ def _transformer_engine_fp8(terms, job: Job, gpu):
     so the two never scale the same bytes)."""
     if job.precision != "fp8":
         return terms
-    c = 2  # the 16-bit activations and gradients
-    fused = float8_cast_bytes(c, True)[0] / float8_cast_bytes(c, job.compiles_blocks)[0]
-    weights = float8_cast_bytes(4, True)[0] / float8_cast_bytes(4, job.compiles_blocks)[0]
+    c, compiled = dtypes_for(job).compute, job.compiles_blocks  # 16-bit activations, grads
+    fused = float8_cast_bytes(c, True)[0] / float8_cast_bytes(c, compiled)[0]
+    weights = (float8_cast_bytes(4, True, produced=False)[0]
+               / float8_cast_bytes(4, compiled, produced=False)[0])
     scale = {"fp8 input cast": fused - 1, "fp8 input recast": -1.0,
              "fp8 grad cast": fused / 2 - 1, "fp8 weight cast": weights - 1}
     return _with_op_bytes(terms, job, gpu, lambda op: scale.get(op, 0.0))

@@ -460,6 +460,11 @@ def case(row: dict) -> Case:
               activation_offload=bool(offload.get("activations")),
               attention=attention, task=task,
               precision=precision, tf32=precision_text.startswith("tf32"),
+              # OLMo-core's Float8Config gathers FSDP's weights in float8 by default
+              # (src/olmo_core/float8/__init__.py at eaecf879: enable_fsdp_float8_all_gather
+              # = True, precompute_float8_dynamic_scale_for_fsdp = True)
+              **({"fp8": {"fsdp_float8_all_gather": True}}
+                 if group == "olmo-core" and precision == "fp8" else {}),
               checkpointing=checkpointing, peft=peft,
               optimizer_impl=_optimizer_impl(group, tech),
               parallel={"strategy": strategy, "num_gpus": n, "tensor_parallel": tp,

@@ -2,6 +2,8 @@
 kernels read and write, for a block that is not Llama-style too (GPT-2: learned positions,
 LayerNorm, GELU MLP, dropout)."""
 
+import pytest
+
 from vramplan.engines.precision import dtypes_for
 from vramplan.job import Job
 from vramplan.models import load_architecture
@@ -64,15 +66,16 @@ def test_float8_linears_cast_their_inputs_gradients_and_weights():
     """torchao Float8Linear's dynamic casts, per block linear (traffic._float8_casts): the
     16-bit input and the fp32 weight in forward; the output gradient twice, the weight and
     the input again in backward. Eager, a cast of a c-byte tensor moves 4c + 25 bytes per
-    element (abs, max, upcast, scale, clamp, cast); compiled, c + 1 (the cast; its amax
-    fused into the producer)."""
+    element (abs, max, upcast, scale, clamp, cast); compiled, c + 1 for an activation or a
+    gradient (its amax fused into the producer) and 2c + 1 for a weight (read for its amax,
+    then cast)."""
     arch = load_architecture("gpt2")
     (stack,) = arch.stacks
     tokens, layers = B * SEQ, stack.num_layers
     n_in = sum(tokens * ln.in_features for ln in stack.linears)
     n_out = sum(tokens * ln.out_features for ln in stack.linears)
     weights = sum(ln.in_features * ln.out_features for ln in stack.linears)
-    for compile_, act, weight in ((False, 4 * 2 + 25, 4 * 4 + 25), (True, 2 + 1, 4 + 1)):
+    for compile_, act, weight in ((False, 4 * 2 + 25, 4 * 4 + 25), (True, 2 + 1, 2 * 4 + 1)):
         job = Job(model="gpt2", batch_size=B, seq_len=SEQ, precision="fp8", compile=compile_)
         t = step_traffic(job, arch).by_op_phase
         assert t["fp8 input cast", "forward"] == layers * n_in * act
@@ -102,3 +105,16 @@ def test_compiled_float8_casts_a_shared_input_once():
     every = sum(ln.in_features for ln in stack.linears)
     assert every > distinct
     assert eager["fp8 input cast", "forward"] == layers * tokens * every * (4 * 2 + 25)
+
+
+def test_float8_all_gather_casts_each_ranks_shard_of_the_weights():
+    """fp8.fsdp_float8_all_gather: each rank casts its shard before FSDP gathers it."""
+    from vramplan.job import Parallel
+
+    arch = load_architecture("llama-3.2-1b")
+    job = Job(model="llama-3.2-1b", batch_size=B, seq_len=SEQ, precision="fp8", compile=True,
+              parallel=Parallel(strategy="fsdp", num_gpus=8))
+    whole = step_traffic(job, arch).by_op_phase["fp8 weight cast", "forward"]
+    gathered = job.with_changes(fp8={"fsdp_float8_all_gather": True})
+    assert step_traffic(gathered, arch).by_op_phase["fp8 weight cast", "forward"] == (
+        pytest.approx(whole / 8))

@@ -398,14 +398,18 @@ def _weights(job: Job, arch: Architecture, params, t: Traffic) -> None:
 SHARED_INPUT_ROLES = ("attn_in", "mlp_in")
 
 
-def float8_cast_bytes(c: int, compiled: bool) -> tuple[float, int]:
+def float8_cast_bytes(c: int, compiled: bool, produced: bool = True) -> tuple[float, int]:
     """Bytes per element and kernels of one dynamic float8 cast of a c-byte tensor (torchao
     0.18 float8/float8_scaling_utils.py hp_tensor_to_float8_dynamic, tensorwise). Eager:
     amax = max(abs(x)) (abs r c w c, max r c), then x.to(fp32) * scale, clamp, .to(fp8)
-    (r c w 4, r 4 w 4, r 4 w 4, r 4 w 1): 4c + 25 bytes, 6 kernels. Compiled: Inductor fuses
-    the amax and the cast into the kernel that produces the tensor
-    (benchmarks/float8_codegen.py), which reads it once more and writes fp8: c + 1."""
-    return (c + 1, 1) if compiled else (4 * c + 25, 6)
+    (r c w 4, r 4 w 4, r 4 w 4, r 4 w 1): 4c + 25 bytes, 6 kernels. Compiled, one fused
+    kernel (benchmarks/float8_codegen.py): a tensor the step `produced` (an activation, a
+    gradient) has its amax taken by the kernel that wrote it, which reads it once more and
+    writes fp8: c + 1; a weight, which no kernel of the step writes, is read for its amax and
+    again for the cast: 2c + 1."""
+    if not compiled:
+        return 4 * c + 25, 6
+    return (c + 1 if produced else 2 * c + 1), 1
 
 
 def _float8_casts(job: Job, arch: Architecture, shapes, dt, t: Traffic) -> None:
@@ -414,12 +418,16 @@ def _float8_casts(job: Job, arch: Architecture, shapes, dt, t: Traffic) -> None:
     16-bit input and fp32 weight; backward the output gradient twice (for the input and the
     weight gradient), the weight again and the saved 16-bit input again; recomputation
     repeats the forward's. Compiled, linears that read one tensor (q, k and v; gate and up)
-    share its cast: Inductor computes the identical cast once (benchmarks/float8_codegen.py)."""
+    share its cast: Inductor computes the identical cast once (benchmarks/float8_codegen.py).
+    With fp8.fsdp_float8_all_gather each rank casts its own shard of a weight before FSDP
+    gathers it in float8 (torchao float8/fsdp_utils.py fsdp_pre_all_gather), forward and
+    again for backward's gather, and the gathered weight is not cast again."""
     compiled = job.compiles_blocks
     c, w = dt.compute, 4  # Float8Linear keeps the fp32 weight (no autocast copy)
     act_b, act_k = float8_cast_bytes(c, compiled)
-    weight_b, weight_k = float8_cast_bytes(w, compiled)
+    weight_b, weight_k = float8_cast_bytes(w, compiled, produced=False)
     phases = ("forward", "recompute") if job.checkpointing != "none" else ("forward",)
+    shards = job.parallel.shard_degree if job.fp8.fsdp_float8_all_gather else 1
     for stack, seq in zip(arch.stacks, shapes.stack_seq):
         tokens = job.batch_size * seq
         cast_inputs: set[str] = set()
@@ -431,7 +439,7 @@ def _float8_casts(job: Job, arch: Architecture, shapes, dt, t: Traffic) -> None:
             n_in = 0 if shared and ln.role in cast_inputs else rows * ln.in_features
             if shared:
                 cast_inputs.add(ln.role)
-            weights = ln.in_features * ln.out_features * ln.count
+            weights = ln.in_features * ln.out_features * ln.count / shards
             calls = stack.num_layers * _calls(arch, ln)
             layers = stack.num_layers
             input_k = calls * act_k if n_in else 0
