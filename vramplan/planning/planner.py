@@ -34,10 +34,16 @@ from vramplan.models import load_architecture
 from vramplan.planning import techniques
 from vramplan.planning.amount import TrainingAmount
 from vramplan.planning.changes import describe_changes
-from vramplan.planning.efficiency import factors_for
+from vramplan.planning.efficiency import Factors
 from vramplan.planning.layouts import fused_optimizer, gpu_counts, parallel_layouts
 from vramplan.planning.options import PlanOptions, plan_options
-from vramplan.planning.performance import performance_for, step_terms, step_time
+from vramplan.planning.performance import (
+    interval_bucket_of,
+    job_factors,
+    performance_for,
+    step_terms,
+    step_time,
+)
 from vramplan.planning.rentable import hardware, owned_note
 from vramplan.planning.results import Bound
 from vramplan.planning.techniques import ALLOW_NAMES, PLANNER_ALLOW
@@ -221,12 +227,8 @@ class _Search:
         self.checks = 0
         self.owned: dict[str, set[int]] = {}  # GPU -> counts no on-demand instance has
         self.gpus = {g.name: g for g in catalog}
-        # one GPU has its own shares, several GPUs others unless adapters (or an encoder)
-        # train on them: per GPU type, count (1 or several) and adapters or not
-        decoder = self.arch.kind == "decoder"
-        self.factors = {(g.name, n, adapters): factors_for(g, num_gpus=n, decoder=decoder,
-                                                           adapters=adapters)
-                        for g in catalog for n in (1, 2) for adapters in (False, True)}
+        # (GPU, interval bucket) -> the factors a candidate of that kind runs at
+        self.factors: dict[tuple[str, str], Factors] = {}
         self.formula = get_engine("formula")
 
     def memory(self, job: Job, gpus: tuple[GPU, ...]):
@@ -313,7 +315,10 @@ class _Search:
 
     def consider(self, gpu: GPU, job: Job) -> None:
         terms = step_terms(job, gpu, self.arch)
-        factors = self.factors[gpu.name, min(job.parallel.num_gpus, 2), job.peft is not None]
+        key = (gpu.name, interval_bucket_of(job, self.arch))
+        if key not in self.factors:  # the shares follow the job's kind (job_factors)
+            self.factors[key] = job_factors(job, gpu, self.arch)
+        factors = self.factors[key]
         seconds_per_token = step_time(terms, factors) / terms.tokens_per_step
         key = (gpu.name, job.parallel.num_gpus)
         if key not in self.best or seconds_per_token < self.best[key][0]:
