@@ -34,6 +34,7 @@ import re
 import statistics
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -335,12 +336,11 @@ def stack_of(run: dict) -> str:
     return stack
 
 
-# the shares [training_single_gpu] ships (the others are [training]'s)
-SINGLE_GPU_RATES = ("matmul_share", "attention_share", "memory")
-
-
 def _rates(fit: dict) -> dict:
-    return {k: fit[k] for k in SINGLE_GPU_RATES}
+    """Of a fit, the shares efficiency.toml's [training_single_gpu] ships (the others are
+    [training]'s)."""
+    shipped = tomllib.loads(EFFICIENCY.read_text())["training_single_gpu"]
+    return {k: fit[k] for k in shipped if k != "sources"}
 
 
 def takes_single_gpu_shares_row(run: dict) -> bool:
