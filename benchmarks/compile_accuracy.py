@@ -50,6 +50,12 @@ CASES = [  # (name, model config, job fields)
         rank=8, dropout=0.0, target_modules=("all-linear",)))),
     ("llama bf16-mixed batch 4 x 256", LLAMA, dict(batch_size=4, seq_len=256)),
     ("qwen2 bf16-mixed", QWEN2, dict()),
+    # torchao's Float8Linear (tensorwise and rowwise recipes), as torchtitan compiles it;
+    # a batch whose activations make the peak
+    ("llama fp8 torchao tensorwise batch 4 x 256", LLAMA,
+     dict(precision="fp8", batch_size=4, seq_len=256)),
+    ("llama fp8 torchao rowwise batch 4 x 256", LLAMA,
+     dict(precision="fp8", fp8={"recipe": "rowwise"}, batch_size=4, seq_len=256)),
     ("gpt2 fp32", GPT2, dict(precision="fp32")),
     ("gpt2 bf16-mixed", GPT2, dict()),
 ]

@@ -13,6 +13,7 @@ import torch
 
 from vramplan.engines.trace import STEPS
 from vramplan.job import Job
+from vramplan.training.kernels import trace_kernels
 from vramplan.training.patches import transformers_quirks
 from vramplan.training.setup import build_training_setup, train_step
 
@@ -27,7 +28,8 @@ def cpu_profiler_peak(job: Job, *, model_config: dict | None = None, seed: int =
     that no CUDA kernel has (CUDA's own library workspaces are a separate, noted gap)."""
     torch.manual_seed(seed)
     with transformers_quirks(), torch.backends.mkldnn.flags(enabled=onednn):
-        setup = build_training_setup(job, "cpu", model_config=model_config)
+        setup = build_training_setup(job, "cpu", model_config=model_config,
+                                     kernels=trace_kernels(job))  # the trace's kernels
         base = _storage_bytes(list(setup.model.parameters()) + list(setup.model.buffers()))
         from torch.profiler import ProfilerActivity, profile, record_function
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:

@@ -282,6 +282,19 @@ def test_torchao_low_bit_state_layout_matches(bits):
     assert real[1] == [("torch.float32", 400)] * 2  # too small: plain states
 
 
+def test_the_trace_runs_torchao_float8_only_in_compiled_blocks(monkeypatch):
+    compiled = Job(model="tiny", precision="fp8", compile=True, optimizer="adamw-8bit")
+    k = kernels_mod.trace_kernels(compiled)
+    assert (k.fp8, k.optimizer, k.qlora) == ("torchao", STAND_IN, "")
+    assert k.note() == ("library kernels: optimizer: stand-in, fp8: torchao (the stand-ins "
+                        "keep the libraries' tensor layout)")
+    assert kernels_mod.trace_kernels(Job(model="tiny", precision="fp8")) is None
+    assert kernels_mod.trace_kernels(Job(model="tiny", compile=True)) is None
+    monkeypatch.setattr(kernels_mod, "library_version", _missing("torchao"))
+    with pytest.raises(EngineError, match="pip install torchao, or use --engine formula"):
+        kernels_mod.trace_kernels(compiled)
+
+
 def test_kernels_default_is_all_stand_in_free():
     assert Kernels().note() == "" and Kernels().real
 

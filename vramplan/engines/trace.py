@@ -56,6 +56,7 @@ from vramplan.training.private_api import (
     is_traceable_wrapper_subclass,
     tree_leaves,
 )
+from vramplan.training.kernels import trace_kernels
 from vramplan.training.setup import TrainingSetup, build_training_setup, train_step
 
 STEPS = 2          # step 1 creates optimizer state; step 2 is the steady state, reported
@@ -434,10 +435,12 @@ def run_trace(job: Job, *, time_limit_s: float = 300,
     # no fallback kernels: an op without a fake kernel would run for real on zero-filled
     # tensors of full size; better to stop and say which op
     fake = FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False)
+    kernels = trace_kernels(job)  # imports torchao (if at all) outside the fake mode
     try:
         with _alarm(time_limit_s), sharding(job, tracker) as shard, fake, tracker, \
                 transformers_quirks():
-            setup = build_training_setup(job, "cpu", model_config=model_config, empty=True)
+            setup = build_training_setup(job, "cpu", model_config=model_config, empty=True,
+                                         kernels=kernels)
             shard(setup)
             tracker.head_modules = _head_modules(setup.model)
             with _module_scope(tracker, setup.model):

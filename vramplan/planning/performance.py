@@ -244,8 +244,7 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         if not job.compiles_blocks:
             notes.append("fp8 without --compile: each Float8Linear cast runs as torchao's "
                          "eager kernels (6 per cast), which can cost more than the fp8 matmuls "
-                         "save; torch.compile fuses them, but vramplan does not model the "
-                         "memory of compiled fp8 blocks yet (--engine measure on a GPU does)")
+                         "save; torch.compile (--set compile=true) fuses them")
     fused = work[3].attention != "eager"
     # fp32 SDPA (TF32 or not) runs the memory-efficient kernel: no cuDNN, no FlashAttention
     if fused and job.precision != "fp32":

@@ -52,8 +52,12 @@ class Kernels:
             ("attention", self.attention)) if how]
         if not parts:
             return ""
-        kind = "real kernels" if self.real else "vramplan's stand-ins (same tensor layout)"
-        return f"library kernels are {kind}: " + ", ".join(parts)
+        if self.real or all(how == STAND_IN for how in (
+                self.qlora, self.optimizer, self.fp8, self.attention) if how):
+            kind = "real kernels" if self.real else "vramplan's stand-ins (same tensor layout)"
+            return f"library kernels are {kind}: " + ", ".join(parts)
+        return ("library kernels: " + ", ".join(parts)
+                + " (the stand-ins keep the libraries' tensor layout)")
 
 
 def needed_libraries(job: Job) -> dict[str, str]:
@@ -93,6 +97,25 @@ def select_kernels(job: Job, device, real: bool | None = None) -> Kernels:
             raise EngineError(f"{why} needs the {library} package on {kind}: {install} "
                               "(--engine trace still works without it)")
     return Kernels(**needs, libraries=_versions((*ALWAYS_RECORDED, *sorted(set(needs.values())))))
+
+
+def trace_kernels(job: Job) -> Kernels | None:
+    """What the trace runs (fake tensors): the stand-ins (None), but torchao's own
+    Float8Linear in compiled blocks. Its float8 casts run on fake tensors, and Inductor's
+    partitioner recomputes them in backward; the stand-ins' casts are custom autograd
+    functions it cannot see into, so they would save other tensors."""
+    if not (job.compiles_blocks and job.precision == "fp8"):
+        return None
+    if job.fp8.recipe == "mxfp8":
+        raise EngineError("compiled blocks with fp8 recipe mxfp8 are not modelled: set "
+                          "compile_components=loss (blocks eager), drop compile, or use "
+                          "--engine measure on a GPU with torchao")
+    if library_version(TORCHAO) is None:
+        raise EngineError("the trace runs compiled fp8 blocks with torchao's Float8Linear: "
+                          "pip install torchao, or use --engine formula")
+    needs = needed_libraries(job)
+    return Kernels(**dict.fromkeys(needs, STAND_IN) | {"fp8": TORCHAO},
+                   libraries=_versions((*ALWAYS_RECORDED, TORCHAO)))
 
 
 def library_version(name: str) -> str | None:

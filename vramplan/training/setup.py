@@ -137,10 +137,10 @@ def build_training_setup(job: Job, device: str | torch.device = "cpu", *,
     _check_modelled(job)
     if job.compiles_blocks and job.precision == "fp8" and kernels is None:
         # the stand-ins' float8 casts are custom autograd functions whose saved tensors and
-        # temporaries are not torchao's under Inductor (which fuses the casts and amax)
-        raise EngineError("compiled blocks with fp8 are not modelled with the float8 "
-                          "stand-ins: set compile_components=loss (blocks eager), drop "
-                          "compile, or use --engine measure on a GPU with torchao")
+        # temporaries are not torchao's under Inductor (which fuses the casts and amax):
+        # the trace passes torchao's (kernels.trace_kernels)
+        raise EngineError("compiled blocks with fp8 run torchao's Float8Linear, not the "
+                          "float8 stand-ins: pass kernels (training/kernels.py)")
     device = torch.device(device)
     notes: list[str] = []
     task, config = "", {}

@@ -19,11 +19,13 @@ def check_compiled(job: Job, arch: Architecture, task: str) -> None:
     why = []
     if job.compiles_loss and task != "causal-lm" and job.loss == "standard":
         why.append(f"a compiled {task} loss")
-    if job.compiles_blocks and job.precision == "fp8":  # the trace refuses it too
-        raise JobError("compiled blocks with fp8 are not modelled: set "
+    if job.compiles_blocks and job.precision == "fp8" and job.fp8.recipe == "mxfp8":
+        raise JobError("compiled blocks with fp8 recipe mxfp8 are not modelled: set "
                        "compile_components=loss (blocks eager), drop compile, or use "
                        "--engine measure on a GPU with torchao")
     if job.compiles_blocks:
+        if job.precision == "fp8" and job.peft:
+            why.append("fp8 with adapters")
         if job.peft and job.peft.method != "lora":
             why.append(f"{job.peft.method} (a quantised base)")
         if job.peft and job.peft.dora:
