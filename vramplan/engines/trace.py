@@ -44,6 +44,7 @@ from vramplan.engines.memory_report import CATEGORIES, MemoryReport, ModuleUsage
 from vramplan.engines.trace_shard import sharding
 from vramplan.errors import EngineError, VramplanError
 from vramplan.job import FSDP_STRATEGIES, Job
+from vramplan.training.kernels import trace_kernels
 from vramplan.training.patches import transformers_quirks
 from vramplan.training.placement import HOST, UNIFIED, current_placement
 from vramplan.training.private_api import (
@@ -56,7 +57,6 @@ from vramplan.training.private_api import (
     is_traceable_wrapper_subclass,
     tree_leaves,
 )
-from vramplan.training.kernels import trace_kernels
 from vramplan.training.setup import TrainingSetup, build_training_setup, train_step
 
 STEPS = 2          # step 1 creates optimizer state; step 2 is the steady state, reported
