@@ -132,6 +132,8 @@ JOBS: list[dict] = [
     dict(model="llama-3.2-1b", batch_size=4, seq_len=2048, compile=True),
     dict(model="qwen2.5-0.5b", batch_size=8, seq_len=2048, optimizer_impl="fused", compile=True),
     dict(model="llama-3.1-8b", batch_size=2, seq_len=4096, peft={"rank": 16}, compile=True),
+    # compiled torchao Float8Linear, as torchtitan runs it (its eager twin: the 3B fp8 job)
+    dict(model="llama-3.2-3b", batch_size=2, seq_len=2048, precision="fp8", compile=True),
 ]
 V1_JOBS = 19  # JOBS[:19] are the jobs of the v1 results
 BUDGET_S = 540  # no job starts after this; v1's longest job took 57 s (stand-in kernels)

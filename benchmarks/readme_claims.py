@@ -181,12 +181,13 @@ def _extra_rows():
                 f"{_pct(f['max_abs'])}", f"`frameworks_vs_trace.py` ({VM})"))
     if (RESULTS / "compile_accuracy.json").exists():
         c = _load("compile_accuracy.json")
+        fp8 = ", torchao float8 among them" if any("fp8" in r["name"] for r in c["rows"]) else ""
         yield (f"trace of a `--compile` step vs the same step compiled by Inductor and run "
-               f"for real on the CPU ({c['jobs']} Llama/Qwen2/GPT-2 jobs: tiny ones, and a "
-               f"narrow Llama with a 128k vocabulary at 4096 tokens, loss compiled or not)"
+               f"for real on the CPU ({c['jobs']} Llama/Qwen2/GPT-2 jobs: tiny ones{fp8}, and "
+               f"a narrow Llama with a 128k vocabulary at 4096 tokens, loss compiled or not)"
                if any("128k" in r["name"] for r in c["rows"]) else
                f"trace of a `--compile` step vs the same step compiled by Inductor and run "
-               f"for real on the CPU ({c['jobs']} tiny Llama/Qwen2/GPT-2 jobs)",
+               f"for real on the CPU ({c['jobs']} tiny Llama/Qwen2/GPT-2 jobs{fp8})",
                (f"peak: median \\|error\\| {c['median_abs_error_pct']:.2f}%, max "
                 f"{c['max_abs_error_pct']:.2f}%", f"`compile_accuracy.py` ({VM})"))
         llm = [r for r in c["rows"] if "128k" in r["name"]]
