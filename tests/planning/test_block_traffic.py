@@ -86,6 +86,13 @@ def test_float8_linears_cast_their_inputs_gradients_and_weights():
         assert ("fp8 input cast", "recompute") not in t  # no checkpointing, no recompute
     bf16 = step_traffic(Job(model="gpt2", batch_size=B, seq_len=SEQ), arch).by_op_phase
     assert not any(op.startswith("fp8") for op, _ in bf16)
+    # rowwise_with_gw_hp's weight gradient reads the 16-bit input and output gradient
+    gw_hp = step_traffic(Job(model="gpt2", batch_size=B, seq_len=SEQ, precision="fp8",
+                             compile=True, fp8={"recipe": "rowwise_with_gw_hp"}),
+                         arch).by_op_phase
+    assert gw_hp["fp8 grad cast", "backward"] == layers * n_out * (2 + 1)
+    assert ("fp8 input recast", "backward") not in gw_hp
+    assert gw_hp["fp8 weight cast", "backward"] == layers * weights * (2 * 4 + 1)
 
 
 def test_compiled_float8_casts_a_shared_input_once():

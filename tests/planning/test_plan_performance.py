@@ -218,6 +218,27 @@ def test_fp8_times_the_head_at_the_16_bit_rate():
         blocks / (peak8 * shape * fp8_ratio(H100)) + head / (peak16 * shape))
 
 
+@pytest.mark.parametrize("peft", [None, Peft(rank=8)])
+def test_rowwise_with_gw_hp_runs_the_weight_gradients_at_the_16_bit_rate(peft):
+    # torchao's rowwise_with_gw_hp keeps grad_weight = input^T @ grad_output in bf16: the
+    # block linears' backward loses the fp8 rate on as many FLOPs as their forward has;
+    # frozen weights (adapters) compute no weight gradient, so nothing changes
+    from vramplan.planning import performance
+    from vramplan.planning.efficiency import fp8_ratio
+    arch = load_architecture("llama-3.2-1b")
+    rowwise = _job(precision="fp8", compile=True, fp8={"recipe": "rowwise"}, peft=peft)
+    gw_hp = _job(precision="fp8", compile=True, fp8={"recipe": "rowwise_with_gw_hp"}, peft=peft)
+    peak8, peak16 = H100.tflops["fp8"] * 1e12, H100.tflops["bf16"] * 1e12
+    shape = performance._shape(rowwise, arch, performance._work(rowwise, arch), H100, peak8)
+    wgrad = step_flops(rowwise, arch).by_class["linear"].forward if peft is None else 0.0
+    a = {p.phase: p for p in step_terms(rowwise, H100, arch).phases}
+    b = {p.phase: p for p in step_terms(gw_hp, H100, arch).phases}
+    assert b["forward"].matmul_s == a["forward"].matmul_s
+    assert b["backward"].matmul_s - a["backward"].matmul_s == pytest.approx(
+        wgrad / (peak16 * shape) - wgrad / (peak8 * shape * fp8_ratio(H100)), abs=1e-12)
+    assert (b["backward"].matmul_s > a["backward"].matmul_s) == (peft is None)
+
+
 def test_fp8_runs_at_the_fp8_rate_only_where_the_gpu_has_fp8():
     # compiled, as torchao's float8 is meant to run: eager, its casts (6 kernels each) cost
     # more than the fp8 matmuls save on a 1B model (traffic._float8_casts)

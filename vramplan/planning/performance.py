@@ -170,9 +170,14 @@ def _per_gpu_work(job: Job, work: tuple) -> dict:
         if par.tensor_parallel > 1 and not par.sequence_parallel:  # whole on each TP rank
             wide = sum(traffic.by_op_phase.get((op, phase), 0.0) for op in HIDDEN_WIDE_OPS)
             moved += share * wide * (1 - 1 / par.tensor_parallel) / par.context_parallel
+        # the block linears' weight-gradient GEMMs (as many FLOPs as their forward) when
+        # their weights train: fp8 recipe rowwise_with_gw_hp runs them in 16-bit
+        wgrad_mm = (share * flops.by_class["linear"].forward / split
+                    if phase == "backward" and job.peft is None and "linear" in flops.by_class
+                    else 0.0)
         if mm or attention or moved:
             phases.append((phase, mm, attention, moved, share * traffic.kernels[phase],
-                           share * traffic.modules[phase], head_mm))
+                           share * traffic.modules[phase], head_mm, wgrad_mm))
     shards = par.tensor_parallel * par.shard_degree
     trainable = (step.params.trainable / shards
                  * share if job.offload.optimizer else 0.0)
@@ -231,6 +236,7 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         shape *= ratio
         attention_peak = peak * ratio
     head_rate = peak * shape  # the head's matmuls: the job's rate, except under fp8
+    sixteen_bit_wgrad = False  # the block linears' weight gradients at head_rate
     if dtype == "fp8":  # fp8 GEMMs reach a smaller share of their (doubled) peak
         sixteen = gpu.tflops["bf16" if "bf16" in gpu.tflops else "fp16"] * 1e12
         head_rate = sixteen * shape
@@ -241,6 +247,10 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         # head, models/llama3/train_configs/llama3_8b.toml [float8] filter_fqns = ["output"];
         # Megatron-Core's fp8 is its transformer layers' TE linears)
         attention_peak = sixteen
+        # torchao's rowwise_with_gw_hp keeps grad_weight's GEMM in bf16 (torchao/float8/
+        # config.py Float8LinearConfig.from_recipe_name: its grad_weight cast is disabled);
+        # Transformer Engine's recipes run all three in fp8
+        sixteen_bit_wgrad = job.fp8.recipe == "rowwise_with_gw_hp"
         if not job.compiles_blocks:
             notes.append("fp8 without --compile: each Float8Linear cast runs as torchao's "
                          "eager kernels (6 per cast), which can cost more than the fp8 matmuls "
@@ -251,11 +261,13 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         kernel = attention_kernel(job.attention, gpu)
         attention_peak *= kernel.speedup
         notes += [kernel.note] if kernel.note else []
-    phases = [PhaseTerms(phase, job.grad_accum,
-                         (mm - head_mm) / (peak * shape) + head_mm / head_rate,
-                         attention / attention_peak, moved / bandwidth,
-                         kernels, mm + attention, moved, modules=modules)
-              for phase, mm, attention, moved, kernels, modules, head_mm in unit["phases"]]
+    phases = []
+    for phase, mm, attention, moved, kernels, modules, head_mm, wgrad_mm in unit["phases"]:
+        sixteen_mm = head_mm + (wgrad_mm if sixteen_bit_wgrad else 0.0)
+        phases.append(PhaseTerms(phase, job.grad_accum,
+                                 (mm - sixteen_mm) / (peak * shape) + sixteen_mm / head_rate,
+                                 attention / attention_peak, moved / bandwidth,
+                                 kernels, mm + attention, moved, modules=modules))
     if job.offload.optimizer:
         # gradients down and updated fp32 weights up over PCIe, the update on the CPU
         trainable = unit["offload_params"]

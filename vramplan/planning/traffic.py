@@ -421,8 +421,12 @@ def _float8_casts(job: Job, arch: Architecture, shapes, dt, t: Traffic) -> None:
     share its cast: Inductor computes the identical cast once (benchmarks/float8_codegen.py).
     With fp8.fsdp_float8_all_gather each rank casts its own shard of a weight before FSDP
     gathers it in float8 (torchao float8/fsdp_utils.py fsdp_pre_all_gather), forward and
-    again for backward's gather, and the gathered weight is not cast again."""
+    again for backward's gather, and the gathered weight is not cast again.
+    rowwise_with_gw_hp computes the weight gradient from the 16-bit input and output
+    gradient (Float8LinearConfig.from_recipe_name: those two casts disabled): backward
+    casts the output gradient once and the input not again."""
     compiled = job.compiles_blocks
+    gw_hp = job.fp8.recipe == "rowwise_with_gw_hp"
     c, w = dt.compute, 4  # Float8Linear keeps the fp32 weight (no autocast copy)
     act_b, act_k = float8_cast_bytes(c, compiled)
     weight_b, weight_k = float8_cast_bytes(w, compiled, produced=False)
@@ -446,8 +450,11 @@ def _float8_casts(job: Job, arch: Architecture, shapes, dt, t: Traffic) -> None:
             for phase in phases:
                 t.add("fp8 input cast", phase, layers * n_in * act_b, input_k)
                 t.add("fp8 weight cast", phase, layers * weights * weight_b, calls * weight_k)
-            t.add("fp8 grad cast", "backward", layers * 2 * n_out * act_b, calls * 2 * act_k)
-            t.add("fp8 input recast", "backward", layers * n_in * act_b, input_k)
+            grads = 1 if gw_hp else 2
+            t.add("fp8 grad cast", "backward", layers * grads * n_out * act_b,
+                  calls * grads * act_k)
+            if not gw_hp:
+                t.add("fp8 input recast", "backward", layers * n_in * act_b, input_k)
             t.add("fp8 weight cast", "backward", layers * weights * weight_b, calls * weight_k)
 
 
