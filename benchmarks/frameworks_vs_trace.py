@@ -67,6 +67,7 @@ CASES: list[dict] = [
     dict(LLAMA, compile=True, checkpointing="full"),
     dict(LLAMA, compile=True, peft={"rank": 16, "dropout": 0.0}),
     dict(LLAMA, framework="torchtitan", compile=True),
+    dict(LLAMA, framework="torchtitan", compile=True, precision="fp8"),  # torchao Float8Linear
     dict(LLAMA, framework="torchtune", compile=True),
     dict(LLAMA, framework="torchtune", compile=True, loss="chunked:torchtune-output"),
 ]

@@ -176,7 +176,7 @@ def _extra_rows():
         yield (f"formula vs trace on framework-profile jobs "
                f"({len(_load('frameworks_vs_trace.json')['rows'])}: torchtitan op-SAC, "
                "torchtune losses and adapters, kept gradients, low-bit and paged optimizers, "
-               "CPU offload, torch.compile)",
+               "CPU offload, torch.compile (with torchao float8 too))",
                (f"peak allocated: median \\|difference\\| {_pct(f['median_abs'])}, max "
                 f"{_pct(f['max_abs'])}", f"`frameworks_vs_trace.py` ({VM})"))
     if (RESULTS / "compile_accuracy.json").exists():
