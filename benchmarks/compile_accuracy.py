@@ -58,6 +58,8 @@ CASES = [  # (name, model config, job fields)
      dict(precision="fp8", batch_size=4, seq_len=256)),
     ("llama fp8 torchao rowwise batch 4 x 256", LLAMA,
      dict(precision="fp8", fp8={"recipe": "rowwise"}, batch_size=4, seq_len=256)),
+    ("llama fp8 torchao rowwise_with_gw_hp batch 4 x 256", LLAMA,
+     dict(precision="fp8", fp8={"recipe": "rowwise_with_gw_hp"}, batch_size=4, seq_len=256)),
     ("gpt2 fp32", GPT2, dict(precision="fp32")),
     ("gpt2 bf16-mixed", GPT2, dict()),
 ]

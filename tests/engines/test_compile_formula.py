@@ -242,7 +242,7 @@ def test_compiled_fp8_block_keeps_neither_norm_outputs_nor_the_gated_product():
     stack = load_architecture("llama-3.2-1b").stacks[0]
     job = Job(model="llama-3.2-1b", batch_size=2, seq_len=512, compile=True, precision="fp8")
     saved = act.compiled_block_saved_tensors(stack, act.BlockShape(2, 512), dtypes_for(job),
-                                             fp8=True)
+                                             fp8_recipe="tensorwise")
     tokens, h, f, q, kv = 2 * 512, 2048, 8192, 32 * 64, 8 * 64
     # as in bf16 (the test above) less what the weight gradients read only through a
     # float8 cast that backward recomputes: the two norms' outputs and gate * up
@@ -251,17 +251,31 @@ def test_compiled_fp8_block_keeps_neither_norm_outputs_nor_the_gated_product():
     assert sum(b for _, b in saved) == expected
 
 
-def test_formula_follows_the_compiled_fp8_trace():
-    # the trace compiles torchao's Float8Linear on fake tensors; it keeps one float8
-    # hidden-wide tensor per block more than the formula, which follows what Inductor
-    # keeps on the CPU (benchmarks/compile_accuracy.py)
+def test_compiled_gw_hp_block_keeps_gate_times_up_for_its_16_bit_weight_gradient():
+    stack = load_architecture("llama-3.2-1b").stacks[0]
+    job = Job(model="llama-3.2-1b", batch_size=2, seq_len=512, compile=True, precision="fp8",
+              fp8={"recipe": "rowwise_with_gw_hp"})
+    shape, dt = act.BlockShape(2, 512), dtypes_for(job)
+    gw_hp = act.compiled_block_saved_tensors(stack, shape, dt, fp8_recipe="rowwise_with_gw_hp")
+    rowwise = act.compiled_block_saved_tensors(stack, shape, dt, fp8_recipe="rowwise")
+    tokens, f = 2 * 512, 8192
+    assert sum(b for _, b in gw_hp) - sum(b for _, b in rowwise) == tokens * 2 * f
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise_with_gw_hp"])
+def test_formula_follows_the_compiled_fp8_trace(recipe):
+    # the trace compiles torchao's Float8Linear on fake tensors. Under tensorwise it keeps
+    # one float8 hidden-wide tensor per block more than the formula, which follows what
+    # Inductor keeps on the CPU (benchmarks/compile_accuracy.py); rowwise_with_gw_hp's
+    # 16-bit weight gradients need no such tensor, and keep gate * up instead
     config = dict(LLAMA, num_hidden_layers=4)
-    job = Job(model="x", batch_size=8, seq_len=256, compile=True, precision="fp8")
+    job = Job(model="x", batch_size=8, seq_len=256, compile=True, precision="fp8",
+              fp8={"recipe": recipe})
     predicted = estimate(job, model_config=config)
     traced = trace_module.trace(job, model_config=config)
-    one_fp8_tensor_per_block = 4 * 8 * 256 * LLAMA["hidden_size"]
+    extra = 4 * 8 * 256 * LLAMA["hidden_size"] if recipe == "tensorwise" else 0
     for phase in ("forward", "backward"):
-        assert predicted.phase_peaks[phase] + one_fp8_tensor_per_block == pytest.approx(
+        assert predicted.phase_peaks[phase] + extra == pytest.approx(
             traced.phase_peaks[phase], rel=0.01), phase
     assert any("torchao" in note for note in traced.notes)
 

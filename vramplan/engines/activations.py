@@ -456,7 +456,7 @@ def block_op_sac_outputs(stack: Stack, shape: BlockShape, dt: Dtypes, *, attenti
 def compiled_block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes,
                                  adapters: Adapters = Adapters(),
                                  fp32_adapters: bool = False,
-                                 fp8: bool = False) -> list[tuple[str, int]]:
+                                 fp8_recipe: str | None = None) -> list[tuple[str, int]]:
     """What one compiled Llama-style block (RMSNorm, rotary sdpa attention, gated MLP)
     saves for backward: the min-cut partitioner's choice, read from the graphs torch 2.13
     builds (tests/engines/test_compile_formula.py checks it against the trace, which compiles the
@@ -470,11 +470,13 @@ def compiled_block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes,
     mask instead of the shared inputs. fp32_adapters (fp32 LoRA under autocast): peft
     casts the out projection's input for its adapter, a copy where the merged heads are
     otherwise a view of sdpa's output. Weight copies under autocast are as in eager mode
-    (counted apart). fp8 (torchao Float8Linear in the block): a weight gradient reads its
-    input only through a float8 cast, which the partitioner recomputes in backward from
-    the block input, the residual rebuild and gate's and up's outputs, fused with the norm
-    or the product: the norms' outputs and gate * up are not kept (torch 2.13, torchao 0.18;
-    tests/engines/test_compile_formula.py against the trace of the real Float8Linear)."""
+    (counted apart). fp8_recipe (torchao Float8Linear in the block): a weight gradient
+    reads its input only through a float8 cast, which the partitioner recomputes in backward
+    from the block input, the residual rebuild and gate's and up's outputs, fused with the
+    norm or the product: the norms' outputs and gate * up are not kept (torch 2.13, torchao
+    0.18; tests/engines/test_compile_formula.py against the trace of the real Float8Linear).
+    rowwise_with_gw_hp's weight gradients read the 16-bit inputs: the norms' outputs are
+    still recomputed, gate * up is kept."""
     b, s = shape.batch, shape.seq
     h, a, k, d, f = (stack.hidden_size, stack.num_heads, stack.num_kv_heads, stack.head_dim,
                      stack.intermediate_size)
@@ -495,11 +497,11 @@ def compiled_block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes,
              ("q, k (rotated), v", c * (n_q + 2 * n_kv)), ("sdpa out", c * n_q),
              ("logsumexp", 4 * b * a * s), ("residual rebuild", c * n_h),
              ("gate, up", 2 * c * n_f)]
-    if trained("attn_in") and not fp8:
+    if trained("attn_in") and not fp8_recipe:
         saved.append(("attn norm out", c * n_h))
-    if trained("mlp_in") and not fp8:
+    if trained("mlp_in") and not fp8_recipe:
         saved.append(("mlp norm out", c * n_h))
-    if trained("mlp_out") and not fp8:
+    if trained("mlp_out") and fp8_recipe in (None, "rowwise_with_gw_hp"):
         saved.append(("gate * up", c * n_f))
     targets = set(linear_names(stack, "attn_out")) & adapters.targets
     if fp32_adapters and targets and not dropped:

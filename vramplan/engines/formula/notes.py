@@ -62,7 +62,11 @@ def fp8_note(job: Job) -> str:
                 "in backward; tensorwise, rowwise and rowwise_with_gw_hp save the same "
                 "tensors and differ only in those temporaries (per-row fp32 scales; "
                 "rowwise_with_gw_hp runs the weight-gradient matmul in bf16)")
-    if job.compiles_blocks and recipe != "mxfp8":
+    if job.compiles_blocks and recipe == "rowwise_with_gw_hp":
+        note += ("; compiled, a block keeps neither of its norms' outputs (backward "
+                 "recomputes them, Inductor's partitioner) but keeps gate * up in 16 bits "
+                 "for the down projection's weight gradient")
+    elif job.compiles_blocks and recipe != "mxfp8":
         note += ("; compiled, a block keeps neither its norms' outputs nor gate * up: "
                  "backward recomputes their float8 casts (Inductor's partitioner)")
     if job.fp8.fsdp_float8_all_gather:

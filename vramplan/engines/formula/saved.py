@@ -36,7 +36,7 @@ def _block_saved(job: Job, arch: Architecture, stack, seq: int, encoder_seq: int
         return act.compiled_block_saved_tensors(
             stack, act.BlockShape(job.batch_size, seq), dt, adapters,
             fp32_adapters=dt.autocast and adapter_bytes(job) == 4,
-            fp8=job.precision == "fp8")
+            fp8_recipe=job.fp8.recipe if job.precision == "fp8" else None)
     return act.block_saved_tensors(
         stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
         attention=attention_impl(job, arch), hidden_dropout=arch.hidden_dropout,
