@@ -245,9 +245,10 @@ def test_compiled_fp8_block_keeps_neither_norm_outputs_nor_the_gated_product():
                                              fp8_recipe="tensorwise")
     tokens, h, f, q, kv = 2 * 512, 2048, 8192, 32 * 64, 8 * 64
     # as in bf16 (the test above) less what the weight gradients read only through a
-    # float8 cast that backward recomputes: the two norms' outputs and gate * up
+    # float8 cast that backward recomputes: the two norms' outputs and gate * up; plus the
+    # out projection's input cast to float8 (1 byte), which is kept
     expected = tokens * (4 * h + 2 * 4 + 2 * (q + 2 * kv) + 2 * q + 2 * h + 2 * 2 * f
-                         + 4 * 32)
+                         + 4 * 32 + q)
     assert sum(b for _, b in saved) == expected
 
 
@@ -259,24 +260,23 @@ def test_compiled_gw_hp_block_keeps_gate_times_up_for_its_16_bit_weight_gradient
     gw_hp = act.compiled_block_saved_tensors(stack, shape, dt, fp8_recipe="rowwise_with_gw_hp")
     rowwise = act.compiled_block_saved_tensors(stack, shape, dt, fp8_recipe="rowwise")
     tokens, f = 2 * 512, 8192
-    assert sum(b for _, b in gw_hp) - sum(b for _, b in rowwise) == tokens * 2 * f
+    q = 32 * 64  # rowwise's kept float8 cast of the out projection's input goes
+    assert sum(b for _, b in gw_hp) - sum(b for _, b in rowwise) == tokens * (2 * f - q)
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise_with_gw_hp"])
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
 def test_formula_follows_the_compiled_fp8_trace(recipe):
-    # the trace compiles torchao's Float8Linear on fake tensors. Under tensorwise it keeps
-    # one float8 hidden-wide tensor per block more than the formula, which follows what
-    # Inductor keeps on the CPU (benchmarks/compile_accuracy.py); rowwise_with_gw_hp's
-    # 16-bit weight gradients need no such tensor, and keep gate * up instead
+    # the trace compiles torchao's Float8Linear on fake tensors with Inductor's partitioner
+    # (its peak within 0.3% of CPU Inductor's where the CPU kernel adds no copies:
+    # benchmarks/compile_accuracy.py)
     config = dict(LLAMA, num_hidden_layers=4)
     job = Job(model="x", batch_size=8, seq_len=256, compile=True, precision="fp8",
               fp8={"recipe": recipe})
     predicted = estimate(job, model_config=config)
     traced = trace_module.trace(job, model_config=config)
-    extra = 4 * 8 * 256 * LLAMA["hidden_size"] if recipe == "tensorwise" else 0
     for phase in ("forward", "backward"):
-        assert predicted.phase_peaks[phase] + extra == pytest.approx(
-            traced.phase_peaks[phase], rel=0.01), phase
+        assert predicted.phase_peaks[phase] == pytest.approx(traced.phase_peaks[phase],
+                                                             rel=0.01), phase
     assert any("torchao" in note for note in traced.notes)
 
 

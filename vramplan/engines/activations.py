@@ -475,8 +475,10 @@ def compiled_block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes,
     from the block input, the residual rebuild and gate's and up's outputs, fused with the
     norm or the product: the norms' outputs and gate * up are not kept (torch 2.13, torchao
     0.18; tests/engines/test_compile_formula.py against the trace of the real Float8Linear).
+    The out projection is the exception: its input's float8 cast (transposed, 1 byte) is
+    kept beside sdpa's output (a rowwise cast's per-column amax too, negligible).
     rowwise_with_gw_hp's weight gradients read the 16-bit inputs: the norms' outputs are
-    still recomputed, gate * up is kept."""
+    still recomputed, gate * up is kept, the out projection reads sdpa's output."""
     b, s = shape.batch, shape.seq
     h, a, k, d, f = (stack.hidden_size, stack.num_heads, stack.num_kv_heads, stack.head_dim,
                      stack.intermediate_size)
@@ -503,6 +505,8 @@ def compiled_block_saved_tensors(stack: Stack, shape: BlockShape, dt: Dtypes,
         saved.append(("mlp norm out", c * n_h))
     if trained("mlp_out") and fp8_recipe in (None, "rowwise_with_gw_hp"):
         saved.append(("gate * up", c * n_f))
+    if trained("attn_out") and fp8_recipe in ("tensorwise", "rowwise"):
+        saved.append(("out proj input float8 (weight gradient)", n_q))
     targets = set(linear_names(stack, "attn_out")) & adapters.targets
     if fp32_adapters and targets and not dropped:
         saved.append(("out proj adapter input cast", c * n_q))
