@@ -68,6 +68,8 @@ CASES: list[dict] = [
     dict(LLAMA, compile=True, peft={"rank": 16, "dropout": 0.0}),
     dict(LLAMA, framework="torchtitan", compile=True),
     dict(LLAMA, framework="torchtitan", compile=True, precision="fp8"),  # torchao Float8Linear
+    dict(LLAMA, compile=True, precision="fp8"),  # no checkpointing: the partitioner's choice
+    dict(LLAMA, compile=True, precision="fp8", fp8={"recipe": "rowwise_with_gw_hp"}),
     dict(LLAMA, framework="torchtune", compile=True),
     dict(LLAMA, framework="torchtune", compile=True, loss="chunked:torchtune-output"),
 ]
