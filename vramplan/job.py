@@ -91,6 +91,10 @@ AdapterDtype = Literal["fp32", "model"]
 # torchao float8 training recipes (torchao/float8/config.py, Float8LinearRecipeName) and
 # MXFP8 (torchao/prototype/moe_training/mxfp8_linear.py, MXFP8Linear; Blackwell only)
 Fp8Recipe = Literal["tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"]
+# both engines refuse it (formula/checks.py, training/kernels.py trace_kernels)
+COMPILED_MXFP8_REFUSED = ("compiled blocks with fp8 recipe mxfp8 are not modelled: set "
+                          "compile_components=loss (blocks eager), drop compile, or use "
+                          "--engine measure on a GPU with torchao")
 
 
 class _RaisesJobError(type(BaseModel)):

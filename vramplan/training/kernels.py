@@ -15,7 +15,7 @@ import importlib
 from dataclasses import dataclass, field
 
 from vramplan.errors import EngineError
-from vramplan.job import Job
+from vramplan.job import COMPILED_MXFP8_REFUSED, Job
 
 STAND_IN = "stand-in"
 BNB, TORCHAO = "bitsandbytes", "torchao"  # import name = pip package name for both
@@ -107,9 +107,7 @@ def trace_kernels(job: Job) -> Kernels | None:
     if not (job.compiles_blocks and job.precision == "fp8"):
         return None
     if job.fp8.recipe == "mxfp8":
-        raise EngineError("compiled blocks with fp8 recipe mxfp8 are not modelled: set "
-                          "compile_components=loss (blocks eager), drop compile, or use "
-                          "--engine measure on a GPU with torchao")
+        raise EngineError(COMPILED_MXFP8_REFUSED)
     if library_version(TORCHAO) is None:
         raise EngineError("the trace runs compiled fp8 blocks with torchao's Float8Linear: "
                           "pip install torchao, or use --engine formula")

@@ -8,7 +8,7 @@ from vramplan.engines.formula.saved import adapters_of
 from vramplan.engines.precision import Dtypes
 from vramplan.engines.step import attention_impl
 from vramplan.errors import EngineError, JobError
-from vramplan.job import Job
+from vramplan.job import COMPILED_MXFP8_REFUSED, Job
 from vramplan.models import Architecture
 
 
@@ -20,9 +20,7 @@ def check_compiled(job: Job, arch: Architecture, task: str) -> None:
     if job.compiles_loss and task != "causal-lm" and job.loss == "standard":
         why.append(f"a compiled {task} loss")
     if job.compiles_blocks and job.precision == "fp8" and job.fp8.recipe == "mxfp8":
-        raise JobError("compiled blocks with fp8 recipe mxfp8 are not modelled: set "
-                       "compile_components=loss (blocks eager), drop compile, or use "
-                       "--engine measure on a GPU with torchao")
+        raise JobError(COMPILED_MXFP8_REFUSED)
     if job.compiles_blocks:
         if job.precision == "fp8" and job.peft:
             why.append("fp8 with adapters")
