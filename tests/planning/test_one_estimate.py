@@ -36,6 +36,11 @@ JOBS = [
     # the flash-attn package's FlashAttention-3 on Hopper: its own attention rate
     (["llama-3.2-1b", "-s", "4096", "--attention", "flash-attn-3", "--gpu", "H200"],
      Job(model="llama-3.2-1b", seq_len=4096, attention="flash-attn-3", gpu="H200"), {}),
+    # compiled fp8 blocks, rowwise_with_gw_hp: its saved set and its 16-bit weight gradients
+    (["llama-3.2-1b", "-b", "2", "-s", "2048", "--precision", "fp8", "--compile", "--gpu",
+      "H100-SXM", "--set", "fp8.recipe=rowwise_with_gw_hp"],
+     Job(model="llama-3.2-1b", batch_size=2, seq_len=2048, precision="fp8", compile=True,
+         fp8={"recipe": "rowwise_with_gw_hp"}, gpu="H100-SXM"), {}),
 ]
 
 

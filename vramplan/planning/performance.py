@@ -236,7 +236,6 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         shape *= ratio
         attention_peak = peak * ratio
     head_rate = peak * shape  # the head's matmuls: the job's rate, except under fp8
-    sixteen_bit_wgrad = False  # the block linears' weight gradients at head_rate
     if dtype == "fp8":  # fp8 GEMMs reach a smaller share of their (doubled) peak
         sixteen = gpu.tflops["bf16" if "bf16" in gpu.tflops else "fp16"] * 1e12
         head_rate = sixteen * shape
@@ -247,10 +246,6 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         # head, models/llama3/train_configs/llama3_8b.toml [float8] filter_fqns = ["output"];
         # Megatron-Core's fp8 is its transformer layers' TE linears)
         attention_peak = sixteen
-        # torchao's rowwise_with_gw_hp keeps grad_weight's GEMM in bf16 (torchao/float8/
-        # config.py Float8LinearConfig.from_recipe_name: its grad_weight cast is disabled);
-        # Transformer Engine's recipes run all three in fp8
-        sixteen_bit_wgrad = job.fp8.recipe == "rowwise_with_gw_hp"
         if not job.compiles_blocks:
             notes.append("fp8 without --compile: each Float8Linear cast runs as torchao's "
                          "eager kernels (6 per cast), which can cost more than the fp8 matmuls "
@@ -261,6 +256,10 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         kernel = attention_kernel(job.attention, gpu)
         attention_peak *= kernel.speedup
         notes += [kernel.note] if kernel.note else []
+    # torchao's rowwise_with_gw_hp keeps grad_weight's GEMM in bf16, at head_rate (torchao/
+    # float8/config.py Float8LinearConfig.from_recipe_name: its grad_weight cast is
+    # disabled); Transformer Engine's recipes run all three in fp8
+    sixteen_bit_wgrad = dtype == "fp8" and job.fp8.recipe == "rowwise_with_gw_hp"
     phases = []
     for phase, mm, attention, moved, kernels, modules, head_mm, wgrad_mm in unit["phases"]:
         sixteen_mm = head_mm + (wgrad_mm if sixteen_bit_wgrad else 0.0)

@@ -12,7 +12,7 @@ tensors (tests/training/test_kernels.py checks their layouts against the librari
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vramplan.errors import EngineError
 from vramplan.job import COMPILED_MXFP8_REFUSED, Job
@@ -52,10 +52,11 @@ class Kernels:
             ("attention", self.attention)) if how]
         if not parts:
             return ""
-        if self.real or all(how == STAND_IN for how in (
-                self.qlora, self.optimizer, self.fp8, self.attention) if how):
-            kind = "real kernels" if self.real else "vramplan's stand-ins (same tensor layout)"
-            return f"library kernels are {kind}: " + ", ".join(parts)
+        if self.real:
+            return "library kernels are real kernels: " + ", ".join(parts)
+        if {self.qlora, self.optimizer, self.fp8, self.attention} <= {STAND_IN, ""}:
+            return ("library kernels are vramplan's stand-ins (same tensor layout): "
+                    + ", ".join(parts))
         return ("library kernels: " + ", ".join(parts)
                 + " (the stand-ins keep the libraries' tensor layout)")
 
@@ -111,8 +112,7 @@ def trace_kernels(job: Job) -> Kernels | None:
     if library_version(TORCHAO) is None:
         raise EngineError("the trace runs compiled fp8 blocks with torchao's Float8Linear: "
                           "pip install torchao, or use --engine formula")
-    needs = needed_libraries(job)
-    return Kernels(**dict.fromkeys(needs, STAND_IN) | {"fp8": TORCHAO},
+    return replace(select_kernels(job, "cpu"), fp8=TORCHAO,
                    libraries=_versions((*ALWAYS_RECORDED, TORCHAO)))
 
 

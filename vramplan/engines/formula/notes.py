@@ -56,19 +56,20 @@ def fp8_note(job: Job) -> str:
         note = ("fp8 recipe mxfp8 (torchao MXFP8Linear): block linears save their 16-bit "
                 "input and the weight itself, and cast both to float8 with one e8m0 scale "
                 "per 32 values in forward and again in backward (temporaries)")
+    elif job.compiles_blocks:
+        # Inductor's partitioner recomputes what a weight gradient reads through a cast
+        kept = ("gate * up in 16 bits for the down projection's 16-bit weight gradient"
+                if recipe == "rowwise_with_gw_hp" else
+                "the out projection's input as its float8 cast; no gate * up")
+        note = (f"fp8 recipe {recipe} (torchao Float8Linear), compiled: a block keeps neither "
+                f"of its norms' outputs (backward recomputes them and their float8 casts, "
+                f"Inductor's partitioner) and keeps {kept}")
     else:
         note = (f"fp8 recipe {recipe} (torchao Float8Linear): block linears save their bf16 "
                 "input and the weight itself and cast both to float8 in forward and again "
                 "in backward; tensorwise, rowwise and rowwise_with_gw_hp save the same "
                 "tensors and differ only in those temporaries (per-row fp32 scales; "
                 "rowwise_with_gw_hp runs the weight-gradient matmul in bf16)")
-    if job.compiles_blocks and recipe == "rowwise_with_gw_hp":
-        note += ("; compiled, a block keeps neither of its norms' outputs (backward "
-                 "recomputes them, Inductor's partitioner) but keeps gate * up in 16 bits "
-                 "for the down projection's weight gradient")
-    elif job.compiles_blocks and recipe != "mxfp8":
-        note += ("; compiled, a block keeps neither its norms' outputs nor gate * up: "
-                 "backward recomputes their float8 casts (Inductor's partitioner)")
     if job.fp8.fsdp_float8_all_gather:
         note += ("; FSDP2 all-gathers the block linears' weights in float8 (1 byte each, no "
                  "16-bit unsharded copy), in forward and again in backward")
