@@ -3,6 +3,8 @@ caching-allocator model, and the bad inputs the engine must refuse clearly."""
 
 from __future__ import annotations
 
+import ast
+import os
 import sys
 import textwrap
 
@@ -314,6 +316,25 @@ def test_two_traces_in_threads_give_the_same_answer_as_one():
         estimated = pool.submit(vramplan.estimate, Job(model="gpt2"))  # no lock needed
         assert [f.result().peak_allocated for f in traced] == [alone, alone]
         assert estimated.result().peak_allocated > 0
+
+
+def test_a_compiled_job_traced_first_in_a_process_gives_the_later_traces_answer():
+    # the CLI traces a job in a fresh process, the web server's worker after other jobs: a
+    # reference cycle the collector found at a moment that depends on the process's past
+    # held Llama's position ids (seq_len x 8 bytes) past their use in all but the first
+    import subprocess
+    code = textwrap.dedent("""
+        from tiny_configs import LLAMA
+        from vramplan.engines.trace import trace
+        from vramplan.job import Job
+        job = Job(model="x", batch_size=1, seq_len=128, compile=True,
+                  compile_components="blocks")
+        print([trace(job, model_config=LLAMA).peak_allocated for _ in range(2)])
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    first, second = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert first == second
 
 
 def test_reserved_memory_never_exceeds_the_gpus_capacity():

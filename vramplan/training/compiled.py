@@ -24,6 +24,7 @@ eager versus compiled, on real CPU tensors (tests/training/test_compiled.py).
 from __future__ import annotations
 
 import functools
+import gc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -221,6 +222,12 @@ def apply_compile(model: nn.Module, job: Job, backend, notes: list[str],
     """Compile the job's blocks and loss, as job.compile_components says (torchtitan's
     compile.components); returns the loss function to use."""
     torch._dynamo.reset()  # no graph cached from another job's model or shapes
+    # and the cycles reset leaves collected now: otherwise when the collector next runs
+    # depends on what the process did before, and a cycle it then finds can hold a step's
+    # tensor (Llama's position ids) past its last use; a trace's peak then moved by those
+    # bytes between the first job traced in a process and the next (the CLI against the web
+    # server's worker)
+    gc.collect()
     blocks = compile_blocks(model, backend) if job.compiles_blocks else 0
     if job.compiles_blocks and not blocks:
         raise EngineError(f"compile: vramplan compiles each transformer block (a "
