@@ -222,11 +222,10 @@ def apply_compile(model: nn.Module, job: Job, backend, notes: list[str],
     """Compile the job's blocks and loss, as job.compile_components says (torchtitan's
     compile.components); returns the loss function to use."""
     torch._dynamo.reset()  # no graph cached from another job's model or shapes
-    # and the cycles reset leaves collected now: otherwise when the collector next runs
-    # depends on what the process did before, and a cycle it then finds can hold a step's
-    # tensor (Llama's position ids) past its last use; a trace's peak then moved by those
-    # bytes between the first job traced in a process and the next (the CLI against the web
-    # server's worker)
+    # and the garbage it leaves collected now: without this, the first compiled trace in a
+    # process freed Llama's position ids (seq_len x 8 bytes) at their last use and every
+    # later one only after the step (seen in run_trace's events; with the collector off
+    # all free early), so the CLI and the web server's worker disagreed by those bytes
     gc.collect()
     blocks = compile_blocks(model, backend) if job.compiles_blocks else 0
     if job.compiles_blocks and not blocks:
