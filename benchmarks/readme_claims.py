@@ -131,7 +131,7 @@ def _extra_rows():
                 f"{_pct(c['in_sample']['median_abs'], 1)}; 80% interval covers "
                 f"{_pct(iv['calibration_set']['coverage_nested'], 0)} nested out of sample, "
                 f"{_pct(iv['calibration_set']['coverage_shipped'], 0)} with the shipped "
-                "interval (its quantiles in sample; target 75-85%)",
+                "interval (its quantiles and width in sample; target 75-85%)",
                 f"`published_accuracy.py` ({VM}; throughputs as published by their sources)"))
         h = a["collected_rows"]
         loso, r35, r45 = h["loso"], h["rule_035"], h["rule_045"]

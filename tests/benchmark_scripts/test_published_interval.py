@@ -1,0 +1,44 @@
+"""The interval's width (benchmarks/published_accuracy.py): the tail share whose interval
+covers each source's rows, held out, closest to 80% of the time."""
+
+import pytest
+
+from benchmarks import published_accuracy as pa
+
+
+def _rows(source, errors):
+    return [{"source": source, "log_error": e} for e in errors]
+
+
+# eleven rows of one source at 0.00, 0.01 ... 0.10 and one row of another at 0.0935: the
+# first source's interval from t to 1 - t ends at 0.1 (1 - t), which reaches 0.0935 for
+# t <= 0.065; the other source's one row makes an interval of zero width, which none of the
+# first source's rows hits
+WIDE = _rows("a", [i / 100 for i in range(11)])
+ONE = _rows("b", [0.0935])
+
+
+@pytest.mark.parametrize("tail, inside", [(0.10, False), (0.07, False), (0.06, True),
+                                          (0.02, True)])
+def test_a_row_is_covered_by_the_other_sources_interval(tail, inside):
+    assert pa._covers(WIDE + ONE, tail, ONE[0]) is inside
+
+
+def test_the_tail_share_is_the_one_closest_to_the_coverage_target():
+    # coverage is 1/12 for t <= 0.06 and 0 above: the widest t that reaches 1/12 (closest to
+    # 0.8) is 0.06
+    rows = WIDE + ONE
+    assert pa._tail(rows, rows) == 0.06
+
+
+def test_one_source_keeps_the_10th_to_90th_percentiles():
+    assert pa._tail(WIDE, WIDE) == 0.10
+
+
+def test_equal_coverage_takes_the_narrower_interval():
+    # b's interval is the point 0, which holds one of a's rows; a's interval holds all of
+    # b's: 4 of 6 at every tail share
+    rows = _rows("a", [-0.1, 0.0, 0.1]) + _rows("b", [0.0, 0.0, 0.0])
+    coverages = {t: pa._share([pa._covers(rows, t, r) for r in rows]) for t in pa.TAILS}
+    assert all(c == pytest.approx(4 / 6) for c in coverages.values())
+    assert pa._tail(rows, rows) == 0.10
