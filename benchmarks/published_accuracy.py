@@ -449,6 +449,39 @@ def intervals(runs: list[dict]) -> dict:
     return out
 
 
+# what a family's rows may differ in besides the GPU count (one GPU runs without a strategy)
+_SCALE_FIELDS = {"num_gpus", "gpus_per_node", "strategy", "network_gb_s"}
+
+
+def scaling(runs: list[dict]) -> list[dict]:
+    """Each family of one source's rows on one GPU type that differ only in their GPU count
+    (the same per-GPU batch, layout and techniques): per-GPU throughput at each count over
+    that at its fewest, measured and predicted (out of sample). The ratio cancels what the
+    model gets wrong about one GPU's step and leaves what it gets wrong about scale."""
+    families: dict[str, list[dict]] = {}
+    for r in runs:
+        job = r["job"]
+        parallel = job.parallel.model_dump(exclude=_SCALE_FIELDS)
+        key = json.dumps([r["source"], r["gpu"], job.model_dump(exclude={"parallel"}),
+                          parallel], sort_keys=True, default=str)
+        families.setdefault(key, []).append(r)
+    out = []
+    for rows in families.values():
+        counts = {r["job"].parallel.num_gpus for r in rows}
+        if len(counts) < 2 or len(counts) < len(rows):  # one row per count, two counts or more
+            continue
+        rows = sorted(rows, key=lambda r: r["job"].parallel.num_gpus)
+        base = rows[0]
+        out.append({
+            "source": base["source"], "gpu": base["gpu"],
+            "model": Path(base["job"].model).name,  # a written config's file, not its folder
+            "ids": [r["id"] for r in rows],
+            "gpus": [r["job"].parallel.num_gpus for r in rows],
+            "measured": [r["measured_tps_gpu"] / base["measured_tps_gpu"] for r in rows],
+            "predicted": [r["loso_tps_gpu"] / base["loso_tps_gpu"] for r in rows]})
+    return sorted(out, key=lambda f: (f["source"], f["gpu"], f["ids"][0]))
+
+
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     pos = q * (len(ordered) - 1)
@@ -524,6 +557,7 @@ def main() -> None:
         r["rule_035_error"] = _rule(r, 0.35) / r["measured_tps_gpu"] - 1
         r["rule_045_error"] = _rule(r, 0.45) / r["measured_tps_gpu"] - 1
     interval_80 = intervals(runs)
+    scale = scaling(runs)
     published = [r for r in runs if r["source"] != "vramplan-h200"]
 
     def block(rows: list[dict]) -> dict:
@@ -549,6 +583,7 @@ def main() -> None:
                                if _scale(r["job"].parallel.num_gpus) == s])
                      for s in ("1", "2-8", "9-128", ">128")},
         "interval_80": interval_80,
+        "scaling": scale,
         "skipped": skipped,
         "seconds": time.perf_counter() - started,
         "quick": QUICK,
@@ -650,6 +685,17 @@ def markdown(result: dict) -> str:
                                          "pool)")):
         lines.append(f"* {label}: coverage nested {100 * iv[key]['coverage_nested']:.0f}%, "
                      f"shipped {100 * iv[key]['coverage_shipped']:.0f}%")
+    fams = result["scaling"]
+    lines += ["", "Scaling: each family of one source's rows on one GPU type that differ only in "
+              "their GPU count; per-GPU throughput at each count over that at its fewest, "
+              "measured / predicted (out of sample). The ratio cancels the one-GPU error and "
+              "leaves the error about scale.", "",
+              "| source | GPU | model | GPUs | measured | predicted |", "|---|---|---|---|---|---|"]
+    for f in fams:
+        lines.append(f"| {f['source']} | {f['gpu']} | {f['model']} | "
+                     + " / ".join(str(n) for n in f["gpus"]) + " | "
+                     + " / ".join(f"{x:.2f}" for x in f["measured"]) + " | "
+                     + " / ".join(f"{x:.2f}" for x in f["predicted"]) + " |")
     lines += ["",
               "Shares fitted on the eager-PyTorch fitted sources (llm-foundry, KempnerForge, our "
               "H200 runs; in sample, shipped as [training]): "

@@ -1,5 +1,5 @@
-"""The interval's width (benchmarks/published_accuracy.py): the tail share whose interval
-covers each source's rows, held out, closest to 80% of the time."""
+"""benchmarks/published_accuracy.py: the interval's width (the tail share whose interval
+covers each source's rows, held out, closest to 80% of the time) and the scaling families."""
 
 import pytest
 
@@ -42,3 +42,19 @@ def test_equal_coverage_takes_the_narrower_interval():
     coverages = {t: pa._share([pa._covers(rows, t, r) for r in rows]) for t in pa.TAILS}
     assert all(c == pytest.approx(4 / 6) for c in coverages.values())
     assert pa._tail(rows, rows) == 0.10
+
+
+def _run(id_, gpus, batch, measured, predicted):
+    from vramplan.job import Job, Parallel
+    parallel = Parallel(strategy="ddp" if gpus > 1 else "none", num_gpus=gpus)
+    return {"id": id_, "source": "s", "gpu": "H100-SXM", "measured_tps_gpu": measured,
+            "loso_tps_gpu": predicted,
+            "job": Job(model="gpt2", batch_size=batch, seq_len=64, parallel=parallel)}
+
+
+def test_scaling_divides_each_count_by_the_fewest_of_its_family():
+    runs = [_run("a8", 8, 4, 90.0, 99.0), _run("a1", 1, 4, 100.0, 100.0),
+            _run("b1", 1, 2, 50.0, 50.0)]  # another batch: a family of one, left out
+    (family,) = pa.scaling(runs)
+    assert family["ids"] == ["a1", "a8"] and family["gpus"] == [1, 8]
+    assert family["measured"] == [1.0, 0.9] and family["predicted"] == [1.0, 0.99]
