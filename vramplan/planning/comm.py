@@ -10,7 +10,10 @@ the NICs of the node's GPUs (NCCL docs, NCCL_CROSS_NIC), and a collective's bus 
 that of its bottleneck link (nccl-tests doc/PERFORMANCE.md): so a group with k ranks in
 each node moves its ring traffic at k x one GPU's network share, at most the NVLink rate
 (our reading of both, checked on the published runs: benchmarks/published_accuracy.py);
-point-to-point sends (pipeline, the context-parallel ring) use one GPU's NIC.
+point-to-point sends (pipeline, the context-parallel ring) use one GPU's NIC. Each NCCL
+call also pays a latency (collective_latency_s: NCCL's own tuning model, efficiency.toml
+[nccl]), and one collective here stands for `calls` of them (DDP buckets, FSDP units, the
+tensor-parallel all-reduces of every block).
 
 The node is the job's `parallel.gpus_per_node` where the job sets it, else the GPU
 catalog's. An NVLink node of at most 4 GPUs has no NVSwitch (HGX 4-GPU boards, NVL 4-way
@@ -44,6 +47,7 @@ its m GPUs reaches only (g - 1) / (m - 1) of the GPU's NVLink bandwidth
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from vramplan.engines.precision import dtypes_for
@@ -51,7 +55,7 @@ from vramplan.engines.step import Step, describe_step
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job
 from vramplan.models import Architecture
-from vramplan.planning.efficiency import nvlink_mesh_max_gpus
+from vramplan.planning.efficiency import collective_calls, nccl_latency, nvlink_mesh_max_gpus
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,8 @@ class Collective:
     group: int           # ranks in the collective
     link_share: float = 1.0  # of the link's bandwidth the group reaches (NVLink mesh)
     nics: int = 1        # network: the group's GPUs per node, whose NICs its rings share
+    kind: str = "p2p"    # "all-reduce", "all-gather", "reduce-scatter" or "p2p" (sends)
+    calls: int = 1       # NCCL calls it stands for, per occurrence (buckets, FSDP units)
 
 
 def ring_bytes(kind: str, buffer: float, n: int) -> float:
@@ -72,6 +78,45 @@ def ring_bytes(kind: str, buffer: float, n: int) -> float:
         return 0.0
     share = (n - 1) / n * buffer
     return 2 * share if kind == "all-reduce" else share
+
+
+def collective_latency_s(c: Collective, gpu: GPU) -> float:
+    """The latency of one NCCL call of `c` by NCCL's tuning model ([nccl]): ring steps at
+    their hop's latency, an all-reduce the lower of the ring's and the tree's. Point-to-point
+    sends (pipeline, the context-parallel ring) are left at 0: one hop each, beside
+    bandwidth terms of milliseconds."""
+    n = c.group
+    if c.kind == "p2p" or n <= 1:
+        return 0.0
+    lat = nccl_latency()
+    per_node = c.nics if c.link == "network" else n
+    nodes = -(-n // per_node)
+    hop = lat["nvlink_hop"] if gpu.interconnect.startswith("NVLink") and gpu.p2p else lat[
+        "pcie_hop"]
+    if c.kind == "all-reduce":
+        steps, crossing = 2 * (n - 1), 2 * nodes if nodes > 1 else 0
+    else:
+        steps, crossing = n - 1, nodes - 1
+    ring = lat["ring_base"] + (steps - crossing) * hop + crossing * lat["net_hop"]
+    nvls = _has_nvls(gpu)
+    if c.kind != "all-reduce":
+        return min(ring, lat["nvls"]) if nvls and nodes == 1 else ring
+    doublings = math.floor(math.log2(nodes))
+    options = [ring, 2 * ((per_node - 1) + doublings) * lat["tree_hop"]]
+    if nvls:
+        options.append(lat["nvls"] + 2 * doublings * lat["nvls_tree_net_hop"])
+    return min(options)
+
+
+def _has_nvls(gpu: GPU) -> bool:
+    """NCCL's NVLS (NVLink SHARP): Hopper and later GPUs behind an NVSwitch."""
+    try:
+        hopper_or_later = float(gpu.compute_capability or 0) >= 9.0
+    except ValueError:
+        hopper_or_later = False
+    switched = gpu.interconnect.startswith("NVLink") and gpu.gpus_per_node > (
+        nvlink_mesh_max_gpus())
+    return hopper_or_later and switched and gpu.p2p
 
 
 def node_size(job: Job, gpu: GPU) -> int:
@@ -129,6 +174,9 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
 
     model_parallel = tp * cp
     pp = par.pipeline_parallel
+    buckets = collective_calls()
+    blocks = stage.blocks or sum(s.num_layers for s in arch.stacks)
+    units = blocks + 1  # FSDP: each block and the root (embeddings, head)
     grad_phase = "backward" if par.overlap_grad_reduce else ""
     if dp > 1:
         strategy = par.strategy
@@ -136,15 +184,19 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
         if strategy == "ddp":
             out.append(Collective("gradient all-reduce (ddp)", ring_bytes("all-reduce", grads, dp),
                                   "step", grad_phase, dp_link, dp,
-                                  nics=in_node(dp, model_parallel)))
+                                  nics=in_node(dp, model_parallel), kind="all-reduce",
+                                  calls=max(1, math.ceil(grads / buckets["ddp_bucket_bytes"]))))
         elif strategy in ("zero1", "zero2"):
             weights16 = params.trainable * dtypes_for(job).compute / tp
+            calls = max(1, math.ceil(params.trainable / tp / buckets["zero_bucket_elements"]))
             out.append(Collective(f"gradient reduce-scatter ({strategy})",
                                   ring_bytes("reduce-scatter", grads, dp), "step", grad_phase,
-                                  dp_link, dp, nics=in_node(dp, model_parallel)))
+                                  dp_link, dp, nics=in_node(dp, model_parallel),
+                                  kind="reduce-scatter", calls=calls))
             out.append(Collective(f"parameter all-gather ({strategy})",
                                   ring_bytes("all-gather", weights16, dp), "step", "", dp_link,
-                                  dp, nics=in_node(dp, model_parallel)))
+                                  dp, nics=in_node(dp, model_parallel), kind="all-gather",
+                                  calls=calls))
         else:  # zero3, fsdp, hybrid-shard: the whole model is gathered per micro-batch
             shard = par.shard_degree
             gathered = params.total * dtypes_for(job).compute / tp
@@ -159,19 +211,22 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
                 out.append(Collective(f"parameter all-gather, {phase} ({strategy})",
                                       ring_bytes("all-gather", gathered, shard), "micro-batch",
                                       phase, shard_link, shard,
-                                      nics=in_node(shard, model_parallel)))
+                                      nics=in_node(shard, model_parallel), kind="all-gather",
+                                      calls=units))
             # without gradient sync (fsdp_no_sync) only the last micro-batch reduce-scatters
             out.append(Collective(f"gradient reduce-scatter ({strategy})",
                                   ring_bytes("reduce-scatter", grads, shard),
                                   "step" if par.fsdp_no_sync else "micro-batch",
                                   grad_phase, shard_link, shard,
-                                  nics=in_node(shard, model_parallel)))
+                                  nics=in_node(shard, model_parallel), kind="reduce-scatter",
+                                  calls=units))
             replicas = dp // shard
             if replicas > 1:
                 out.append(Collective("gradient all-reduce between replicas (hybrid)",
                                       ring_bytes("all-reduce", grads / shard, replicas), "step",
                                       grad_phase, "network", replicas,
-                                      nics=in_node(replicas, shard * model_parallel)))
+                                      nics=in_node(replicas, shard * model_parallel),
+                                      kind="all-reduce", calls=units))
     if tp > 1:
         # 2 all-reduces (or all-gather + reduce-scatter with sequence parallelism) per block
         # forward, 2 backward; full checkpointing runs the forward's 2 again in recomputation
@@ -182,7 +237,8 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
         out.append(Collective("activation all-reduces (tensor parallel)",
                               ring_bytes("all-reduce", activations, tp), "micro-batch",
                               "both" if par.async_tp else "", link(tp, 1), tp,
-                              nics=in_node(tp, 1)))
+                              nics=in_node(tp, 1), kind="all-reduce",
+                              calls=per_block * blocks))
     if cp > 1:
         # each rank's k and v chunk goes round the ring (cp - 1 hops) forward; backward
         # sends k, v and their gradients: 3x the forward volume in all

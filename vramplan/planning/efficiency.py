@@ -105,6 +105,19 @@ def nvlink_mesh_max_gpus() -> int:
     return int(_data()["topology"]["nvlink_mesh_max_gpus"])
 
 
+def nccl_latency() -> dict[str, float]:
+    """NCCL's ring and tree latencies per call and per step, in seconds ([nccl])."""
+    return {k[:-3]: float(v) * 1e-6 for k, v in _data()["nccl"].items() if k.endswith("_us")}
+
+
+def collective_calls() -> dict[str, float]:
+    """Bucket sizes that set how many NCCL calls a gradient collective takes
+    ([collective_calls]): DDP's in bytes, ZeRO's in elements."""
+    c = _data()["collective_calls"]
+    return {"ddp_bucket_bytes": float(c["ddp_bucket_mib"]) * 2**20,
+            "zero_bucket_elements": float(c["zero_bucket_elements"])}
+
+
 def sm_count(gpu: GPU) -> int | None:
     """Streaming multiprocessors of `gpu` ([sm_count]); None when not listed."""
     return _data()["sm_count"].get(gpu.name)

@@ -33,7 +33,7 @@ from vramplan.hardware.gpu import GPU
 from vramplan.job import Job
 from vramplan.models import Architecture, load_architecture
 from vramplan.planning.amount import TrainingAmount
-from vramplan.planning.comm import collectives, network_bytes_s
+from vramplan.planning.comm import collective_latency_s, collectives, network_bytes_s
 from vramplan.planning.efficiency import (
     Factors,
     attention_kernel,
@@ -103,6 +103,11 @@ class CollectiveTerms:
     times: int            # occurrences per step
     overlaps: str         # phase(s) it can hide behind
     crosses_nodes: bool
+    latency_s: float = 0.0  # NCCL's latency of its calls, per occurrence (comm.py)
+
+    def seconds(self, factors: Factors) -> float:
+        """One occurrence: its bytes at the link's reached rate, plus its calls' latency."""
+        return self.link_s / factors.collective + self.latency_s
 
 
 @dataclass(frozen=True)
@@ -284,7 +289,8 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
             network * c.nics, gpu.interconnect_bytes_s)
         comms.append(CollectiveTerms(c.name, c.bytes_per_gpu / (rate * c.link_share),
                                      job.grad_accum if c.per == "micro-batch" else 1,
-                                     c.overlaps, c.link == "network"))
+                                     c.overlaps, c.link == "network",
+                                     c.calls * collective_latency_s(c, gpu)))
         if c.link == "network":
             notes.append(f"{c.name} crosses nodes: {network / 1e9:g} GB/s per GPU"
                          + ("" if job.parallel.network_gb_s is None else " (parallel.network_gb_s)")
@@ -336,7 +342,7 @@ def phase_times(terms: StepTerms, factors: Factors) -> tuple[list[PhaseTime], fl
     by_phase = {p.phase: p.time_s for p in out}
     exposed = 0.0
     for c in terms.collectives:
-        seconds = c.link_s / factors.collective
+        seconds = c.seconds(factors)
         if c.overlaps == "both":
             hide = by_phase.get("forward", 0.0) + by_phase.get("backward", 0.0)
         else:
@@ -425,7 +431,7 @@ def _gradient_reduce_note(job: Job, terms: StepTerms, factors: Factors,
     """Where the gradient reduction waits for the backward, what it costs and what hides it."""
     if job.parallel.overlap_grad_reduce:
         return []
-    waiting = sum(c.times * c.link_s / factors.collective for c in terms.collectives
+    waiting = sum(c.times * c.seconds(factors) for c in terms.collectives
                   if c.name.startswith("gradient"))
     if not waiting:
         return []
