@@ -67,3 +67,15 @@ def test_each_occurrence_carries_its_calls_latency():
     for c, t in zip(collectives(job, arch, A100), terms.collectives):
         assert t.latency_s == pytest.approx(c.calls * collective_latency_s(c, A100))
         assert t.latency_s > 0
+
+
+def test_a_step_whose_latency_shows_says_so():
+    from vramplan.planning.performance import predict
+    job = Job(model="llama-3.1-8b", batch_size=1, seq_len=2048,
+              parallel=Parallel(strategy="fsdp", num_gpus=512))
+    perf, terms = predict(job, H100), step_terms(job, H100)
+    latency = sum(c.times * c.latency_s for c in terms.collectives)
+    assert latency > 0.05 * perf.step_time_s
+    assert f"NCCL's latency per call is {latency:.3g} s" in " ".join(perf.notes)
+    one_node = job.with_changes(parallel=Parallel(strategy="fsdp", num_gpus=8))
+    assert not any("NCCL's latency" in n for n in predict(one_node, H100).notes)

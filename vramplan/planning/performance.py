@@ -52,6 +52,7 @@ from vramplan.planning.traffic import HIDDEN_WIDE_OPS, step_traffic
 
 MICRO_PHASES = ("forward", "backward", "recompute")
 # a step that waits this much on its kernel launches gets a note: its time is the CPU's
+LATENCY_SHARE = 0.05  # of the step: NCCL latency worth a note
 HOST_BOUND_SHARE = 0.5
 
 
@@ -379,7 +380,7 @@ def predict(job: Job, gpu: GPU, amount: TrainingAmount | None = None, *,
         mfu=terms.model_flops_gpu / (step * terms.peak), flops_per_step=terms.flops_per_step,
         bound=by_time.bound, phases=phases, communication_s=comm_s, factors=factors.source,
         notes=list(terms.notes) + _host_note(phases, step, factors)
-        + _gradient_reduce_note(job, terms, factors, step))
+        + _gradient_reduce_note(job, terms, factors, step) + _latency_note(terms, step))
     training = _training(amount, gpu, step, terms.tokens_per_step, terms.samples_per_step, n)
     low, high = factors.interval or job_interval(job, arch)
     perf["step_time_range_s"] = (step * low, step * high)
@@ -424,6 +425,17 @@ def _host_note(phases: list[PhaseTime], step: float, factors: Factors) -> list[s
     return [f"host-bound: {host / step:.0%} of the step waits on the CPU launching kernels "
             f"({factors.kernel_us:.3g} us each, {whose}); a larger batch or torch.compile "
             "hides it"]
+
+
+def _latency_note(terms: StepTerms, step: float) -> list[str]:
+    """Where NCCL's per-call latency is a visible share of the step: it grows with the ranks
+    of each ring, not with the bytes, so a larger micro-batch or a smaller ring is the fix."""
+    latency = sum(c.times * c.latency_s for c in terms.collectives)
+    if latency <= LATENCY_SHARE * step:
+        return []
+    return [f"NCCL's latency per call is {latency:.3g} s of the collectives' time in the "
+            f"{step:.3g} s step (part of it hides behind compute): it grows with the GPUs in "
+            "each ring, not with the bytes, so a larger micro-batch spreads it"]
 
 
 def _gradient_reduce_note(job: Job, terms: StepTerms, factors: Factors,
