@@ -76,6 +76,6 @@ def test_a_step_whose_latency_shows_says_so():
     perf, terms = predict(job, H100), step_terms(job, H100)
     latency = sum(c.times * c.latency_s for c in terms.collectives)
     assert latency > 0.05 * perf.step_time_s
-    assert f"NCCL's latency per call is {latency:.3g} s" in " ".join(perf.notes)
+    assert f"NCCL's per-call latency adds up to {latency:.3g} s" in " ".join(perf.notes)
     one_node = job.with_changes(parallel=Parallel(strategy="fsdp", num_gpus=8))
-    assert not any("NCCL's latency" in n for n in predict(one_node, H100).notes)
+    assert not any("per-call latency" in n for n in predict(one_node, H100).notes)

@@ -82,9 +82,9 @@ def ring_bytes(kind: str, buffer: float, n: int) -> float:
 
 def collective_latency_s(c: Collective, gpu: GPU) -> float:
     """The latency of one NCCL call of `c` by NCCL's tuning model ([nccl]): ring steps at
-    their hop's latency, an all-reduce the lower of the ring's and the tree's. Point-to-point
-    sends (pipeline, the context-parallel ring) are left at 0: one hop each, beside
-    bandwidth terms of milliseconds."""
+    their hop's latency; NVLS's inside an NVSwitch node of Hopper or later; an all-reduce
+    the lowest of ring, tree and NVLS tree. Point-to-point sends (pipeline, the
+    context-parallel ring) are left at 0: one hop each, beside transfers of milliseconds."""
     n = c.group
     if c.kind == "p2p" or n <= 1:
         return 0.0

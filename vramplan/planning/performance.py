@@ -52,8 +52,9 @@ from vramplan.planning.traffic import HIDDEN_WIDE_OPS, step_traffic
 
 MICRO_PHASES = ("forward", "backward", "recompute")
 # a step that waits this much on its kernel launches gets a note: its time is the CPU's
-LATENCY_SHARE = 0.05  # of the step: NCCL latency worth a note
 HOST_BOUND_SHARE = 0.5
+# a step whose collectives' NCCL latency is this much of it gets a note
+LATENCY_SHARE = 0.05
 
 
 def compute_dtype(job: Job, gpu: GPU) -> tuple[str, list[str]]:
@@ -433,7 +434,7 @@ def _latency_note(terms: StepTerms, step: float) -> list[str]:
     latency = sum(c.times * c.latency_s for c in terms.collectives)
     if latency <= LATENCY_SHARE * step:
         return []
-    return [f"NCCL's latency per call is {latency:.3g} s of the collectives' time in the "
+    return [f"NCCL's per-call latency adds up to {latency:.3g} s of the collectives' time in the "
             f"{step:.3g} s step (part of it hides behind compute): it grows with the GPUs in "
             "each ring, not with the bytes, so a larger micro-batch spreads it"]
 
