@@ -482,6 +482,17 @@ def scaling(runs: list[dict]) -> list[dict]:
     return sorted(out, key=lambda f: (f["source"], f["gpu"], f["ids"][0]))
 
 
+def scaling_summary(families: list[dict]) -> dict:
+    """Median |error| of the predicted ratio at each family's most GPUs, and of perfect
+    scaling (a ratio of 1) on the same families: what the model adds about scale."""
+    if not families:
+        return {"families": 0}
+    last = [(f["predicted"][-1], f["measured"][-1]) for f in families]
+    return {"families": len(families),
+            "median_abs": statistics.median(abs(p / m - 1) for p, m in last),
+            "perfect_scaling_median_abs": statistics.median(abs(1 / m - 1) for _, m in last)}
+
+
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     pos = q * (len(ordered) - 1)
@@ -584,6 +595,7 @@ def main() -> None:
                      for s in ("1", "2-8", "9-128", ">128")},
         "interval_80": interval_80,
         "scaling": scale,
+        "scaling_summary": scaling_summary(scale),
         "skipped": skipped,
         "seconds": time.perf_counter() - started,
         "quick": QUICK,
@@ -689,7 +701,12 @@ def markdown(result: dict) -> str:
     lines += ["", "Scaling: each family of one source's rows on one GPU type that differ only in "
               "their GPU count; per-GPU throughput at each count over that at its fewest, "
               "measured / predicted (out of sample). The ratio cancels the one-GPU error and "
-              "leaves the error about scale.", "",
+              "leaves the error about scale. At each family's most GPUs the predicted ratio "
+              f"misses by {100 * result['scaling_summary'].get('median_abs', 0):.1f}% "
+              f"(median over {result['scaling_summary']['families']} families); perfect "
+              "scaling (a ratio of 1) by "
+              f"{100 * result['scaling_summary'].get('perfect_scaling_median_abs', 0):.1f}%.",
+              "",
               "| source | GPU | model | GPUs | measured | predicted |", "|---|---|---|---|---|---|"]
     for f in fams:
         lines.append(f"| {f['source']} | {f['gpu']} | {f['model']} | "

@@ -58,3 +58,13 @@ def test_scaling_divides_each_count_by_the_fewest_of_its_family():
     (family,) = pa.scaling(runs)
     assert family["ids"] == ["a1", "a8"] and family["gpus"] == [1, 8]
     assert family["measured"] == [1.0, 0.9] and family["predicted"] == [1.0, 0.99]
+
+
+def test_scaling_summary_scores_the_ratio_at_the_most_gpus():
+    families = [{"measured": [1.0, 0.9], "predicted": [1.0, 0.99]},
+                {"measured": [1.0, 0.95, 0.8], "predicted": [1.0, 0.9, 0.8]}]
+    summary = pa.scaling_summary(families)
+    # errors 0.99 / 0.9 - 1 = 0.1 and 0; perfect scaling 1 / 0.9 - 1 and 1 / 0.8 - 1
+    assert summary["families"] == 2
+    assert summary["median_abs"] == pytest.approx(0.05)
+    assert summary["perfect_scaling_median_abs"] == pytest.approx((1 / 0.9 - 1 + 0.25) / 2)
