@@ -55,7 +55,12 @@ from vramplan.engines.step import Step, describe_step
 from vramplan.hardware.gpu import GPU
 from vramplan.job import Job
 from vramplan.models import Architecture
-from vramplan.planning.efficiency import collective_calls, nccl_latency, nvlink_mesh_max_gpus
+from vramplan.planning.efficiency import (
+    architecture_of,
+    collective_calls,
+    nccl_latency,
+    nvlink_mesh_max_gpus,
+)
 
 
 @dataclass(frozen=True)
@@ -91,8 +96,7 @@ def collective_latency_s(c: Collective, gpu: GPU) -> float:
     lat = nccl_latency()
     per_node = c.nics if c.link == "network" else n
     nodes = -(-n // per_node)
-    hop = lat["nvlink_hop"] if gpu.interconnect.startswith("NVLink") and gpu.p2p else lat[
-        "pcie_hop"]
+    hop = lat["nvlink_hop"] if _nvlink(gpu) and gpu.p2p else lat["pcie_hop"]
     if c.kind == "all-reduce":
         steps, crossing = 2 * (n - 1), 2 * nodes if nodes > 1 else 0
     else:
@@ -109,14 +113,14 @@ def collective_latency_s(c: Collective, gpu: GPU) -> float:
 
 
 def _has_nvls(gpu: GPU) -> bool:
-    """NCCL's NVLS (NVLink SHARP): Hopper and later GPUs behind an NVSwitch."""
-    try:
-        hopper_or_later = float(gpu.compute_capability or 0) >= 9.0
-    except ValueError:
-        hopper_or_later = False
-    switched = gpu.interconnect.startswith("NVLink") and gpu.gpus_per_node > (
-        nvlink_mesh_max_gpus())
-    return hopper_or_later and switched and gpu.p2p
+    """NCCL's NVLS (NVLink SHARP): Hopper and Blackwell GPUs behind an NVSwitch."""
+    switched = _nvlink(gpu) and gpu.gpus_per_node > nvlink_mesh_max_gpus()
+    return architecture_of(gpu) in ("hopper", "blackwell") and switched and gpu.p2p
+
+
+def _nvlink(gpu: GPU) -> bool:
+    # an NVLink interconnect names itself first; "PCIe 4.0 x16 (no NVLink)" is not one
+    return gpu.interconnect.startswith("NVLink")
 
 
 def node_size(job: Job, gpu: GPU) -> int:
@@ -136,8 +140,7 @@ def mesh_share(gpu: GPU, per_node: int, group: int) -> float:
     """Of its NVLink bandwidth, what one GPU reaches in a group of `group` ranks inside a
     node of `per_node`: 1 behind an NVSwitch (or over PCIe), (g - 1) / (m - 1) on a
     switchless full mesh, where only the links to the group's own peers carry its data."""
-    # an NVLink interconnect names itself first; "PCIe 4.0 x16 (no NVLink)" is not one
-    if not gpu.interconnect.startswith("NVLink") or per_node > nvlink_mesh_max_gpus():
+    if not _nvlink(gpu) or per_node > nvlink_mesh_max_gpus():
         return 1.0
     if group >= per_node or per_node <= 1:
         return 1.0
