@@ -41,6 +41,11 @@ JOBS = [
       "H100-SXM", "--set", "fp8.recipe=rowwise_with_gw_hp"],
      Job(model="llama-3.2-1b", batch_size=2, seq_len=2048, precision="fp8", compile=True,
          fp8={"recipe": "rowwise_with_gw_hp"}, gpu="H100-SXM"), {}),
+    # FSDP over 64 nodes: NCCL's per-call latency on its rings, and the note it earns
+    (["llama-3.1-8b", "-b", "1", "-s", "2048", "--gpu", "H100-SXM", "--num-gpus", "512",
+      "--strategy", "fsdp"],
+     Job(model="llama-3.1-8b", batch_size=1, seq_len=2048, gpu="H100-SXM",
+         parallel={"num_gpus": 512, "strategy": "fsdp"}), {}),
 ]
 
 
