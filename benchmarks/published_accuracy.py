@@ -276,12 +276,14 @@ def _loss(runs: list[dict], shares: dict) -> float:
 def fit(runs: list[dict], start: dict | None = None, rounds: int = 4,
         fixed: dict | None = None) -> dict:
     """Coordinate search of the shares, in multiplicative steps that shrink each round. One
-    source alone cannot tell five shares apart: then only matmul and attention are fitted
-    and the others keep `start`'s values. `fixed`: shares set, not fitted. Rows of our own
-    runs add their host time (OWN_HOST)."""
+    source alone cannot tell the shares apart: its rows share one stack and one attention
+    kernel, and attention's share of their FLOPs hardly varies, so a matmul and an attention
+    share fitted together trade against each other (Megatron-LM's rows alone drove the
+    attention share to its bound). Then only the matmul share is fitted and the others keep
+    `start`'s values. `fixed`: shares set, not fitted. Rows of our own runs add their host
+    time (OWN_HOST)."""
     shares = {**(start or START), **(fixed or {})}
-    keys = SHARES if len({r["source"] for r in runs}) > 1 else ("matmul_share",
-                                                                "attention_share")
+    keys = SHARES if len({r["source"] for r in runs}) > 1 else ("matmul_share",)
     keys = tuple(k for k in keys if k not in (fixed or {}))
     if any(r["source"] in OWN_RUNS for r in runs):
         shares.setdefault(OWN_HOST, START["kernel_us"])

@@ -68,3 +68,25 @@ def test_scaling_summary_scores_the_ratio_at_the_most_gpus():
     assert summary["families"] == 2
     assert summary["median_abs"] == pytest.approx(0.05)
     assert summary["perfect_scaling_median_abs"] == pytest.approx((1 / 0.9 - 1 + 0.25) / 2)
+
+
+def test_one_source_fits_the_matmul_share_alone():
+    # rows of one source whose measured rate wants a lower attention share than the start:
+    # one source cannot tell attention from matmul, so only the matmul share may move
+    from vramplan.hardware import get_gpu
+    from vramplan.job import Job
+    from vramplan.planning.performance import step_terms
+
+    gpu = get_gpu("H100-SXM")
+    runs = []
+    for seq in (1024, 8192):  # device-bound steps (host time does not hide the change)
+        job = Job(model="llama-3.2-1b", batch_size=8, seq_len=seq, attention="sdpa")
+        run = {"id": str(seq), "source": "s", "job": job, "terms": step_terms(job, gpu),
+               "arch": "hopper", "gpu_name": gpu.name}
+        run["measured_tps_gpu"] = pa.predicted_tps_gpu(run, {**pa.START,
+                                                             "attention_share": 0.35})
+        runs.append(run)
+    shares = pa.fit(runs, rounds=2)
+    assert shares["matmul_share"] != pa.START["matmul_share"]
+    assert {k: shares[k] for k in pa.SHARES if k != "matmul_share"} == \
+        {k: pa.START[k] for k in pa.SHARES if k != "matmul_share"}
