@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import QUICK, machine_line, results_dir  # noqa: E402
-from published_runs import cases  # noqa: E402
+from published_runs import UNFUSED_LOSS, cases  # noqa: E402
 
 from vramplan.engines.precision import dtypes_for  # noqa: E402
 from vramplan.engines.step import describe_step  # noqa: E402
@@ -157,6 +157,8 @@ def load() -> tuple[list[dict], list[dict]]:
                 run["terms"] = _transformer_engine_fp8(run["terms"], run["job"], gpu)
             if STACK[run["source"]] == "megatron-core":
                 run["terms"] = _sixteen_bit_model(run["terms"], run["job"], gpu)
+                if run["source"] in UNFUSED_LOSS:
+                    run["terms"] = _megatron_loss(run["terms"], run["job"], gpu)
                 if run["job"].attention == "eager":
                     run["terms"] = _unfused_attention_dropout(run["terms"], run["job"], gpu)
         except Exception as error:  # said, never dropped silently
@@ -184,8 +186,8 @@ SIXTEEN_BIT_MODEL_OPS = {"weight cast": 0.0, "grad accumulate": 0.0, "fp8 weight
 
 
 def _with_op_bytes(terms, job: Job, gpu, scale_of) -> object:
-    """The step terms with each phase's memory-bound bytes changed by scale_of(op) x the
-    bytes step_traffic counts for that op in that phase (the busiest stage's share, per
+    """The step terms with each phase's memory-bound bytes changed by scale_of(op, phase) x
+    the bytes step_traffic counts for that op in that phase (the busiest stage's share, per
     tensor x context-parallel rank): negative drops work, positive adds it."""
     arch = load_architecture(job.model)
     traffic = step_traffic(job, arch)
@@ -193,7 +195,7 @@ def _with_op_bytes(terms, job: Job, gpu, scale_of) -> object:
     split = job.parallel.tensor_parallel * job.parallel.context_parallel
     phases = []
     for p in terms.phases:
-        changed = sum(share * nbytes * scale_of(op) / split
+        changed = sum(share * nbytes * scale_of(op, phase) / split
                       for (op, phase), nbytes in traffic.by_op_phase.items() if phase == p.phase)
         phases.append(dataclasses.replace(
             p, memory_s=p.memory_s + changed / gpu.bandwidth_bytes_s, bytes=p.bytes + changed))
@@ -203,12 +205,26 @@ def _with_op_bytes(terms, job: Job, gpu, scale_of) -> object:
 def _sixteen_bit_model(terms, job: Job, gpu):
     """The step terms less the per-micro-batch weight work a 16-bit model does not do (fp8
     scaling: once per step, not per micro-batch)."""
-    def scale(op: str) -> float:
+    def scale(op: str, phase: str) -> float:
         if op not in SIXTEEN_BIT_MODEL_OPS:
             return 0.0
         keep = SIXTEEN_BIT_MODEL_OPS[op]
         return -(1 - (1 / job.grad_accum if keep is None else keep))
     return _with_op_bytes(terms, job, gpu, scale)
+
+
+def _megatron_loss(terms, job: Job, gpu):
+    """The step terms with the eager loss's bytes as Megatron's unfused vocab-parallel
+    cross-entropy moves them (its rows' jobs run the loss eager: published_runs.py
+    UNFUSED_LOSS), per logit of c bytes (megatron/core/tensor_parallel/cross_entropy.py at
+    f2e5db402c44): forward, the logits written (c), .float() (r c, w 4), max (r 4), the
+    in-place subtraction, exp and division (r 4, w 4 each), the sum (r 4): 2c + 36 bytes;
+    backward, grad_input.mul_ (r 4, w 4) and the cast back to 16-bit (r 4, w c): c + 12.
+    vramplan's eager loss (traffic.py _loss, HF's log_softmax) counts 2c + 16 and c + 20."""
+    c = dtypes_for(job).compute
+    ratio = {"forward": (2 * c + 36) / (2 * c + 16), "backward": (c + 12) / (c + 20)}
+    return _with_op_bytes(terms, job, gpu,
+                          lambda op, phase: ratio.get(phase, 1.0) - 1 if op == "loss" else 0.0)
 
 
 # the 16-bit scores: the fused kernel moves 2c + 1 bytes each; a dropout of its own 2c more
@@ -226,7 +242,7 @@ def _unfused_attention_dropout(terms, job: Job, gpu):
         return terms
     c = _SCORE_BYTES
     return _with_op_bytes(terms, job, gpu,
-                          lambda op: 2 * c / (2 * c + 1) if op == "softmax" else 0.0)
+                          lambda op, phase: 2 * c / (2 * c + 1) if op == "softmax" else 0.0)
 
 
 def _transformer_engine_fp8(terms, job: Job, gpu):
@@ -245,7 +261,7 @@ def _transformer_engine_fp8(terms, job: Job, gpu):
                / float8_cast_bytes(4, compiled, produced=False)[0])
     scale = {"fp8 input cast": fused - 1, "fp8 input recast": -1.0,
              "fp8 grad cast": fused / 2 - 1, "fp8 weight cast": weights - 1}
-    return _with_op_bytes(terms, job, gpu, lambda op: scale.get(op, 0.0))
+    return _with_op_bytes(terms, job, gpu, lambda op, phase: scale.get(op, 0.0))
 
 
 def _slower_attention(terms, factor: float):

@@ -119,6 +119,12 @@ def _catalog_name(model: str) -> str | None:
 # buffer differs from the master precisions' 16-bit gradients: published_accuracy.py drops
 # the per-micro-batch gradient adds it fuses.
 _MEGATRON_CORE = ("megatron-lm", "nemo", "bigscience", "llama3-paper")
+# Megatron-LM's cross-entropy is fused only with --cross-entropy-loss-fusion (opt-in at
+# f2e5db402c44, megatron/training/arguments.py; its tables state no such flag) and
+# Megatron-DeepSpeed's (BLOOM) has no fused one: their rows run the loss eager
+# (compile_components "blocks"), its bytes as Megatron's code moves them
+# (published_accuracy.py _megatron_loss). NeMo's and the Llama 3 paper's are left fused.
+UNFUSED_LOSS = ("megatron-lm", "bigscience")
 MASTER_WEIGHT_GROUPS = {"bf16-mixed": _MEGATRON_CORE,
                         "fp16-mixed": (*_MEGATRON_CORE, "lambda-bert", "nvidia-bert")}
 
@@ -454,7 +460,11 @@ def case(row: dict) -> Case:
         task = "seq-classification" if group in ("lambda-bert", "nvidia-bert") else None
     offload = tech.get("offload") if group in _COLLECTED else None
     offload = offload if isinstance(offload, dict) else {}
+    loss_eager = compiled and group in UNFUSED_LOSS
+    if loss_eager:
+        assumed.append("loss unfused: Megatron's vocab-parallel cross-entropy (its default)")
     job = Job(model=model, batch_size=micro, grad_accum=grad_accum, seq_len=seq, compile=compiled,
+              **({"compile_components": "blocks"} if loss_eager else {}),
               offload={"params": bool(offload.get("params")),
                        "optimizer": bool(offload.get("optimizer"))},
               activation_offload=bool(offload.get("activations")),

@@ -90,3 +90,22 @@ def test_one_source_fits_the_matmul_share_alone():
     assert shares["matmul_share"] != pa.START["matmul_share"]
     assert {k: shares[k] for k in pa.SHARES if k != "matmul_share"} == \
         {k: pa.START[k] for k in pa.SHARES if k != "matmul_share"}
+
+
+def test_megatron_loss_moves_the_bytes_of_its_unfused_cross_entropy():
+    # bf16 logits (c = 2): Megatron's forward moves 2c + 36 = 40 bytes a logit where the
+    # eager loss counts 2c + 16 = 20; its backward c + 12 = 14 where the eager one counts 22
+    from vramplan.hardware import get_gpu
+    from vramplan.job import Job
+    from vramplan.planning.performance import step_terms
+    from vramplan.planning.traffic import step_traffic
+
+    gpu = get_gpu("H100-SXM")
+    job = Job(model="gpt2", batch_size=2, seq_len=64, precision="bf16-master")
+    loss = step_traffic(job).by_op_phase
+    before = {p.phase: p.bytes for p in step_terms(job, gpu).phases}
+    after = {p.phase: p.bytes for p in pa._megatron_loss(step_terms(job, gpu), job, gpu).phases}
+    assert after["forward"] - before["forward"] == pytest.approx(loss["loss", "forward"])
+    assert after["backward"] - before["backward"] == pytest.approx(
+        -8 / 22 * loss["loss", "backward"])
+    assert after["optimizer"] == before["optimizer"]
