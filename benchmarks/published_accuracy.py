@@ -77,7 +77,7 @@ TRITON_ATTENTION_SLOWDOWN = 1.8
 STACK = {"llm-foundry": "pytorch", "vramplan-h200": "pytorch", "kempnerforge": "pytorch",
          "lambda-bert": "pytorch", "olmo-core": "pytorch", "flash-attention": "pytorch",
          "llm.c": "pytorch", "nvidia-bert": "pytorch", "qwen1-finetune": "pytorch",
-         "answerai-fsdp-qlora": "pytorch",
+         "answerai-fsdp-qlora": "pytorch", "vectorlm": "pytorch",
          "megatron-lm": "megatron-core", "nemo": "megatron-core",
          "bigscience": "megatron-core", "llama3-paper": "megatron-core"}
 # the sources whose fp8 is Transformer Engine's (the calibration rows say so: llm-foundry's
@@ -155,6 +155,8 @@ def load() -> tuple[list[dict], list[dict]]:
                 run["terms"] = _slower_attention(run["terms"], TRITON_ATTENTION_SLOWDOWN)
             if run["source"] in TRANSFORMER_ENGINE_FP8:
                 run["terms"] = _transformer_engine_fp8(run["terms"], run["job"], gpu)
+            if run["source"] in ONE_MICRO_BATCH:
+                run["terms"] = _one_micro_batch(run["terms"], run["job"], gpu)
             if STACK[run["source"]] == "megatron-core":
                 run["terms"] = _sixteen_bit_model(run["terms"], run["job"], gpu)
                 if run["source"] in UNFUSED_LOSS:
@@ -211,6 +213,38 @@ def _sixteen_bit_model(terms, job: Job, gpu):
         keep = SIXTEEN_BIT_MODEL_OPS[op]
         return -(1 - (1 / job.grad_accum if keep is None else keep))
     return _with_op_bytes(terms, job, gpu, scale)
+
+
+# VectorLM reports the median time of one micro-batch (profiling/parse_benchmark.py), and
+# three of every four accumulate under no_sync (vectorlm/trainer.py train_step: forward,
+# backward and clip_grad_norm_; the fourth reduce-scatters and steps the optimizer), so its
+# median step is a no-sync micro-batch: clipped, with no reduce-scatter and no optimizer step.
+ONE_MICRO_BATCH = ("vectorlm",)
+_CLIP_KERNELS = 4  # traffic.py _optimizer: clip_grad_norm_'s norm and scale
+
+
+def _one_micro_batch(terms, job: Job, gpu):
+    """The step terms of one micro-batch that accumulates without syncing: each micro-batch
+    phase once, the collectives that run every micro-batch once, and of the optimizer phase
+    only the clipping of the whole (unsharded, under no_sync) gradient."""
+    ga = job.grad_accum
+    clip = step_traffic(job).by_op_phase.get(("clip", "optimizer"), 0.0)
+    phases = []
+    for p in terms.phases:
+        if p.phase == "optimizer":
+            p = dataclasses.replace(p, memory_s=clip / gpu.bandwidth_bytes_s, bytes=clip,
+                                    kernels=_CLIP_KERNELS, offload_bytes=0.0,
+                                    offload_params=0.0)
+        else:
+            p = dataclasses.replace(p, per_step=p.per_step // ga)
+        phases.append(p)
+    comms = tuple(dataclasses.replace(c, times=c.times // ga) for c in terms.collectives
+                  if c.times >= ga)
+    return dataclasses.replace(
+        terms, phases=tuple(phases), collectives=comms,
+        tokens_per_step=terms.tokens_per_step // ga,
+        samples_per_step=terms.samples_per_step // ga,
+        model_flops_gpu=terms.model_flops_gpu / ga, flops_per_step=terms.flops_per_step / ga)
 
 
 def _megatron_loss(terms, job: Job, gpu):

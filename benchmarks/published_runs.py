@@ -30,7 +30,8 @@ every row of that source:
     work is timed as vramplan times compiled blocks (`compile`: one kernel per fused chain).
 
 Rows we collected ourselves (lambda-bert, olmo-core, bigscience, flash-attention, llm.c,
-llama3-paper, nvidia-bert, qwen1-finetune, answerai-fsdp-qlora; see `_COLLECTED` below)
+llama3-paper, nvidia-bert, qwen1-finetune, answerai-fsdp-qlora, vectorlm; see `_COLLECTED`
+below)
 state their GPU as a catalog name (`catalog_gpu`) or a family here, and:
 
   * Lambda's BERT-large SQuAD: the catalog bert-large-uncased with its sequence-classification
@@ -55,7 +56,10 @@ state their GPU as a catalog name (`catalog_gpu`) or a family here, and:
     Qwen's LoRA (emb) its modules_to_save) from techniques.peft and FSDP CPU offload
     (parameters, gradients and the optimizer step on the CPU) from techniques.offload; Qwen 1
     is a qwen2 block; torch's default AdamW (foreach);
-    FSDP FULL_SHARD is fsdp, NO_SHARD is ddp.
+    FSDP FULL_SHARD is fsdp, NO_SHARD is ddp;
+  * VectorLM's Llama 3 8B benchmark (HF model, FSDP1 FULL_SHARD, pure bf16, flash-attention-2,
+    full checkpointing) accumulates 4 micro-batches under no_sync (parallel.fsdp_no_sync) and
+    reports the median micro-batch (published_accuracy.py _one_micro_batch).
 
 Measured tokens/s per GPU: as published where the row gives it; sequences/s (Lambda) times the
 sequence over the GPUs; a step time (BLOOM, llm.c) as global batch x sequence / step / GPUs;
@@ -92,7 +96,8 @@ CATALOG = {"LLAMA38B": "llama-3.1-8b", "LLAMA370B": "llama-3.1-70b",
 COLLECTED_FILES = ("lambda_bert_squad.jsonl", "olmocore_throughput.jsonl",
                    "bigscience_bloom.jsonl", "flashattention_gpt3.jsonl", "llmc_gpt2.jsonl",
                    "llama3_paper.jsonl", "lambda_bert_squad_more.jsonl", "nvidia_bert_squad.jsonl",
-                   "qwen1_lora_profile.jsonl", "answerai_fsdp_qlora.jsonl")
+                   "qwen1_lora_profile.jsonl", "answerai_fsdp_qlora.jsonl",
+                   "vectorlm_throughput.jsonl")
 # their source groups: which ran fused kernels (timed as compiled blocks) and which attention
 _COLLECTED = {"lambda-bert": {"fused": False, "attention": "eager"},
               "olmo-core": {"fused": False, "attention": "sdpa"},
@@ -104,7 +109,9 @@ _COLLECTED = {"lambda-bert": {"fused": False, "attention": "eager"},
               "llama3-paper": {"fused": True, "attention": "sdpa"},
               "nvidia-bert": {"fused": False, "attention": "eager"},
               "qwen1-finetune": {"fused": False, "attention": "sdpa"},
-              "answerai-fsdp-qlora": {"fused": False, "attention": "sdpa"}}
+              "answerai-fsdp-qlora": {"fused": False, "attention": "sdpa"},
+              # HF's attn_implementation flash_attention_2 (vectorlm/utils/model_utils.py)
+              "vectorlm": {"fused": False, "attention": "flash-attn-2"}}
 
 
 def _catalog_name(model: str) -> str | None:
@@ -265,7 +272,7 @@ def _collected_model(row: dict, seq: int) -> str:
         return _olmo2(mc, seq) if mc["arch"] == "olmo2" else _llama(mc, seq)
     if group == "qwen1-finetune":
         return _qwen2(mc, seq)
-    if group == "answerai-fsdp-qlora":
+    if group in ("answerai-fsdp-qlora", "vectorlm"):
         return mc.get("catalog") or _decoder(mc, seq)
     # BLOOM (ALiBi instead of learned positions: 0.02% of its parameters), flash-attention's
     # GPT-3 sizes and llm.c's GPT-2: GPT-2 blocks
@@ -336,8 +343,10 @@ def _collected_kernels(row: dict, assumed: list[str]) -> tuple[bool, str]:
 
 
 # sources that step with torch's AdamW as constructed by default (foreach on CUDA): HF
-# Trainer's adamw_torch (Qwen's finetune.py) and fsdp_qlora's optim.AdamW
-_FOREACH = ("llm-foundry", "qwen1-finetune", "answerai-fsdp-qlora")
+# Trainer's adamw_torch (Qwen's finetune.py), fsdp_qlora's optim.AdamW and VectorLM's AdamW
+_FOREACH = ("llm-foundry", "qwen1-finetune", "answerai-fsdp-qlora", "vectorlm")
+# sources whose micro-batches accumulate without FSDP's gradient reduce-scatter (no_sync)
+_FSDP_NO_SYNC = ("kempnerforge", "vectorlm")
 
 
 def _optimizer_impl(group: str, tech: dict) -> str:
@@ -481,8 +490,8 @@ def case(row: dict) -> Case:
                         "pipeline_parallel": pp, "context_parallel": cp,
                         "async_tp": "--tp-comm-overlap" in str(tech.get("other")), **pipeline,
                         "overlap_grad_reduce": not (megatron_2021 or group == "bigscience"),
-                        # KempnerForge reduce-scatters a step's last micro-batch only
-                        "fsdp_no_sync": group == "kempnerforge" and strategy == "fsdp",
+                        # KempnerForge and VectorLM reduce-scatter a step's last micro-batch
+                        "fsdp_no_sync": group in _FSDP_NO_SYNC and strategy == "fsdp",
                         "sequence_parallel": not megatron_2021 and _COLLECTED.get(
                             group, {}).get("sequence_parallel", True),
                         # a row's own node size where it states one, else the catalog GPU's

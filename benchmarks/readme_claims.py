@@ -139,8 +139,9 @@ def _extra_rows():
         yield (f"step time on published runs we collected ({loso['rows']} rows: KempnerForge "
                "and the single-GPU rows of Lambda's and NVIDIA's BERT fine-tuning and Qwen's "
                "LoRA profile (fitted, each source left out in turn); never fitted: their "
-               "multi-GPU rows, Answer.AI's FSDP QLoRA, OLMo-core, BLOOM, FlashAttention's "
-               "GPT-3, llm.c, Llama 3; V100 to B200, 1-16384 GPUs)",
+               "multi-GPU rows, Answer.AI's FSDP QLoRA, VectorLM's Llama 3 8B fine-tuning, "
+               "OLMo-core, BLOOM, FlashAttention's GPT-3, llm.c, Llama 3; V100 to B200, "
+               "1-16384 GPUs)",
                (f"out of sample: median \\|error\\| {_pct(loso['median_abs'], 1)}, p90 "
                 f"{_pct(loso['p90_abs'], 1)}; fixed MFU 0.35: {_pct(r35['median_abs'], 1)} / "
                 f"{_pct(r35['p90_abs'], 1)}; 0.45: {_pct(r45['median_abs'], 1)} / "

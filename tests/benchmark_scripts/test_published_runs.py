@@ -18,9 +18,10 @@ def rows():
 
 def test_every_row_once_and_every_row_a_job(rows):
     # the 36 llm-foundry rows in both files once; 54 rows collected from six more sources;
-    # 125 fine-tuning rows from four more (Lambda's other BERT columns, NVIDIA's BERT tables,
-    # Qwen's LoRA profile with and without trained embeddings, Answer.AI's fsdp_qlora)
-    assert len(rows) == 77 + 216 - 36 + 14 + 54 + 125
+    # 143 fine-tuning rows from five more (Lambda's other BERT columns, NVIDIA's BERT tables,
+    # Qwen's LoRA profile with and without trained embeddings, Answer.AI's fsdp_qlora,
+    # VectorLM's Llama 3 8B benchmark)
+    assert len(rows) == 77 + 216 - 36 + 14 + 54 + 143
     # every row is a Job (NVIDIA's TF32 BERT rows: fp32 with tf32)
     cases = published_runs.cases()
     assert [c.id for c in cases if c.job is None] == []
@@ -79,7 +80,7 @@ def test_kempnerforge_rows_match_the_report_s_own_counts(rows):
 # rows per source group we collected (benchmarks/data/published_runs/README.md)
 COLLECTED = {"lambda-bert": 48, "olmo-core": 10, "bigscience": 12, "flash-attention": 5, "llm.c": 1,
              "llama3-paper": 3, "nvidia-bert": 34, "qwen1-finetune": 36,
-             "answerai-fsdp-qlora": 30}
+             "answerai-fsdp-qlora": 30, "vectorlm": 18}
 
 
 def test_every_collected_row_becomes_a_job_on_a_catalog_gpu(rows):
@@ -224,3 +225,35 @@ def test_sixteen_bit_models_with_fp32_master_weights_are_expressed_as_such(rows)
     foundry = [published_runs.case(r) for r in rows.values()
                if r.get("source_group") == "llm-foundry"]
     assert "bf16-master" not in {c.job.precision for c in foundry if c.job}
+
+
+def test_vectorlm_rows_are_one_no_sync_micro_batch(rows):
+    # LoRA r 8 on q and v, FSDP FULL_SHARD accumulating 4 micro-batches without syncing,
+    # pure bf16, flash-attention-2, every decoder layer checkpointed; the table's 7182.97
+    # tokens/s over both GPUs
+    from benchmarks import published_accuracy as pa
+    from vramplan.hardware import get_gpu
+    from vramplan.planning.performance import step_terms
+
+    case = published_runs.case(rows["vectorlm_llama3_8b_lora_2xa100_seq2048"])
+    job = case.job
+    assert job.peft.rank == 8 and set(job.peft.target_modules) == {"q_proj", "v_proj"}
+    assert job.parallel.strategy == "fsdp" and job.parallel.fsdp_no_sync
+    assert (job.batch_size, job.grad_accum, job.seq_len) == (8, 4, 2048)
+    assert job.precision == "bf16-pure" and job.attention == "flash-attn-2"
+    assert job.checkpointing == "full" and job.optimizer_impl == "foreach"
+    assert case.measured_tokens_per_s_per_gpu == pytest.approx(7182.97 / 2)
+    # the median step: each micro-batch phase and all-gather once, no reduce-scatter, and of
+    # the optimizer only the clipping
+    gpu = get_gpu("A100-80GB")
+    step = step_terms(job, gpu)
+    one = pa._one_micro_batch(step, job, gpu)
+    assert one.tokens_per_step == 8 * 2048 * 2 == step.tokens_per_step // 4
+    assert {p.phase: p.per_step for p in one.phases} == {
+        "forward": 1, "backward": 1, "recompute": 1, "optimizer": 1}
+    gathers = [c for c in step.collectives if c.times == 4]
+    assert [(c.name, c.times) for c in one.collectives] == [(c.name, 1) for c in gathers]
+    assert all("all-gather" in c.name for c in gathers)
+    clip = [p for p in one.phases if p.phase == "optimizer"][0]
+    optimizer = [p for p in step.phases if p.phase == "optimizer"][0]
+    assert 0 < clip.bytes < optimizer.bytes
