@@ -30,8 +30,8 @@ every row of that source:
     work is timed as vramplan times compiled blocks (`compile`: one kernel per fused chain).
 
 Rows we collected ourselves (lambda-bert, olmo-core, bigscience, flash-attention, llm.c,
-llama3-paper, nvidia-bert, qwen1-finetune, answerai-fsdp-qlora, vectorlm; see `_COLLECTED`
-below)
+llama3-paper, nvidia-bert, qwen1-finetune, answerai-fsdp-qlora, vectorlm, fms-fsdp; see
+`_COLLECTED` below)
 state their GPU as a catalog name (`catalog_gpu`) or a family here, and:
 
   * Lambda's BERT-large SQuAD: the catalog bert-large-uncased with its sequence-classification
@@ -57,6 +57,9 @@ state their GPU as a catalog name (`catalog_gpu`) or a family here, and:
     (parameters, gradients and the optimizer step on the CPU) from techniques.offload; Qwen 1
     is a qwen2 block; torch's default AdamW (foreach);
     FSDP FULL_SHARD is fsdp, NO_SHARD is ddp;
+  * fms-fsdp's Llama 2 benchmark: FSDP1 (HSDP for 7B) with bf16 MixedPrecision, the whole
+    model compiled and the loss outside it (compile_components "blocks"), SDPA's
+    FlashAttention-2; its "400 / 800 Gbps" network read as per node;
   * VectorLM's Llama 3 8B benchmark (HF model, FSDP1 FULL_SHARD, pure bf16, flash-attention-2,
     full checkpointing) accumulates 4 micro-batches under no_sync (parallel.fsdp_no_sync) and
     reports the median micro-batch (published_accuracy.py _one_micro_batch).
@@ -97,7 +100,7 @@ COLLECTED_FILES = ("lambda_bert_squad.jsonl", "olmocore_throughput.jsonl",
                    "bigscience_bloom.jsonl", "flashattention_gpt3.jsonl", "llmc_gpt2.jsonl",
                    "llama3_paper.jsonl", "lambda_bert_squad_more.jsonl", "nvidia_bert_squad.jsonl",
                    "qwen1_lora_profile.jsonl", "answerai_fsdp_qlora.jsonl",
-                   "vectorlm_throughput.jsonl")
+                   "vectorlm_throughput.jsonl", "fmsfsdp_throughput.jsonl")
 # their source groups: which ran fused kernels (timed as compiled blocks) and which attention
 _COLLECTED = {"lambda-bert": {"fused": False, "attention": "eager"},
               "olmo-core": {"fused": False, "attention": "sdpa"},
@@ -111,7 +114,9 @@ _COLLECTED = {"lambda-bert": {"fused": False, "attention": "eager"},
               "qwen1-finetune": {"fused": False, "attention": "sdpa"},
               "answerai-fsdp-qlora": {"fused": False, "attention": "sdpa"},
               # HF's attn_implementation flash_attention_2 (vectorlm/utils/model_utils.py)
-              "vectorlm": {"fused": False, "attention": "flash-attn-2"}}
+              "vectorlm": {"fused": False, "attention": "flash-attn-2"},
+              # fms LLaMA's SDPA (FlashAttention-2's kernel on A100 and, before torch 2.5, H100)
+              "fms-fsdp": {"fused": False, "attention": "flash-attn-2"}}
 
 
 def _catalog_name(model: str) -> str | None:
@@ -132,6 +137,9 @@ _MEGATRON_CORE = ("megatron-lm", "nemo", "bigscience", "llama3-paper")
 # (compile_components "blocks"), its bytes as Megatron's code moves them
 # (published_accuracy.py _megatron_loss). NeMo's and the Llama 3 paper's are left fused.
 UNFUSED_LOSS = ("megatron-lm", "bigscience")
+# sources that compile (or fuse) the model's blocks and run the loss eager outside them:
+# those, and fms-fsdp (torch.compile of the model; train_utils.py's nn.CrossEntropyLoss)
+EAGER_LOSS = (*UNFUSED_LOSS, "fms-fsdp")
 MASTER_WEIGHT_GROUPS = {"bf16-mixed": _MEGATRON_CORE,
                         "fp16-mixed": (*_MEGATRON_CORE, "lambda-bert", "nvidia-bert")}
 
@@ -272,7 +280,7 @@ def _collected_model(row: dict, seq: int) -> str:
         return _olmo2(mc, seq) if mc["arch"] == "olmo2" else _llama(mc, seq)
     if group == "qwen1-finetune":
         return _qwen2(mc, seq)
-    if group in ("answerai-fsdp-qlora", "vectorlm"):
+    if group in ("answerai-fsdp-qlora", "vectorlm", "fms-fsdp"):
         return mc.get("catalog") or _decoder(mc, seq)
     # BLOOM (ALiBi instead of learned positions: 0.02% of its parameters), flash-attention's
     # GPT-3 sizes and llm.c's GPT-2: GPT-2 blocks
@@ -288,6 +296,8 @@ def _collected_strategy(row: dict, dp: int) -> str:
         return "hybrid-shard" if "one replica per node" in str(par.get("fsdp_strategy")) else "fsdp"
     if par.get("fsdp_strategy") == "FULL_SHARD":
         return "fsdp"
+    if par.get("fsdp_strategy") == "HYBRID_SHARD":  # sharded in a node, replicated across
+        return "hybrid-shard"
     optimizer = str((row.get("techniques") or {}).get("optimizer"))
     if "without resharding" in optimizer:  # Llama 3: parameters stay gathered after forward
         return "zero2"
@@ -344,7 +354,7 @@ def _collected_kernels(row: dict, assumed: list[str]) -> tuple[bool, str]:
 
 # sources that step with torch's AdamW as constructed by default (foreach on CUDA): HF
 # Trainer's adamw_torch (Qwen's finetune.py), fsdp_qlora's optim.AdamW and VectorLM's AdamW
-_FOREACH = ("llm-foundry", "qwen1-finetune", "answerai-fsdp-qlora", "vectorlm")
+_FOREACH = ("llm-foundry", "qwen1-finetune", "answerai-fsdp-qlora", "vectorlm", "fms-fsdp")
 # sources whose micro-batches accumulate without FSDP's gradient reduce-scatter (no_sync)
 _FSDP_NO_SYNC = ("kempnerforge", "vectorlm")
 
@@ -469,8 +479,8 @@ def case(row: dict) -> Case:
         task = "seq-classification" if group in ("lambda-bert", "nvidia-bert") else None
     offload = tech.get("offload") if group in _COLLECTED else None
     offload = offload if isinstance(offload, dict) else {}
-    loss_eager = compiled and group in UNFUSED_LOSS
-    if loss_eager:
+    loss_eager = compiled and group in EAGER_LOSS
+    if loss_eager and group in UNFUSED_LOSS:
         assumed.append("loss unfused: Megatron's vocab-parallel cross-entropy (its default)")
     job = Job(model=model, batch_size=micro, grad_accum=grad_accum, seq_len=seq, compile=compiled,
               **({"compile_components": "blocks"} if loss_eager else {}),

@@ -20,8 +20,8 @@ def test_every_row_once_and_every_row_a_job(rows):
     # the 36 llm-foundry rows in both files once; 54 rows collected from six more sources;
     # 143 fine-tuning rows from five more (Lambda's other BERT columns, NVIDIA's BERT tables,
     # Qwen's LoRA profile with and without trained embeddings, Answer.AI's fsdp_qlora,
-    # VectorLM's Llama 3 8B benchmark)
-    assert len(rows) == 77 + 216 - 36 + 14 + 54 + 143
+    # VectorLM's Llama 3 8B benchmark); fms-fsdp's 4 pre-training rows
+    assert len(rows) == 77 + 216 - 36 + 14 + 54 + 143 + 4
     # every row is a Job (NVIDIA's TF32 BERT rows: fp32 with tf32)
     cases = published_runs.cases()
     assert [c.id for c in cases if c.job is None] == []
@@ -80,7 +80,7 @@ def test_kempnerforge_rows_match_the_report_s_own_counts(rows):
 # rows per source group we collected (benchmarks/data/published_runs/README.md)
 COLLECTED = {"lambda-bert": 48, "olmo-core": 10, "bigscience": 12, "flash-attention": 5, "llm.c": 1,
              "llama3-paper": 3, "nvidia-bert": 34, "qwen1-finetune": 36,
-             "answerai-fsdp-qlora": 30, "vectorlm": 18}
+             "answerai-fsdp-qlora": 30, "vectorlm": 18, "fms-fsdp": 4}
 
 
 def test_every_collected_row_becomes_a_job_on_a_catalog_gpu(rows):
@@ -257,3 +257,25 @@ def test_vectorlm_rows_are_one_no_sync_micro_batch(rows):
     clip = [p for p in one.phases if p.phase == "optimizer"][0]
     optimizer = [p for p in step.phases if p.phase == "optimizer"][0]
     assert 0 < clip.bytes < optimizer.bytes
+
+
+def test_fms_fsdp_rows_keep_their_sharding_network_and_bf16_gradient_reduction(rows):
+    # 7B: HSDP over 16 nodes of 8 A100s on "400 Gbps" a node (6.25 GB/s a GPU), the whole
+    # model compiled and the loss outside it; 34B: FSDP with every block checkpointed
+    from benchmarks import published_accuracy as pa
+    from vramplan.hardware import get_gpu
+    from vramplan.planning.performance import step_terms
+
+    job = published_runs.case(rows["fmsfsdp_llama2_7b_128xa100"]).job
+    assert job.parallel.strategy == "hybrid-shard" and job.parallel.network_gb_s == 6.25
+    assert job.compile and job.compile_components == "blocks" and job.checkpointing == "none"
+    assert (job.batch_size, job.grad_accum, job.seq_len) == (2, 1, 4096)
+    big = published_runs.case(rows["fmsfsdp_llama2_34b_128xa100"]).job
+    assert big.parallel.strategy == "fsdp" and big.checkpointing == "full"
+    # bfSixteen reduces in bf16 where bf16-mixed's fp32 gradients would move 4 bytes
+    step = step_terms(job, get_gpu("A100-80GB"))
+    half = pa._grad_reduce_bytes(step, job, 2)
+    for before, after in zip(step.collectives, half.collectives):
+        scale = 0.5 if before.name.startswith("gradient") else 1.0
+        assert after.link_s == pytest.approx(scale * before.link_s)
+    assert any(c.name.startswith("gradient") for c in step.collectives)
