@@ -37,6 +37,7 @@ BENCHMARKS: list[tuple[list[str], bool]] = [
     (["time_accuracy.py"], True),                   # quick: 2 leave-one-out folds
     (["published_accuracy.py"], True),              # quick: a subsample per fold
     (["gemm_shape_fit.py"], True),                  # 6 s: a grid over two constants
+    (["memory_ops_check.py"], True),                # under 1 s: 143 published kernel times
     (["host_ops.py"], True),                        # quick: 2 models, tiny shapes on the CPU
     (["plan_speed.py"], True),
     (["web_fuzz.py"], True),                        # schemathesis against the web API
