@@ -353,7 +353,8 @@ def _collected_kernels(row: dict, assumed: list[str]) -> tuple[bool, str]:
 
 
 # sources that step with torch's AdamW as constructed by default (foreach on CUDA): HF
-# Trainer's adamw_torch (Qwen's finetune.py), fsdp_qlora's optim.AdamW and VectorLM's AdamW
+# Trainer's adamw_torch (Qwen's finetune.py), fsdp_qlora's optim.AdamW, VectorLM's and
+# fms-fsdp's AdamW
 _FOREACH = ("llm-foundry", "qwen1-finetune", "answerai-fsdp-qlora", "vectorlm", "fms-fsdp")
 # sources whose micro-batches accumulate without FSDP's gradient reduce-scatter (no_sync)
 _FSDP_NO_SYNC = ("kempnerforge", "vectorlm")
