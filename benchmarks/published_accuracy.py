@@ -271,9 +271,9 @@ def _megatron_loss(terms, job: Job, gpu):
     UNFUSED_LOSS), per logit of c bytes (megatron/core/tensor_parallel/cross_entropy.py at
     f2e5db402c44; in 2021 the same ops in megatron/mpu/cross_entropy.py after gpt_model.py's
     output.float(), which Megatron-DeepSpeed keeps): forward, the logits written (c),
-    .float() (r c, w 4), max (r 4), the
-    in-place subtraction, exp and division (r 4, w 4 each), the sum (r 4): 2c + 36 bytes;
-    backward, grad_input.mul_ (r 4, w 4) and the cast back to 16-bit (r 4, w c): c + 12.
+    .float() (r c, w 4), max (r 4), the in-place subtraction, exp and division (r 4, w 4
+    each), the sum (r 4): 2c + 36 bytes; backward, grad_input.mul_ (r 4, w 4) and the cast
+    back to 16-bit (r 4, w c): c + 12.
     vramplan's eager loss (traffic.py _loss, HF's log_softmax) counts 2c + 16 and c + 20."""
     c = dtypes_for(job).compute
     ratio = {"forward": (2 * c + 36) / (2 * c + 16), "backward": (c + 12) / (c + 20)}
