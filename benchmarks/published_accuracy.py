@@ -157,9 +157,6 @@ def load() -> tuple[list[dict], list[dict]]:
                 run["terms"] = _transformer_engine_fp8(run["terms"], run["job"], gpu)
             if run["source"] in ONE_MICRO_BATCH:
                 run["terms"] = _one_micro_batch(run["terms"], run["job"], gpu)
-            if run["source"] in GRAD_REDUCE_BYTES:
-                run["terms"] = _grad_reduce_bytes(run["terms"], run["job"],
-                                                  GRAD_REDUCE_BYTES[run["source"]])
             if STACK[run["source"]] == "megatron-core":
                 run["terms"] = _sixteen_bit_model(run["terms"], run["job"], gpu)
                 if run["source"] in UNFUSED_LOSS:
@@ -248,21 +245,6 @@ def _one_micro_batch(terms, job: Job, gpu):
         tokens_per_step=terms.tokens_per_step // ga,
         samples_per_step=terms.samples_per_step // ga,
         model_flops_gpu=terms.model_flops_gpu / ga, flops_per_step=terms.flops_per_step / ga)
-
-
-# Sources whose gradient collectives move another width than the gradients vramplan counts
-# (dtypes_for(job).grad: fp32 under bf16-mixed, whose FSDP reduces in fp32 as torchtitan's
-# and vramplan's own do): fms-fsdp's bfSixteen MixedPrecision reduces in bf16
-# (fms_fsdp/policies/mixed_precision.py reduce_dtype=torch.bfloat16).
-GRAD_REDUCE_BYTES = {"fms-fsdp": 2}
-
-
-def _grad_reduce_bytes(terms, job: Job, nbytes: int):
-    """The step terms with every gradient collective's bytes at `nbytes` per element."""
-    scale = nbytes / dtypes_for(job).grad
-    comms = tuple(dataclasses.replace(c, link_s=scale * c.link_s)
-                  if c.name.startswith("gradient") else c for c in terms.collectives)
-    return dataclasses.replace(terms, collectives=comms)
 
 
 def _megatron_loss(terms, job: Job, gpu):

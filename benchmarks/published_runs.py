@@ -57,9 +57,10 @@ state their GPU as a catalog name (`catalog_gpu`) or a family here, and:
     (parameters, gradients and the optimizer step on the CPU) from techniques.offload; Qwen 1
     is a qwen2 block; torch's default AdamW (foreach);
     FSDP FULL_SHARD is fsdp, NO_SHARD is ddp;
-  * fms-fsdp's Llama 2 benchmark: FSDP1 (HSDP for 7B) with bf16 MixedPrecision, the whole
-    model compiled and the loss outside it (compile_components "blocks"), SDPA's
-    FlashAttention-2; its "400 / 800 Gbps" network read as per node;
+  * fms-fsdp's Llama 2 benchmark: FSDP1 (HSDP for 7B) with bf16 MixedPrecision, reducing
+    the gradients in bf16 (parallel.grad_reduce_dtype compute), the whole model compiled and
+    the loss outside it (compile_components "blocks"), SDPA's FlashAttention-2; its
+    "400 / 800 Gbps" network read as per node;
   * VectorLM's Llama 3 8B benchmark (HF model, FSDP1 FULL_SHARD, pure bf16, flash-attention-2,
     full checkpointing) accumulates 4 micro-batches under no_sync (parallel.fsdp_no_sync) and
     reports the median micro-batch (published_accuracy.py _one_micro_batch).
@@ -503,6 +504,9 @@ def case(row: dict) -> Case:
                         "overlap_grad_reduce": not (megatron_2021 or group == "bigscience"),
                         # KempnerForge and VectorLM reduce-scatter a step's last micro-batch
                         "fsdp_no_sync": group in _FSDP_NO_SYNC and strategy == "fsdp",
+                        # fms-fsdp's bfSixteen MixedPrecision reduces in bf16
+                        # (fms_fsdp/policies/mixed_precision.py reduce_dtype=torch.bfloat16)
+                        **({"grad_reduce_dtype": "compute"} if group == "fms-fsdp" else {}),
                         "sequence_parallel": not megatron_2021 and _COLLECTED.get(
                             group, {}).get("sequence_parallel", True),
                         # a row's own node size where it states one, else the catalog GPU's

@@ -102,6 +102,10 @@ JOB_FIELDS: tuple[JobField, ...] = (
              help="FSDP reduce-scatters only a step's last micro-batch's gradients, holding "
                   "every whole fp32 gradient until then (HF Trainer / Accelerate no_sync; "
                   "default from --framework)"),
+    JobField("grad_reduce_dtype", ("parallel", "grad_reduce_dtype"),
+             help="the dtype the gradient all-reduce / reduce-scatter moves: grad (the "
+                  "gradients' own), compute (16-bit: Accelerate's FSDP), fp32, bf16, fp16; "
+                  "communication time only (default from --framework)"),
     JobField("offload_optimizer", ("offload", "optimizer"), help="optimizer states in CPU memory"),
     JobField("offload_params", ("offload", "params"), help="parameters in CPU memory (zero3/fsdp)"),
     JobField("gpu", ("gpu",), short=("-g",), help="the GPU to check (default: every catalog GPU)"),

@@ -82,6 +82,12 @@ SAVED_MODULE_NAMES = {"embed_tokens": "embed_tokens", "wte": "embed_tokens",
 # every micro-batch's forward, then every backward (torch.distributed.pipelining's
 # ScheduleGPipe, torchtitan's "GPipe"): 1F1B's bubble, all micro-batches in flight
 PipelineSchedule = Literal["1f1b", "interleaved", "gpipe"]
+# the dtype data parallelism's gradient collectives move: grad, the gradients' own (fp32
+# under autocast over fp32 weights, 16-bit in a 16-bit model); compute, the 16-bit compute
+# dtype (FSDP's MixedPrecision reduce_dtype = param_dtype, as Accelerate sets it; DDP's
+# bf16 compression hook; DeepSpeed's communication_data_type bf16); or a dtype itself
+# (torchtitan's mixed_precision_reduce, Megatron-Core's fp32 main_grad of a bf16 model)
+GradReduceDtype = Literal["grad", "compute", "fp32", "bf16", "fp16"]
 # The training framework whose defaults the job takes (vramplan/frameworks/profiles.toml)
 # What torch.compile compiles (torchtitan's compile.components: "model" = the blocks, "loss";
 # torchtitan before bbb1b616e, 2025-04-02, compiled the blocks only)
@@ -231,6 +237,10 @@ class Parallel(_Strict):
     # every parameter's whole gradient in fp32 until then. False: every micro-batch's
     # gradients are reduce-scattered and sharded (torchtitan)
     fsdp_no_sync: bool = False
+    # the dtype the gradient all-reduce / reduce-scatter moves (GradReduceDtype): its bytes
+    # and so its time (planning/comm.py); the memory counted stays the framework's default
+    # gradients (a unit's transient cast buffer is left out)
+    grad_reduce_dtype: GradReduceDtype = "grad"
 
     def changed(self, **changes: Any) -> dict[str, Any]:
         """This layout's fields with `changes`, to build a Job from: a strategy without

@@ -262,7 +262,6 @@ def test_vectorlm_rows_are_one_no_sync_micro_batch(rows):
 def test_fms_fsdp_rows_keep_their_sharding_network_and_bf16_gradient_reduction(rows):
     # 7B: HSDP over 16 nodes of 8 A100s on "400 Gbps" a node (6.25 GB/s a GPU), the whole
     # model compiled and the loss outside it; 34B: FSDP with every block checkpointed
-    from benchmarks import published_accuracy as pa
     from vramplan.hardware import get_gpu
     from vramplan.planning.performance import step_terms
 
@@ -273,9 +272,12 @@ def test_fms_fsdp_rows_keep_their_sharding_network_and_bf16_gradient_reduction(r
     big = published_runs.case(rows["fmsfsdp_llama2_34b_128xa100"]).job
     assert big.parallel.strategy == "fsdp" and big.checkpointing == "full"
     # bfSixteen reduces in bf16 where bf16-mixed's fp32 gradients would move 4 bytes
-    step = step_terms(job, get_gpu("A100-80GB"))
-    half = pa._grad_reduce_bytes(step, job, 2)
-    for before, after in zip(step.collectives, half.collectives):
+    assert job.parallel.grad_reduce_dtype == "compute"
+    gpu = get_gpu("A100-80GB")
+    own = job.model_copy(update={"parallel": job.parallel.model_copy(
+        update={"grad_reduce_dtype": "grad"})})
+    half, full = step_terms(job, gpu).collectives, step_terms(own, gpu).collectives
+    for after, before in zip(half, full):
         scale = 0.5 if before.name.startswith("gradient") else 1.0
         assert after.link_s == pytest.approx(scale * before.link_s)
-    assert any(c.name.startswith("gradient") for c in step.collectives)
+    assert any(c.name.startswith("gradient") for c in full)

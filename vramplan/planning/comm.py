@@ -32,6 +32,8 @@ its m GPUs reaches only (g - 1) / (m - 1) of the GPU's NVLink bandwidth
               with parallel.fsdp_no_sync once per step, the last micro-batch's);
               with fp8.fsdp_float8_all_gather the block linears' weights travel in float8
   hybrid      fsdp inside a node, plus an all-reduce of the gradient shards between nodes
+  (the gradient collectives move the gradients' own dtype unless parallel.grad_reduce_dtype
+  names another: reduce_share)
   tensor par. 2 all-reduces of the activations per block in forward, 2 in backward (and
               the forward's 2 again when full checkpointing recomputes the block)
               (Megatron-LM), on the critical path; with parallel.async_tp (torchtitan's
@@ -147,6 +149,20 @@ def mesh_share(gpu: GPU, per_node: int, group: int) -> float:
     return (group - 1) / (per_node - 1)
 
 
+# bytes per element of each parallel.grad_reduce_dtype that names its width
+REDUCE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def reduce_share(job: Job, gradient_bytes: float, trainable: int) -> float:
+    """The gradient collectives' bytes over the gradients' own (parallel.grad_reduce_dtype:
+    1 for grad; compute, the compute dtype's width; else the named dtype's)."""
+    choice = job.parallel.grad_reduce_dtype
+    if choice == "grad" or not trainable or not gradient_bytes:
+        return 1.0
+    width = dtypes_for(job).compute if choice == "compute" else REDUCE_BYTES[choice]
+    return width / (gradient_bytes / trainable)
+
+
 def _block_linear_params(arch: Architecture) -> int:
     return sum(s.num_layers * ln.in_features * ln.out_features * ln.count
                for s in arch.stacks for ln in s.linears)
@@ -163,7 +179,9 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
     params = step.stage_params(stage)
     share = stage.layer_share
     tp, cp, dp = par.tensor_parallel, par.context_parallel, par.data_parallel
-    grads = params.gradients / tp  # bytes of gradients per model-parallel rank
+    stored = params.gradients / tp  # bytes of gradients per model-parallel rank
+    # ... at the dtype the collectives move them in
+    grads = stored * reduce_share(job, params.gradients, params.trainable)
     per_node = node_size(job, gpu)
     out: list[Collective] = []
 
@@ -188,7 +206,8 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
             out.append(Collective("gradient all-reduce (ddp)", ring_bytes("all-reduce", grads, dp),
                                   "step", grad_phase, dp_link, dp,
                                   nics=in_node(dp, model_parallel), kind="all-reduce",
-                                  calls=max(1, math.ceil(grads / buckets["ddp_bucket_bytes"]))))
+                                  # DDP's buckets hold the gradients as stored
+                                  calls=max(1, math.ceil(stored / buckets["ddp_bucket_bytes"]))))
         elif strategy in ("zero1", "zero2"):
             weights16 = params.trainable * dtypes_for(job).compute / tp
             calls = max(1, math.ceil(params.trainable / tp / buckets["zero_bucket_elements"]))
