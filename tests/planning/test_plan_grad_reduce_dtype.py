@@ -94,3 +94,13 @@ def test_a_trainer_job_moved_off_fsdp_reduces_its_own_gradients_again():
         "compute", "grad")
     back = ddp.with_changes(parallel=ddp.parallel.changed(strategy="fsdp"))
     assert back.parallel.grad_reduce_dtype == "compute"
+
+
+def test_the_report_says_how_wide_the_reduced_gradients_are():
+    from vramplan.planning.performance import predict
+    job = Job(model=MODEL, framework="hf-trainer", parallel={"strategy": "fsdp", "num_gpus": 8})
+    notes = predict(job, get_gpu("H100-SXM")).notes
+    assert "gradient reduce-scatter (fsdp): 2 bytes a gradient (parallel.grad_reduce_dtype " \
+           "compute)" in notes
+    plain = Job(model=MODEL, parallel={"strategy": "fsdp", "num_gpus": 8})
+    assert not any("bytes a gradient" in n for n in predict(plain, get_gpu("H100-SXM")).notes)

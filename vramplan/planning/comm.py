@@ -153,13 +153,20 @@ def mesh_share(gpu: GPU, per_node: int, group: int) -> float:
 REDUCE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
-def reduce_share(job: Job, gradient_bytes: float, trainable: int) -> float:
-    """The gradient collectives' bytes over the gradients' own (parallel.grad_reduce_dtype:
-    1 for grad; compute, the compute dtype's width; else the named dtype's)."""
+def reduce_width(job: Job) -> int | None:
+    """Bytes per element the gradient collectives move (parallel.grad_reduce_dtype: compute,
+    the compute dtype's width; else the named dtype's); None for grad, the gradients' own."""
     choice = job.parallel.grad_reduce_dtype
-    if choice == "grad" or not trainable or not gradient_bytes:
+    if choice == "grad":
+        return None
+    return dtypes_for(job).compute if choice == "compute" else REDUCE_BYTES[choice]
+
+
+def reduce_share(job: Job, gradient_bytes: float, trainable: int) -> float:
+    """The gradient collectives' bytes over the gradients' own."""
+    width = reduce_width(job)
+    if width is None or not trainable or not gradient_bytes:
         return 1.0
-    width = dtypes_for(job).compute if choice == "compute" else REDUCE_BYTES[choice]
     return width / (gradient_bytes / trainable)
 
 

@@ -33,7 +33,12 @@ from vramplan.hardware.gpu import GPU
 from vramplan.job import Job
 from vramplan.models import Architecture, load_architecture
 from vramplan.planning.amount import TrainingAmount
-from vramplan.planning.comm import collective_latency_s, collectives, network_bytes_s
+from vramplan.planning.comm import (
+    collective_latency_s,
+    collectives,
+    network_bytes_s,
+    reduce_width,
+)
 from vramplan.planning.efficiency import (
     Factors,
     attention_kernel,
@@ -303,6 +308,10 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         elif c.link_share < 1:
             notes.append(f"{c.name}: {c.group} GPUs of a switchless NVLink node reach "
                          f"{c.link_share:.2g} of its bandwidth")
+    reduced = [c.name for c in comms if c.name.startswith("gradient")]
+    if reduced and reduce_width(job) is not None:
+        notes.append(f"{', '.join(reduced)}: {reduce_width(job)} bytes a gradient "
+                     f"(parallel.grad_reduce_dtype {job.parallel.grad_reduce_dtype})")
     if job.parallel.network_gb_s is None and any(c.crosses_nodes for c in comms):
         notes.append(f"the network between nodes is the catalog's usual {gpu.name} server's; "
                      "--set parallel.network_gb_s=GB/s per GPU for your cluster's")
