@@ -40,8 +40,11 @@ from vramplan.planning.efficiency import (  # noqa: E402
 from vramplan.planning.gemm import gemm_seconds  # noqa: E402
 from vramplan.planning.traffic import (  # noqa: E402
     BACKWARD_OVER_FORWARD,
-    RMSNORM_PASSES_FP32,
+    GATED_ACTIVATION_PASSES,
+    LOG_SOFTMAX_BYTES,
+    NLL_GRAD_BYTES,
     ROTARY_PASSES,
+    eager_norm_bytes,
 )
 
 DATA = Path(__file__).parent / "data" / "liger_hf_ops.csv"
@@ -68,10 +71,10 @@ def op_bytes(row: dict) -> float | None:
     mode = MODE[row["kernel_operation_mode"]]
     if kernel == "rms_norm":  # LlamaRMSNorm on a 16-bit input: r = c
         c = WIDTH[cfg["dtype"]]
-        return mode * cfg["M"] * x * (c + RMSNORM_PASSES_FP32 * 4 + 2 * c)
+        return mode * cfg["M"] * x * eager_norm_bytes("rmsnorm", c, c)
     if kernel == "layer_norm":  # one fused kernel: read x, write y
         c = WIDTH[cfg["dtype"]]
-        return mode * cfg["M"] * x * 2 * c
+        return mode * cfg["M"] * x * eager_norm_bytes("layernorm", c, c)
     if kernel == "fused_add_rms_norm":  # Liger's NaiveAddRMSNorm, counted from its code
         c = WIDTH[cfg["dtype"]]
         # add (r 4 x2 w 4), pow (r 4 w 4), mean (r 4), rsqrt-mul (r 4 w 4), weight-mul
@@ -87,10 +90,11 @@ def op_bytes(row: dict) -> float | None:
         head = hidden // cfg["num_q_heads"]
         elements = seq * head * (cfg["num_q_heads"] + cfg["num_kv_heads"])
         return mode * ROTARY_PASSES * c * elements
-    if kernel == "cross_entropy":  # fp32 logits: log_softmax r 4 x2 w 4; backward r 4 x2 w 4
-        elements = cfg["B"] * cfg["T"] * x  # + nll's gradient w 4
-        per = {"forward": 12, "backward": 16, "full": 28}[row["kernel_operation_mode"]]
-        return per * elements
+    if kernel == "cross_entropy":  # fp32 logits: no upcast, log_softmax and nll's gradient
+        backward = NLL_GRAD_BYTES + LOG_SOFTMAX_BYTES
+        per = {"forward": LOG_SOFTMAX_BYTES, "backward": backward,
+               "full": LOG_SOFTMAX_BYTES + backward}[row["kernel_operation_mode"]]
+        return per * cfg["B"] * cfg["T"] * x
     return None
 
 
@@ -110,7 +114,7 @@ def mlp_seconds(row: dict, gpu) -> float:
     gemms = {"forward": forward, "backward": backward, "full": forward + backward}
     matmul = sum(gemm_seconds(m, n, k, rate, model, sms)
                  for m, n, k in gemms[row["kernel_operation_mode"]])
-    activation = MODE[row["kernel_operation_mode"]] * 5 * c * tokens * i
+    activation = MODE[row["kernel_operation_mode"]] * GATED_ACTIVATION_PASSES * c * tokens * i
     return matmul + activation / (gpu.bandwidth_bytes_s * factors.memory)
 
 

@@ -116,6 +116,11 @@ class CollectiveTerms:
         """One occurrence: its bytes at the link's reached rate, plus its calls' latency."""
         return self.link_s / factors.collective + self.latency_s
 
+    @property
+    def reduces_gradients(self) -> bool:
+        """A data-parallel gradient all-reduce / reduce-scatter (comm.py names them so)."""
+        return self.name.startswith("gradient")
+
 
 @dataclass(frozen=True)
 class StepTerms:
@@ -308,7 +313,7 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         elif c.link_share < 1:
             notes.append(f"{c.name}: {c.group} GPUs of a switchless NVLink node reach "
                          f"{c.link_share:.2g} of its bandwidth")
-    reduced = [c.name for c in comms if c.name.startswith("gradient")]
+    reduced = [c.name for c in comms if c.reduces_gradients]
     if reduced and reduce_width(job) is not None:
         notes.append(f"{', '.join(reduced)}: {reduce_width(job)} bytes a gradient "
                      f"(parallel.grad_reduce_dtype {job.parallel.grad_reduce_dtype})")
@@ -454,7 +459,7 @@ def _gradient_reduce_note(job: Job, terms: StepTerms, factors: Factors,
     if job.parallel.overlap_grad_reduce:
         return []
     waiting = sum(c.times * c.seconds(factors) for c in terms.collectives
-                  if c.name.startswith("gradient"))
+                  if c.reduces_gradients)
     if not waiting:
         return []
     return [f"the gradient reduction runs after the backward (parallel.overlap_grad_reduce "

@@ -47,6 +47,11 @@ from vramplan.models import Architecture, Stack, load_architecture
 
 # Passes over the tensor per op, forward (see the module docstring).
 RMSNORM_PASSES_FP32 = 7      # upcast(r,w) pow(r,w) mean(r) mul(r,w) ... counted in fp32
+GATED_ACTIVATION_PASSES = 5  # act(gate): r c, w c; * up: r 2c, w c (per intermediate element)
+# the eager loss over fp32 logits: log_softmax reads twice and writes (r 4 x2, w 4), its
+# gradient the same; nll's gradient writes one fp32 element
+LOG_SOFTMAX_BYTES = 12
+NLL_GRAD_BYTES = 4
 ROTARY_PASSES = 12           # 6 kernels, each read + write
 BACKWARD_OVER_FORWARD = 2.0  # elementwise gradients: read saved input + grad, write grad
 # Optimizer passes over one trainable element (reads + writes of param-sized tensors):
@@ -186,6 +191,12 @@ def block_modules(job: Job, arch: Architecture, stack: Stack) -> float:
     return linears + arch.norms_per_block(stack) + 1 + dropouts + 3 + 3 * adapted
 
 
+def eager_norm_bytes(norm: str, r: int, c: int) -> int:
+    """Bytes an eager norm moves per element of its r-byte input and c-byte output: HF's
+    RMSNorm in its fp32 passes, LayerNorm's one fused kernel (read, write)."""
+    return r + RMSNORM_PASSES_FP32 * 4 + 2 * c if norm == "rmsnorm" else r + c
+
+
 def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, attention: str):
     """Forward bytes per op of one block, and its kernel count."""
     b, c, r = job.batch_size, dt.compute, dt.residual
@@ -227,9 +238,9 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
             _lora(job, stack, tokens, c, add, compiled=True)
         return ops, kernels
     if stack.norm == "rmsnorm":
-        add("norm", norms * n_h * (r + RMSNORM_PASSES_FP32 * 4 + 2 * c), norms * 6)
+        add("norm", norms * n_h * eager_norm_bytes("rmsnorm", r, c), norms * 6)
     else:
-        add("norm", norms * n_h * (r + c), norms)
+        add("norm", norms * n_h * eager_norm_bytes("layernorm", r, c), norms)
     if dt.autocast and r == 4:  # each linear casts its fp32 input to 16-bit on its own
         inputs = sum(1 for ln in stack.linears if ln.role in ("attn_in", "mlp_in", "cross_q"))
         add("input cast", inputs * n_h * (4 + c), inputs)
@@ -250,7 +261,7 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
             add("attention io", c * (2 * n_q + 2 * n_kv), 1)
     add("residual", residuals * 3 * r * n_h, residuals)
     if stack.mlp == "gated":
-        add("activation", n_f * 5 * c, 2)  # act(gate) r c w c; * up: r 2c w c
+        add("activation", n_f * GATED_ACTIVATION_PASSES * c, 2)
     else:
         act = arch.traits.activation
         passes = 16 if act == "gelu_new" else 2   # gelu_new: 8 Python-level kernels
@@ -364,7 +375,8 @@ def _loss(job: Job, arch: Architecture, task: str, shapes, dt, t: Traffic) -> No
         return
     # forward: logits written, fp32 upcast (r c w 4), log_softmax (r 4 x2, w 4), nll;
     # backward: nll grad (w 4), log_softmax grad (r 4 x2, w 4), downcast (r 4 w c)
-    forward, backward = tv * (c + c + 4 + 12), tv * (4 + 12 + 4 + c)
+    forward = tv * (c + c + 4 + LOG_SOFTMAX_BYTES)
+    backward = tv * (NLL_GRAD_BYTES + LOG_SOFTMAX_BYTES + 4 + c)
     t.add("loss", "forward", forward, 5)
     t.add("loss", "backward", backward, 5)
     if job.loss == "chunked":
