@@ -46,6 +46,12 @@ JOBS = [
       "--strategy", "fsdp"],
      Job(model="llama-3.1-8b", batch_size=1, seq_len=2048, gpu="H100-SXM",
          parallel={"num_gpus": 512, "strategy": "fsdp"}), {}),
+    # the HF Trainer's FSDP across nodes: its no_sync and its 16-bit gradient reduction
+    # (parallel.grad_reduce_dtype compute, from its profile)
+    (["llama-3.1-8b", "-b", "2", "-s", "2048", "--grad-accum", "4", "--gpu", "A100-80GB",
+      "--num-gpus", "16", "--strategy", "fsdp", "--framework", "hf-trainer"],
+     Job(model="llama-3.1-8b", batch_size=2, seq_len=2048, grad_accum=4, gpu="A100-80GB",
+         framework="hf-trainer", parallel={"num_gpus": 16, "strategy": "fsdp"}), {}),
 ]
 
 
