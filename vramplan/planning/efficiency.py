@@ -105,11 +105,13 @@ def nvlink_mesh_max_gpus() -> int:
     return int(_data()["topology"]["nvlink_mesh_max_gpus"])
 
 
+@functools.lru_cache(maxsize=1)
 def nccl_latency() -> dict[str, float]:
     """NCCL's ring and tree latencies per call and per step, in seconds ([nccl])."""
     return {k[:-3]: float(v) * 1e-6 for k, v in _data()["nccl"].items() if k.endswith("_us")}
 
 
+@functools.lru_cache(maxsize=1)
 def collective_calls() -> dict[str, float]:
     """Bucket sizes that set how many NCCL calls a gradient collective takes
     ([collective_calls]): DDP's in bytes, ZeRO's in elements."""
