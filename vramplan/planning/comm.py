@@ -44,6 +44,14 @@ its m GPUs reaches only (g - 1) / (m - 1) of the GPU's NVLink bandwidth
               gradient of its input back (point to point; v times over for an
               interleaved schedule of v chunks), on the critical path. Stages are the
               outermost dimension (Megatron-LM's order): they cross nodes when the job does
+
+Copies between the GPU and CPU memory (link "host", PCIe; host_copies) run on copy engines
+beside the kernels, hidden where the phase they overlap takes longer:
+  offload.params        each micro-batch's forward and backward upload the GPU's parameter
+                        shard as stored (FSDP's CPUOffload reshards after forward; ZeRO-3's
+                        offload_param alike); the gradient shard goes down once per reduce
+  activation_offload    what the offload hooks take (formula.saved.offloaded_bytes) goes
+                        down in forward and comes back in backward
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from vramplan.engines.formula.saved import offloaded_bytes
 from vramplan.engines.precision import dtypes_for
 from vramplan.engines.step import Step, describe_step
 from vramplan.hardware.gpu import GPU
@@ -71,11 +80,12 @@ class Collective:
     bytes_per_gpu: float  # bytes each GPU sends, per occurrence
     per: str             # "step" or "micro-batch"
     overlaps: str        # the phase it can hide behind: "backward", "forward", "" (none)
-    link: str            # "interconnect" or "network"
+    link: str            # "interconnect", "network" or "host" (PCIe to CPU memory)
     group: int           # ranks in the collective
     link_share: float = 1.0  # of the link's bandwidth the group reaches (NVLink mesh)
     nics: int = 1        # network: the group's GPUs per node, whose NICs its rings share
-    kind: str = "p2p"    # "all-reduce", "all-gather", "reduce-scatter" or "p2p" (sends)
+    kind: str = "p2p"    # "all-reduce", "all-gather", "reduce-scatter", "p2p" (sends) or
+    #                      "copy" (host)
     calls: int = 1       # NCCL calls it stands for, per occurrence (buckets, FSDP units)
 
 
@@ -284,5 +294,32 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
         out.append(Collective("activation send / gradient receive (pipeline)",
                               2 * chunks * boundary, "micro-batch", "",
                               link(pp, tp * cp * dp), pp, mesh_share(gpu, per_node, 2)))
-    return [dataclasses.replace(c, link_share=mesh_share(gpu, per_node, c.group))
-            if c.link == "interconnect" and "pipeline" not in c.name else c for c in out]
+    out = [dataclasses.replace(c, link_share=mesh_share(gpu, per_node, c.group))
+           if c.link == "interconnect" and "pipeline" not in c.name else c for c in out]
+    return out + host_copies(job, arch, step)
+
+
+def host_copies(job: Job, arch: Architecture, step: Step) -> list[Collective]:
+    """The step's copies between GPU and CPU memory: offloaded parameters and gradients
+    (offload.params), offloaded activations (activation_offload)."""
+    par = job.parallel
+    tp, shard = par.tensor_parallel, par.shard_degree
+    out: list[Collective] = []
+    if job.offload.params:
+        params = step.stage_params(step.stages[-1])
+        for phase in ("forward", "backward"):
+            out.append(Collective(f"host copy: parameters to the GPU, {phase} (offload.params)",
+                                  params.weights / (tp * shard), "micro-batch", phase, "host",
+                                  1, kind="copy"))
+        out.append(Collective("host copy: gradients to the CPU (offload.params)",
+                              params.gradients / (tp * shard),
+                              "step" if par.fsdp_no_sync else "micro-batch", "backward",
+                              "host", 1, kind="copy"))
+    if job.activation_offload:
+        moved = offloaded_bytes(job, arch, step.shapes, step.activations) / (
+            tp * par.context_parallel)
+        out.append(Collective("host copy: activations to the CPU (activation_offload)", moved,
+                              "micro-batch", "forward", "host", 1, kind="copy"))
+        out.append(Collective("host copy: activations back to the GPU (activation_offload)",
+                              moved, "micro-batch", "backward", "host", 1, kind="copy"))
+    return out

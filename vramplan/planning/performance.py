@@ -12,6 +12,9 @@ The step, per GPU, is modelled phase by phase (a roofline per phase):
   communication      each collective's bytes / (link bandwidth x collective efficiency);
                      the part that overlaps a phase hides behind `overlap` of that
                      phase's time, the rest is exposed and added
+  host copies        offloaded parameters and activations over PCIe (comm.host_copies):
+                     copy engines run beside the kernels, so only what a copy takes beyond
+                     the phase it overlaps is exposed
 
 Peaks and bandwidths come from the GPU catalog; efficiencies from efficiency.toml (with
 their sources). fp8 matmuls run at the fp8 rate only on GPUs that list one.
@@ -54,6 +57,7 @@ from vramplan.planning.flops import check_timed, step_flops
 from vramplan.planning.gemm import shape_efficiency
 from vramplan.planning.results import Performance, PhaseTime
 from vramplan.planning.traffic import HIDDEN_WIDE_OPS, step_traffic
+from vramplan.units import format_bytes
 
 MICRO_PHASES = ("forward", "backward", "recompute")
 # a step that waits this much on its kernel launches gets a note: its time is the CPU's
@@ -111,10 +115,21 @@ class CollectiveTerms:
     overlaps: str         # phase(s) it can hide behind
     crosses_nodes: bool
     latency_s: float = 0.0  # NCCL's latency of its calls, per occurrence (comm.py)
+    host_bytes: float = 0.0  # a copy to or from CPU memory: its bytes over PCIe
 
     def seconds(self, factors: Factors) -> float:
         """One occurrence: its bytes at the link's reached rate, plus its calls' latency."""
-        return self.link_s / factors.collective + self.latency_s
+        return (self.link_s / factors.collective + self.latency_s
+                + self.host_bytes / (factors.host_link_gb_s * 1e9))
+
+    def exposed(self, factors: Factors, hide: float) -> float:
+        """What one occurrence adds to the step beside `hide` seconds of the phase it
+        overlaps: a host copy (copy engines, no SMs) what it takes beyond the phase; a
+        collective what `overlap` of the phase does not hide, at least 1 - overlap of it."""
+        seconds = self.seconds(factors)
+        if self.host_bytes:
+            return max(seconds - hide, 0.0)
+        return max(seconds - factors.overlap * hide, (1 - factors.overlap) * seconds)
 
     @property
     def reduces_gradients(self) -> bool:
@@ -286,9 +301,12 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
                                  kernels, mm + attention, moved, modules=modules))
     if job.offload.optimizer:
         # gradients down and updated fp32 weights up over PCIe, the update on the CPU
+        # (with offload.params the gradients are already on the CPU, and the updated
+        # weights stay there: host_copies moves them)
         trainable = unit["offload_params"]
+        pcie = 0.0 if job.offload.params else trainable * 8
         phases.append(PhaseTerms("optimizer", 1, 0.0, 0.0, 0.0, unit["optimizer_kernels"],
-                                 bytes=trainable * 8, offload_bytes=trainable * 8,
+                                 bytes=trainable * 8, offload_bytes=pcie,
                                  offload_params=trainable))
         notes.append("optimizer step on the CPU (offloaded): PCIe copies and CPU Adam")
     else:
@@ -297,6 +315,10 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
     comms, staged = [], []
     network = network_bytes_s(job, gpu)
     for c in _collectives(job, arch, work, gpu):
+        if c.link == "host":
+            comms.append(CollectiveTerms(c.name, 0.0, job.grad_accum if c.per == "micro-batch"
+                                         else 1, c.overlaps, False, host_bytes=c.bytes_per_gpu))
+            continue
         rate = gpu.interconnect_bytes_s if c.link == "interconnect" else min(
             network * c.nics, gpu.interconnect_bytes_s)
         comms.append(CollectiveTerms(c.name, c.bytes_per_gpu / (rate * c.link_share),
@@ -358,13 +380,11 @@ def phase_times(terms: StepTerms, factors: Factors) -> tuple[list[PhaseTime], fl
     by_phase = {p.phase: p.time_s for p in out}
     exposed = 0.0
     for c in terms.collectives:
-        seconds = c.seconds(factors)
         if c.overlaps == "both":
             hide = by_phase.get("forward", 0.0) + by_phase.get("backward", 0.0)
         else:
             hide = by_phase.get(c.overlaps, 0.0)
-        exposed += c.times * max(seconds - factors.overlap * hide,
-                                 (1 - factors.overlap) * seconds)
+        exposed += c.times * c.exposed(factors, hide)
     return out, exposed
 
 
@@ -395,7 +415,8 @@ def predict(job: Job, gpu: GPU, amount: TrainingAmount | None = None, *,
         mfu=terms.model_flops_gpu / (step * terms.peak), flops_per_step=terms.flops_per_step,
         bound=by_time.bound, phases=phases, communication_s=comm_s, factors=factors.source,
         notes=list(terms.notes) + _host_note(phases, step, factors)
-        + _gradient_reduce_note(job, terms, factors, step) + _latency_note(terms, step))
+        + _gradient_reduce_note(job, terms, factors, step) + _latency_note(terms, step)
+        + _host_copy_note(terms, factors))
     training = _training(amount, gpu, step, terms.tokens_per_step, terms.samples_per_step, n)
     low, high = factors.interval or job_interval(job, arch)
     perf["step_time_range_s"] = (step * low, step * high)
@@ -440,6 +461,19 @@ def _host_note(phases: list[PhaseTime], step: float, factors: Factors) -> list[s
     return [f"host-bound: {host / step:.0%} of the step waits on the CPU launching kernels "
             f"({factors.kernel_us:.3g} us each, {whose}); a larger batch or torch.compile "
             "hides it"]
+
+
+def _host_copy_note(terms: StepTerms, factors: Factors) -> list[str]:
+    """What the offloads copy over PCIe, and how it is timed."""
+    copies = [c for c in terms.collectives if c.host_bytes]
+    if not copies:
+        return []
+    moved = sum(c.times * c.host_bytes for c in copies)
+    return [f"offload copies {format_bytes(int(moved))} a step over PCIe at "
+            f"{factors.host_link_gb_s:g} GB/s (efficiency.toml host_link_gb_s): "
+            f"{'; '.join(c.name.removeprefix('host copy: ') for c in copies)}; copy engines "
+            "run them beside the kernels, so the step shows what they take beyond the phase "
+            "each overlaps"]
 
 
 def _latency_note(terms: StepTerms, step: float) -> list[str]:

@@ -190,11 +190,39 @@ def offloaded_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtyp
     alive whatever the hooks do; and the last block's input, as a frozen final norm packs
     no offloaded tensor late enough to push it out of the stash."""
     on_gpu = 0.0
-    block_inputs = [dt.residual * job.batch_size * seq * st.hidden_size
-                    for st, seq in zip(arch.stacks, shapes.stack_seq)]
+    block_inputs = _block_inputs(job, arch, shapes, dt)
     if job.checkpointing in ("selective", "selective:torchtitan-op"):
         inputs = sum(st.num_layers * b for st, b in zip(arch.stacks, block_inputs))
         on_gpu = max(0.0, layer_acts - inputs * stage.layer_share * stage.in_flight)
     if job.checkpointing != "none" and job.peft is not None:
         on_gpu += block_inputs[0] + block_inputs[-1]
     return on_gpu + outside_block_activations(job, arch, shapes, dt, task, stage)
+
+
+def _block_inputs(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes) -> list[float]:
+    """Bytes of one block's input (the residual stream), per stack."""
+    return [dt.residual * job.batch_size * seq * st.hidden_size
+            for st, seq in zip(arch.stacks, shapes.stack_seq)]
+
+
+def offloaded_bytes(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes) -> float:
+    """Bytes OffloadActivations copies to the host in one micro-batch's forward, all blocks,
+    and back to the GPU in its backward (rules in vramplan/training/offload.py): under
+    checkpointing, what checkpoint saves outside its own hooks, each checkpointed block's
+    input (selective checkpointing's cache stays on the GPU); a block that is not
+    checkpointed hands over all it saves, and in eager mode each linear's 16-bit weight that
+    its matmul keeps for the input's gradient (neither a parameter nor a buffer; a 4-bit
+    base's matmul keeps its weight outside saved tensors)."""
+    if not arch.stacks:
+        return 0.0
+    inputs = _block_inputs(job, arch, shapes, dt)
+    if job.checkpointing in ("full", "selective", "selective:torchtitan-op"):
+        return sum(st.num_layers * b for st, b in zip(arch.stacks, inputs))
+    saved, _ = stack_activations(job, arch, shapes, dt)
+    if job.compiles_blocks or (job.peft and job.peft.method == "qlora"):
+        return saved
+    every_2nd = job.checkpointing == "selective:every-2nd-layer"
+    weights = sum((st.num_layers - (st.num_layers // 2 if every_2nd else 0))
+                  * ln.in_features * ln.out_features * ln.count
+                  for st in arch.stacks for ln in st.linears)
+    return saved + dt.compute * weights
