@@ -233,7 +233,7 @@ def _one_micro_batch(terms, job: Job, gpu):
     for p in terms.phases:
         if p.phase == "optimizer":
             p = dataclasses.replace(p, memory_s=clip / gpu.bandwidth_bytes_s, bytes=clip,
-                                    kernels=_CLIP_KERNELS, offload_bytes=0.0,
+                                    kernels=_CLIP_KERNELS, offload_s=0.0,
                                     offload_params=0.0)
         else:
             p = dataclasses.replace(p, per_step=p.per_step // ga)

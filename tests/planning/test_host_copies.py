@@ -65,11 +65,11 @@ def test_offloaded_parameters_come_up_in_each_pass_and_their_gradients_go_down()
     assert not any(c.reduces_gradients for c in terms.collectives if c.host_bytes)
     # the optimizer step on the CPU no longer copies gradients down and weights up itself
     (optimizer,) = [p for p in terms.phases if p.phase == "optimizer"]
-    assert optimizer.offload_bytes == 0 and optimizer.offload_params == params.trainable / 4
+    assert optimizer.offload_s == 0 and optimizer.offload_params == params.trainable / 4
     only_states = job.with_changes(offload={"optimizer": True})
     (optimizer,) = [p for p in step_terms(only_states, H100, ARCH).phases
                     if p.phase == "optimizer"]
-    assert optimizer.offload_bytes == 8 * params.trainable / 4
+    assert optimizer.offload_s == 8 * params.trainable / 4 / 63e9  # H100: PCIe 5.0 x16
 
 
 def test_a_copy_shorter_than_its_phase_costs_nothing_a_longer_one_its_excess():
@@ -78,11 +78,11 @@ def test_a_copy_shorter_than_its_phase_costs_nothing_a_longer_one_its_excess():
     factors = factors_for(H100, num_gpus=1)
     assert step_time(step_terms(job, H100, ARCH), factors) == pytest.approx(
         step_time(step_terms(plain, H100, ARCH), factors), rel=1e-12)
-    slow = factors.model_copy(update={"host_link_gb_s": 0.01})  # 10 MB/s: copies dominate
+    slow = factors.model_copy(update={"host_link": 1e-4})  # 6.3 MB/s: copies dominate
     terms = step_terms(job, H100, ARCH)
     phases, exposed = phase_times(terms, slow)
     by_phase = {p.phase: p.time_s for p in phases}
-    copy_s = 16 * 2 * 512 * 2048 * 2 / 0.01e9
+    copy_s = 16 * 2 * 512 * 2048 * 2 / (1e-4 * 63e9)
     assert exposed == pytest.approx((copy_s - by_phase["forward"])
                                     + (copy_s - by_phase["backward"]))
 
@@ -90,7 +90,23 @@ def test_a_copy_shorter_than_its_phase_costs_nothing_a_longer_one_its_excess():
 def test_the_report_says_what_the_offload_copies_and_at_what_rate():
     perf = predict(_offloading(), H100)
     (note,) = [n for n in perf.notes if n.startswith("offload copies")]
-    assert "0.12 GiB a step over PCIe at 25 GB/s" in note  # 64 MiB down and 64 MiB back
+    # 64 MiB down and 64 MiB back, at 80% of PCIe 5.0 x16's 63 GB/s
+    assert "0.12 GiB a step over the PCIe 5.0 x16 link to CPU memory at 50.4 GB/s" in note
     assert "activations to the CPU (activation_offload)" in note
     assert not any(n.startswith("offload copies") for n in predict(
         _offloading(activation_offload=False), H100).notes)
+
+
+def test_the_copies_move_at_each_gpus_own_host_link():
+    """A Grace superchip's NVLink-C2C is 450 GB/s a direction, PCIe 4.0 x16 31.5: the same
+    copies take 450 / 31.5 times as long over the A100's link."""
+    job = _offloading(checkpointing="none")
+    seconds = {}
+    for name in ("GH200", "A100-80GB"):
+        gpu = get_gpu(name)
+        terms = step_terms(job, gpu, ARCH)
+        factors = factors_for(gpu, num_gpus=1)
+        seconds[name] = sum(c.seconds(factors) for c in terms.collectives if c.host_s)
+    assert seconds["A100-80GB"] / seconds["GH200"] == pytest.approx(450 / 31.5)
+    assert (get_gpu("GH200").host_link, get_gpu("T4").host_link_bytes_s) == ("NVLink-C2C",
+                                                                            15.75e9)

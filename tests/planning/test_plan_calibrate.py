@@ -61,6 +61,22 @@ def test_stored_factors_are_used_and_named(run_cli, config_dir):
     assert not factors_for(get_gpu("H100-SXM")).calibrated
 
 
+def test_a_stored_table_from_an_older_version_takes_the_factors_it_lacks_shipped(run_cli,
+                                                                                  config_dir):
+    code, _, err = run_cli("calibrate", str(_one_run(config_dir, scale=2.0)))
+    assert code == 0, err
+    stored = config_dir / "efficiency.toml"
+    text = stored.read_text()
+    # before host_link was a share of the GPU's own link, the table stored GB/s
+    older = "\n".join("host_link_gb_s = 25.0" if line.startswith("host_link =") else line
+                      for line in text.splitlines())
+    assert older != text
+    stored.write_text(older)
+    factors = factors_for(get_gpu("H200"))
+    assert factors.calibrated and "invalid" not in factors.source
+    assert factors.host_link == factors_for(get_gpu("H200"), calibrated=False).host_link
+
+
 def test_many_runs_fit_three_factors(config_dir):
     runs = load_runs([RUNS])
     assert len(runs) == 19

@@ -53,6 +53,9 @@ class GPU(BaseModel):
     p2p: bool = True
     # GPU counts of the on-demand instances price_provider rents; () when not known
     rentable_gpus: tuple[int, ...] = ()
+    # the link to CPU memory that offloading copies over (datasheet rate, one direction)
+    host_link: str = "PCIe 4.0 x16"
+    host_link_bytes_s: float = 31.5e9
 
 
 class GpuEntry(BaseModel):
@@ -72,6 +75,8 @@ class GpuEntry(BaseModel):
     network_gb_s: PositiveFloat = 12.5    # per GPU between nodes, one direction
     p2p: bool = True                      # peer-to-peer access inside a node (not GeForce)
     rentable_gpus: list[PositiveInt] = Field(default_factory=list)  # on-demand instance sizes
+    host_link: NonEmpty = "PCIe 4.0 x16"  # the link to CPU memory
+    host_link_gb_s: PositiveFloat = 31.5  # its datasheet rate, one direction
     compute_capability: str = ""
     price_per_hour: PositiveFloat | None = None
     price_date: _dt.date
@@ -113,5 +118,6 @@ class GpuEntry(BaseModel):
             sources=dict(self.sources), usable_estimated=self.usable_estimated,
             price_provider=self.price_provider, notes=self.notes,
             gpus_per_node=self.gpus_per_node, network_bytes_s=self.network_gb_s * 1e9,
-            p2p=self.p2p,
+            p2p=self.p2p, host_link=self.host_link,
+            host_link_bytes_s=self.host_link_gb_s * 1e9,
             rentable_gpus=tuple(self.rentable_gpus))

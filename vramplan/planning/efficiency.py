@@ -33,7 +33,7 @@ class Factors(BaseModel):
     module_us: float = Field(0.0, ge=0)  # host time per nn.Module call
     collective: float = Field(gt=0, le=1)
     overlap: float = Field(ge=0, le=1)
-    host_link_gb_s: float = Field(gt=0)
+    host_link: float = Field(gt=0, le=1)  # of the GPU's host link (gpus.toml host_link_gb_s)
     cpu_adam_params_per_s: float = Field(gt=0)
     # the 80% interval's (low, high) multipliers of a predicted time: efficiency.toml's,
     # unless `vramplan calibrate` measured a narrower one on the user's own GPU
@@ -262,6 +262,11 @@ def clear_cache() -> None:
     _user_tables.cache_clear()
 
 
+# factors calibrate stores but does not fit, added after its first tables were written
+# (host_link replaced host_link_gb_s on 2026-12-07): an older table takes the shipped ones
+ADDED_FACTORS = ("host_link",)
+
+
 def _calibrated(gpu: GPU) -> Factors | None:
     """Factors `vramplan calibrate` stored for this GPU in the user's config folder."""
     path = user_file()
@@ -277,7 +282,10 @@ def _calibrated(gpu: GPU) -> Factors | None:
                    if k not in ("source", "interval")] + list(values.get("interval") or [])
         if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers):
             raise ValueError("a factor that is not a finite number")
-        return Factors(**fields, calibrated=True)
+        # factors added since calibrate first wrote its tables: an older table lacks them
+        shipped = factors_for(gpu, calibrated=False)
+        added = {k: getattr(shipped, k) for k in ADDED_FACTORS if k not in fields}
+        return Factors(**fields, **added, calibrated=True)
     except (ValidationError, ValueError, TypeError) as error:
         problem = ("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in
                              error.errors()[:3]) if isinstance(error, ValidationError)

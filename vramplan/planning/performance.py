@@ -102,7 +102,7 @@ class PhaseTerms:
     kernels: float        # kernel launches
     flops: float = 0.0
     bytes: float = 0.0
-    offload_bytes: float = 0.0   # optimizer offload: bytes over PCIe
+    offload_s: float = 0.0       # optimizer offload: its copies at the host link's rate
     offload_params: float = 0.0  # optimizer offload: elements the CPU updates
     modules: float = 0.0         # nn.Module calls (host time beside the launches)
 
@@ -115,19 +115,20 @@ class CollectiveTerms:
     overlaps: str         # phase(s) it can hide behind
     crosses_nodes: bool
     latency_s: float = 0.0  # NCCL's latency of its calls, per occurrence (comm.py)
-    host_bytes: float = 0.0  # a copy to or from CPU memory: its bytes over PCIe
+    host_s: float = 0.0  # a copy to or from CPU memory: bytes / the GPU's host link rate
+    host_bytes: float = 0.0
 
     def seconds(self, factors: Factors) -> float:
         """One occurrence: its bytes at the link's reached rate, plus its calls' latency."""
         return (self.link_s / factors.collective + self.latency_s
-                + self.host_bytes / (factors.host_link_gb_s * 1e9))
+                + self.host_s / factors.host_link)
 
     def exposed(self, factors: Factors, hide: float) -> float:
         """What one occurrence adds to the step beside `hide` seconds of the phase it
         overlaps: a host copy (copy engines, no SMs) what it takes beyond the phase; a
         collective what `overlap` of the phase does not hide, at least 1 - overlap of it."""
         seconds = self.seconds(factors)
-        if self.host_bytes:
+        if self.host_s:
             return max(seconds - hide, 0.0)
         return max(seconds - factors.overlap * hide, (1 - factors.overlap) * seconds)
 
@@ -306,7 +307,7 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         trainable = unit["offload_params"]
         pcie = 0.0 if job.offload.params else trainable * 8
         phases.append(PhaseTerms("optimizer", 1, 0.0, 0.0, 0.0, unit["optimizer_kernels"],
-                                 bytes=trainable * 8, offload_bytes=pcie,
+                                 bytes=trainable * 8, offload_s=pcie / gpu.host_link_bytes_s,
                                  offload_params=trainable))
         notes.append("optimizer step on the CPU (offloaded): PCIe copies and CPU Adam")
     else:
@@ -317,7 +318,9 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
     for c in _collectives(job, arch, work, gpu):
         if c.link == "host":
             comms.append(CollectiveTerms(c.name, 0.0, job.grad_accum if c.per == "micro-batch"
-                                         else 1, c.overlaps, False, host_bytes=c.bytes_per_gpu))
+                                         else 1, c.overlaps, False,
+                                         host_s=c.bytes_per_gpu / gpu.host_link_bytes_s,
+                                         host_bytes=c.bytes_per_gpu))
             continue
         rate = gpu.interconnect_bytes_s if c.link == "interconnect" else min(
             network * c.nics, gpu.interconnect_bytes_s)
@@ -364,7 +367,7 @@ def phase_times(terms: StepTerms, factors: Factors) -> tuple[list[PhaseTime], fl
         memory = p.memory_s / factors.memory
         host = (p.kernels * factors.kernel_us + p.modules * factors.module_us) * 1e-6
         if p.offload_params:
-            host += (p.offload_bytes / (factors.host_link_gb_s * 1e9)
+            host += (p.offload_s / factors.host_link
                      + p.offload_params / factors.cpu_adam_params_per_s)
         device = compute + memory
         bound = "host" if host > device else ("compute" if compute >= memory else "memory")
@@ -416,7 +419,7 @@ def predict(job: Job, gpu: GPU, amount: TrainingAmount | None = None, *,
         bound=by_time.bound, phases=phases, communication_s=comm_s, factors=factors.source,
         notes=list(terms.notes) + _host_note(phases, step, factors)
         + _gradient_reduce_note(job, terms, factors, step) + _latency_note(terms, step)
-        + _host_copy_note(terms, factors))
+        + _host_copy_note(terms, factors, gpu))
     training = _training(amount, gpu, step, terms.tokens_per_step, terms.samples_per_step, n)
     low, high = factors.interval or job_interval(job, arch)
     perf["step_time_range_s"] = (step * low, step * high)
@@ -463,14 +466,16 @@ def _host_note(phases: list[PhaseTime], step: float, factors: Factors) -> list[s
             "hides it"]
 
 
-def _host_copy_note(terms: StepTerms, factors: Factors) -> list[str]:
-    """What the offloads copy over PCIe, and how it is timed."""
+def _host_copy_note(terms: StepTerms, factors: Factors, gpu: GPU) -> list[str]:
+    """What the offloads copy to and from CPU memory, and how it is timed."""
     copies = [c for c in terms.collectives if c.host_bytes]
     if not copies:
         return []
     moved = sum(c.times * c.host_bytes for c in copies)
-    return [f"offload copies {format_bytes(int(moved))} a step over PCIe at "
-            f"{factors.host_link_gb_s:g} GB/s (efficiency.toml host_link_gb_s): "
+    rate = factors.host_link * gpu.host_link_bytes_s / 1e9
+    return [f"offload copies {format_bytes(int(moved))} a step over the {gpu.host_link} link "
+            f"to CPU memory at {rate:.3g} GB/s ({factors.host_link:.0%} of its "
+            f"{gpu.host_link_bytes_s / 1e9:g}, gpus.toml host_link_gb_s): "
             f"{'; '.join(c.name.removeprefix('host copy: ') for c in copies)}; copy engines "
             "run them beside the kernels, so the step shows what they take beyond the phase "
             "each overlaps"]
