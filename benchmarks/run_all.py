@@ -39,6 +39,7 @@ BENCHMARKS: list[tuple[list[str], bool]] = [
     (["gemm_shape_fit.py"], True),                  # 6 s: a grid over two constants
     (["memory_ops_check.py"], True),                # under 1 s: 143 published kernel times
     (["host_ops.py"], True),                        # quick: 2 models, tiny shapes on the CPU
+    (["cpu_adam.py"], True),                        # quick: 8 Mi parameters, a second
     (["plan_speed.py"], True),
     (["web_fuzz.py"], True),                        # schemathesis against the web API
     (["web_load.py"], True),                        # 20 clients x 5000 estimates

@@ -110,3 +110,30 @@ def test_the_copies_move_at_each_gpus_own_host_link():
     assert seconds["A100-80GB"] / seconds["GH200"] == pytest.approx(450 / 31.5)
     assert (get_gpu("GH200").host_link, get_gpu("T4").host_link_bytes_s) == ("NVLink-C2C",
                                                                             15.75e9)
+
+
+@pytest.mark.parametrize(("strategy", "impl", "vectorised"), [
+    ("none", "foreach", False),  # torch's default on CPU tensors: the for-loop
+    ("none", "loop", False),
+    ("none", "fused", True),     # torchao's CPUOffloadOptimizer asks for fused
+    ("zero2", "foreach", True),  # DeepSpeed's ZeRO-Offload steps its own CPUAdam
+])
+def test_an_offloaded_adam_step_runs_at_its_implementations_cpu_rate(strategy, impl,
+                                                                     vectorised):
+    num_gpus = 1 if strategy == "none" else 2
+    job = Job(model="llama-3.2-1b", batch_size=2, seq_len=512, optimizer_impl=impl,
+              offload={"optimizer": True},
+              parallel={"strategy": strategy, "num_gpus": num_gpus})
+    terms = step_terms(job, H100, ARCH)
+    (optimizer,) = [p for p in terms.phases if p.phase == "optimizer"]
+    factors = factors_for(H100, num_gpus=num_gpus)
+    share = 1.0 if vectorised else 0.147  # efficiency.toml [cpu_adam] loop_share
+    assert optimizer.cpu_rate_share == share
+    (timed,) = [p for p in phase_times(terms, factors)[0] if p.phase == "optimizer"]
+    cpu = optimizer.offload_params / (2.5e9 * share)  # [training] cpu_adam_params_per_s
+    # the CPU's update, the PCIe copies and the step's own launches (the GPU does nothing)
+    assert timed.time_s == pytest.approx(cpu + optimizer.offload_s / factors.host_link
+                                         + optimizer.kernels * factors.kernel_us * 1e-6)
+    note = next(n for n in predict(job, H100).notes if n.startswith("optimizer step on the CPU"))
+    assert ("vectorised" in note) == vectorised
+    assert not any(n.startswith("host-bound") for n in predict(job, H100).notes)

@@ -112,6 +112,13 @@ def nccl_latency() -> dict[str, float]:
 
 
 @functools.lru_cache(maxsize=1)
+def cpu_adam_loop_share() -> float:
+    """torch's for-loop AdamW on CPU tensors, as a share of the vectorised CPU rate
+    ([cpu_adam])."""
+    return float(_data()["cpu_adam"]["loop_share"])
+
+
+@functools.lru_cache(maxsize=1)
 def collective_calls() -> dict[str, float]:
     """Bucket sizes that set how many NCCL calls a gradient collective takes
     ([collective_calls]): DDP's in bytes, ZeRO's in elements."""

@@ -45,6 +45,7 @@ from vramplan.planning.comm import (
 from vramplan.planning.efficiency import (
     Factors,
     attention_kernel,
+    cpu_adam_loop_share,
     factors_for,
     fp8_ratio,
     fp32_ratio,
@@ -104,6 +105,7 @@ class PhaseTerms:
     bytes: float = 0.0
     offload_s: float = 0.0       # optimizer offload: its copies at the host link's rate
     offload_params: float = 0.0  # optimizer offload: elements the CPU updates
+    cpu_rate_share: float = 1.0  # ... at this share of the vectorised CPU Adam rate
     modules: float = 0.0         # nn.Module calls (host time beside the launches)
 
 
@@ -306,10 +308,17 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         # weights stay there: host_copies moves them)
         trainable = unit["offload_params"]
         pcie = 0.0 if job.offload.params else trainable * 8
+        vectorised = cpu_step_vectorised(job)
         phases.append(PhaseTerms("optimizer", 1, 0.0, 0.0, 0.0, unit["optimizer_kernels"],
                                  bytes=trainable * 8, offload_s=pcie / gpu.host_link_bytes_s,
-                                 offload_params=trainable))
-        notes.append("optimizer step on the CPU (offloaded): PCIe copies and CPU Adam")
+                                 offload_params=trainable,
+                                 cpu_rate_share=1.0 if vectorised else cpu_adam_loop_share()))
+        notes.append("optimizer step on the CPU (offloaded): "
+                     + ("a vectorised CPU Adam (DeepSpeed's CPUAdam, or torch's fused=True)"
+                        if vectorised else "torch's for-loop AdamW, its default on CPU "
+                        f"tensors, {1 / cpu_adam_loop_share():.2g}x slower than fused=True "
+                        "(--optimizer-impl fused)")
+                     + "; timed at our 2-core VM's rate, which more CPU cores beat")
     else:
         phases.append(PhaseTerms("optimizer", 1, 0.0, 0.0, unit["optimizer_bytes"] / bandwidth,
                                  unit["optimizer_kernels"], bytes=unit["optimizer_bytes"]))
@@ -358,6 +367,14 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
                      notes=tuple(dict.fromkeys(notes + unit["notes"])), bubble=unit["bubble"])
 
 
+def cpu_step_vectorised(job: Job) -> bool:
+    """Whether an offloaded optimizer step runs a vectorised CPU kernel: DeepSpeed's CPUAdam
+    (ZeRO's offload), or torch's with fused=True (torchao's CPUOffloadOptimizer asks for it);
+    else torch's for-loop, its default for CPU tensors (FSDP's CPUOffload steps the
+    user's optimizer there)."""
+    return job.parallel.strategy in ("zero1", "zero2", "zero3") or job.optimizer_impl == "fused"
+
+
 def phase_times(terms: StepTerms, factors: Factors) -> tuple[list[PhaseTime], float]:
     """Each phase's time and bound, and the exposed communication per step."""
     out = []
@@ -368,7 +385,7 @@ def phase_times(terms: StepTerms, factors: Factors) -> tuple[list[PhaseTime], fl
         host = (p.kernels * factors.kernel_us + p.modules * factors.module_us) * 1e-6
         if p.offload_params:
             host += (p.offload_s / factors.host_link
-                     + p.offload_params / factors.cpu_adam_params_per_s)
+                     + p.offload_params / (factors.cpu_adam_params_per_s * p.cpu_rate_share))
         device = compute + memory
         bound = "host" if host > device else ("compute" if compute >= memory else "memory")
         out.append(PhaseTime(phase=p.phase, time_s=max(device, host), per_step=p.per_step,
@@ -417,7 +434,7 @@ def predict(job: Job, gpu: GPU, amount: TrainingAmount | None = None, *,
         samples_per_s=terms.samples_per_step / step,
         mfu=terms.model_flops_gpu / (step * terms.peak), flops_per_step=terms.flops_per_step,
         bound=by_time.bound, phases=phases, communication_s=comm_s, factors=factors.source,
-        notes=list(terms.notes) + _host_note(phases, step, factors)
+        notes=list(terms.notes) + _host_note(_launching(phases, job), step, factors)
         + _gradient_reduce_note(job, terms, factors, step) + _latency_note(terms, step)
         + _host_copy_note(terms, factors, gpu))
     training = _training(amount, gpu, step, terms.tokens_per_step, terms.samples_per_step, n)
@@ -450,6 +467,12 @@ def interval_bucket_of(job: Job, arch: Architecture | None = None) -> str:
 def job_interval(job: Job, arch: Architecture | None = None) -> tuple[float, float]:
     """The shipped 80% interval (low, high multipliers) of `job`'s predicted times."""
     return interval(interval_bucket_of(job, arch))
+
+
+def _launching(phases: list[PhaseTime], job: Job) -> list[PhaseTime]:
+    """The phases whose host time is kernel launches: not an offloaded optimizer step,
+    whose host time is the CPU's update (its own note says so)."""
+    return [p for p in phases if not (p.phase == "optimizer" and job.offload.optimizer)]
 
 
 def _host_note(phases: list[PhaseTime], step: float, factors: Factors) -> list[str]:
