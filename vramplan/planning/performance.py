@@ -220,6 +220,7 @@ def _per_gpu_work(job: Job, work: tuple) -> dict:
     memo["unit"] = unit = dict(
         phases=phases, optimizer_bytes=share * traffic.bytes["optimizer"] / shards,
         optimizer_kernels=traffic.kernels["optimizer"], offload_params=trainable,
+        grad_width=step.params.gradients / max(step.params.trainable, 1),
         bubble=pipeline.bubble_fraction(job),
         tokens_per_step=flops.tokens * job.grad_accum * dp,
         samples_per_step=flops.samples * job.grad_accum * dp,
@@ -303,14 +304,15 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
                                  attention / attention_peak, moved / bandwidth,
                                  kernels, mm + attention, moved, modules=modules))
     if job.offload.optimizer:
-        # gradients down and updated fp32 weights up over PCIe, the update on the CPU
-        # (with offload.params the gradients are already on the CPU, and the updated
-        # weights stay there: host_copies moves them)
+        # gradients down and the updated weights up in their dtype on the GPU (a master
+        # copy stays with the optimizer on the CPU), the update on the CPU; with
+        # offload.params the gradients are already on the CPU and the updated weights stay
+        # there (host_copies moves them)
         trainable = unit["offload_params"]
-        pcie = 0.0 if job.offload.params else trainable * 8
+        pcie = 0.0 if job.offload.params else trainable * 2 * unit["grad_width"]
         vectorised = cpu_step_vectorised(job)
         phases.append(PhaseTerms("optimizer", 1, 0.0, 0.0, 0.0, unit["optimizer_kernels"],
-                                 bytes=trainable * 8, offload_s=pcie / gpu.host_link_bytes_s,
+                                 bytes=pcie, offload_s=pcie / gpu.host_link_bytes_s,
                                  offload_params=trainable,
                                  cpu_rate_share=1.0 if vectorised else cpu_adam_loop_share()))
         notes.append("optimizer step on the CPU (offloaded): "
