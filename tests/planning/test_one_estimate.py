@@ -52,6 +52,12 @@ JOBS = [
       "--num-gpus", "16", "--strategy", "fsdp", "--framework", "hf-trainer"],
      Job(model="llama-3.1-8b", batch_size=2, seq_len=2048, grad_accum=4, gpu="A100-80GB",
          framework="hf-trainer", parallel={"num_gpus": 16, "strategy": "fsdp"}), {}),
+    # torchtune's activation offload under checkpointing, on a Grace superchip: the copies
+    # over its NVLink-C2C, and the optimizer offload's CPU step (torchtune's fused AdamW)
+    (["llama-3.1-8b", "-b", "2", "-s", "4096", "--gpu", "GH200", "--framework", "torchtune",
+      "--checkpointing", "full", "--activation-offload", "--offload-optimizer"],
+     Job(model="llama-3.1-8b", batch_size=2, seq_len=4096, gpu="GH200", framework="torchtune",
+         checkpointing="full", activation_offload=True, offload={"optimizer": True}), {}),
 ]
 
 
