@@ -94,6 +94,9 @@ GradReduceDtype = Literal["grad", "compute", "fp32", "bf16", "fp16"]
 CompileComponents = Literal["blocks+loss", "blocks", "loss"]
 Framework = Literal["plain", "hf-trainer", "torchtune", "torchtitan", "lightning", "accelerate"]
 AdapterDtype = Literal["fp32", "model"]
+# whose 4-bit NF4 tensors hold a QLoRA base: bitsandbytes' Linear4bit (peft, the HF stack)
+# or torchao's NF4Tensor (torchtune): the same bytes stored, different dequantising kernels
+QuantLibrary = Literal["bitsandbytes", "torchao"]
 # torchao float8 training recipes (torchao/float8/config.py, Float8LinearRecipeName) and
 # MXFP8 (torchao/prototype/moe_training/mxfp8_linear.py, MXFP8Linear; Blackwell only)
 Fp8Recipe = Literal["tensorwise", "rowwise", "rowwise_with_gw_hp", "mxfp8"]
@@ -163,6 +166,7 @@ class Peft(_Strict):
     # peft's names: module names inside a block, or "all-linear" for every linear in blocks
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     double_quant: bool = True  # QLoRA: quantise the 4-bit blocks' absmax constants too
+    quant_library: QuantLibrary = "bitsandbytes"  # QLoRA: whose NF4 kernels (QuantLibrary)
     # DoRA (peft's use_dora): a trained magnitude per output feature; each forward rebuilds
     # the weight's column norms and keeps the base and adapter outputs (engines/formula/dora.py)
     dora: bool = False

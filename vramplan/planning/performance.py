@@ -57,7 +57,12 @@ from vramplan.planning.efficiency import (
 from vramplan.planning.flops import check_timed, step_flops
 from vramplan.planning.gemm import shape_efficiency
 from vramplan.planning.results import Performance, PhaseTime
-from vramplan.planning.traffic import HIDDEN_WIDE_OPS, step_traffic
+from vramplan.planning.traffic import (
+    BNB_DEQUANTISE,
+    HIDDEN_WIDE_OPS,
+    nf4_dequantise_cost,
+    step_traffic,
+)
 from vramplan.units import format_bytes
 
 MICRO_PHASES = ("forward", "backward", "recompute")
@@ -286,6 +291,12 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
             notes.append("fp8 without --compile: each Float8Linear cast runs as torchao's "
                          "eager kernels (6 per cast), which can cost more than the fp8 matmuls "
                          "save; torch.compile (--set compile=true) fuses them")
+    if (job.peft is not None and job.peft.method == "qlora"
+            and job.peft.quant_library == "torchao" and not job.compiles_blocks):
+        per_element, kernels = nf4_dequantise_cost(job)
+        notes.append(f"torchao's NF4 weights dequantise in {kernels} eager kernels per linear "
+                     f"call ({per_element:.3g} bytes moved per weight, bitsandbytes' kernel "
+                     f"{BNB_DEQUANTISE[0]:.3g}), in each forward, recomputation and backward")
     fused = work[3].attention != "eager"
     # fp32 SDPA (TF32 or not) runs the memory-efficient kernel: no cuDNN, no FlashAttention
     if fused and job.precision != "fp32":

@@ -397,13 +397,46 @@ def _weights(job: Job, arch: Architecture, params, t: Traffic) -> None:
         # the weight-gradient matmul's output is added into .grad (fp32 under autocast)
         t.add("grad accumulate", "backward", params.trainable * (dt.compute + 2 * dt.grad), 0)
     elif job.peft.method == "qlora":
-        # bitsandbytes dequantises each NF4 weight (0.5 B + absmax) to 16-bit, forward and
-        # again for the input gradient in backward (and in recomputation)
-        per = linear * (0.5 + 2)
-        t.add("dequantise", "forward", per, 2 * _linear_count(arch))
-        t.add("dequantise", "backward", per, 2 * _linear_count(arch))
-        if job.checkpointing != "none":
-            t.add("dequantise", "recompute", per, 2 * _linear_count(arch))
+        # each NF4 weight is dequantised to 16-bit in forward and again for the input
+        # gradient in backward (and in recomputation)
+        per_element, kernels = nf4_dequantise_cost(job)
+        phases = ("forward", "backward") + (("recompute",) if job.checkpointing != "none"
+                                            else ())
+        for phase in phases:
+            t.add("dequantise", phase, linear * per_element, kernels * _linear_count(arch))
+
+
+# bitsandbytes' dequantize_4bit: one kernel reads the packed codes (0.5 B) and the absmax and
+# writes the 16-bit weight (2 B); with double quantisation a second small one for the absmax
+BNB_DEQUANTISE = (0.5 + 2, 2)
+# torchao's NF4Tensor.get_original_weight, eager (torchao 0.18 quantization/quantize_/
+# workflows/nf4/nf4_tensor.py, which torchtune bd2a0fc7's linear_nf4 calls through
+# weight.to(dtype)): (op, bytes read, bytes written, kernels) per weight element. The two
+# halves of each byte become int64 indices into the 16-value table, the table lookups
+# write 16-bit halves, the double-quantised scalers (one int8 per 64 weights) are expanded
+# and flattened into a copy per half, multiplied in, and the halves interleaved by a stack
+TORCHAO_NF4_EAGER = (
+    ("quantized_data >> 4", 0.5, 0.5, 1),
+    (".to(torch.long)", 0.5, 4.0, 1),
+    ("quantized_data & 0b1111", 0.5, 0.5, 1),
+    (".to(torch.long)", 0.5, 4.0, 1),
+    ("nf4[first], nf4[second]", 2 * 4.0, 2 * 1.0, 2),
+    ("dequantize_scalers: / factor, .to, + mean", (1 + 4 + 2) / 64, (4 + 2 + 2) / 64, 3),
+    ("repeated.flatten(), once per half", 2 * 2 / 64, 2 * 1.0, 2),
+    ("scaled_first, scaled_second = half * repeated", 2 * 2.0, 2 * 1.0, 2),
+    ("torch.stack", 2.0, 2.0, 1),
+)
+
+
+def nf4_dequantise_cost(job: Job) -> tuple[float, int]:
+    """Bytes moved per weight element and kernels per linear of dequantising one NF4 weight
+    to 16 bits: bitsandbytes' fused kernel, or torchao's eager ops (TORCHAO_NF4_EAGER:
+    about 13x the bytes); compiled blocks fuse torchao's too, assumed as one pass like
+    bitsandbytes' (torch.compile traces the NF4 subclass; not read from Inductor's code)."""
+    if job.peft.quant_library == "bitsandbytes" or job.compiles_blocks:
+        return BNB_DEQUANTISE
+    return (sum(read + written for _, read, written, _ in TORCHAO_NF4_EAGER),
+            sum(kernels for *_, kernels in TORCHAO_NF4_EAGER))
 
 
 # the roles of block linears that read the same tensor (the attention's and the MLP's input)
