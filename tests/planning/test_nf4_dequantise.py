@@ -63,3 +63,16 @@ def test_torchaos_eager_dequantising_costs_time_and_says_so():
     lora = Job(model="llama-3.2-1b", batch_size=2, seq_len=512, peft={"method": "lora"})
     assert predict(lora, gpu).step_time_s == predict(
         lora.with_changes(peft={"method": "lora", "quant_library": "torchao"}), gpu).step_time_s
+
+
+def test_torchaos_dequantising_holds_12_bytes_a_weight_more_at_the_peak():
+    from vramplan.engines.registry import get_engine
+
+    formula = get_engine("formula")
+    bnb, torchao = (formula.run(_qlora("torchtune", quant_library=q))
+                    for q in ("bitsandbytes", "torchao"))
+    largest = 2048 * 8192  # the MLP's linears
+    # int64 index halves 8, looked-up and scaled halves 2 + 2, the 16-bit result 2: 14
+    # bytes a weight, where bitsandbytes' kernel holds the 16-bit result alone
+    assert torchao.peak_allocated - bnb.peak_allocated == (14 - 2) * largest
+    assert any("torchao's 4-bit NF4" in n for n in torchao.notes)

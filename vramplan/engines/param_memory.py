@@ -94,11 +94,17 @@ def param_memory(job: Job, arch: Architecture, task: str) -> ParamMemory:
                    else NF4_BYTES_PER_PARAM)
             nf4 = sum(s.num_layers * nf4_params(arch, s) for s in arch.stacks)
             weights = nf4 * per + (frozen - nf4) * base
-            # bitsandbytes dequantises one weight at a time to 16-bit for its matmul
+            # one weight at a time is dequantised to 16-bit for its matmul, the largest at
+            # the library's peak (bitsandbytes: the 16-bit weight; torchao: its temporaries)
             cast_head = max((ln.in_features * ln.out_features for s in arch.stacks
-                        for ln in s.linears), default=0) * 2
-            notes.append("QLoRA: block linears in 4-bit NF4, the rest in 16-bit; "
-                         "prepare_model_for_kbit_training would upcast the rest to fp32")
+                             for ln in s.linears), default=0) * nf4_dequantise_peak(job)
+            if job.peft.quant_library == "bitsandbytes":
+                notes.append("QLoRA: block linears in 4-bit NF4, the rest in 16-bit; "
+                             "prepare_model_for_kbit_training would upcast the rest to fp32")
+            else:
+                notes.append("QLoRA: block linears in torchao's 4-bit NF4, the rest in "
+                             "16-bit; dequantising the largest holds "
+                             f"{nf4_dequantise_peak(job):g} bytes a weight at its peak")
             if job.checkpointing == "none" and "checkpointing" not in job.model_fields_set:
                 notes.append("QLoRA without checkpointing: peft's prepare_model_for_kbit_"
                              "training (peft 0.21.2, use_gradient_checkpointing=True) turns "
@@ -203,6 +209,23 @@ def block_base_bytes(job: Job, arch: Architecture, stack: Stack, base: int) -> f
     per = NF4_DOUBLE_QUANT_BYTES_PER_PARAM if job.peft.double_quant else NF4_BYTES_PER_PARAM
     weights = nf4_params(arch, stack)
     return weights * per + (stack.params_per_layer - weights) * base
+
+
+# torchao's eager NF4Tensor.get_original_weight (torchao 0.18 quantization/quantize_/
+# workflows/nf4/nf4_tensor.py) at its torch.stack, per weight element: the two int64 index
+# halves (4 + 4 bytes, alive as locals until it returns), the two looked-up halves and the
+# two scaled ones (1 + 1 each) and the 16-bit result (2); 14.05 counted by a dispatch-mode
+# tally of live storages on the CPU (the scalers add the rest)
+TORCHAO_NF4_DEQUANTISE_PEAK = 4 + 4 + 2 + 2 + 2
+
+
+def nf4_dequantise_peak(job: Job) -> float:
+    """Bytes per weight element live while one NF4 weight is dequantised: bitsandbytes'
+    kernel writes the 16-bit weight (2); torchao's eager ops hold their temporaries too
+    (compiled blocks fuse them: 2)."""
+    if job.peft.quant_library == "bitsandbytes" or job.compiles_blocks:
+        return 2
+    return TORCHAO_NF4_DEQUANTISE_PEAK
 
 
 def nf4_params(arch: Architecture, stack: Stack) -> int:
