@@ -214,8 +214,8 @@ def block_base_bytes(job: Job, arch: Architecture, stack: Stack, base: int) -> f
 # torchao's eager NF4Tensor.get_original_weight (torchao 0.18 quantization/quantize_/
 # workflows/nf4/nf4_tensor.py) at its torch.stack, per weight element: the two int64 index
 # halves (4 + 4 bytes, alive as locals until it returns), the two looked-up halves and the
-# two scaled ones (1 + 1 each) and the 16-bit result (2); 14.05 counted by a dispatch-mode
-# tally of live storages on the CPU (the scalers add the rest)
+# two scaled ones (1 + 1 each) and the 16-bit result (2); benchmarks/nf4_dequantise.py
+# counts 14.03 on torchao's code (the scalers add the rest)
 TORCHAO_NF4_DEQUANTISE_PEAK = 4 + 4 + 2 + 2 + 2
 
 

@@ -414,14 +414,15 @@ BNB_DEQUANTISE = (0.5 + 2, 2)
 # weight.to(dtype)): (op, bytes read, bytes written, kernels) per weight element. The two
 # halves of each byte become int64 indices into the 16-value table, the table lookups
 # write 16-bit halves, the double-quantised scalers (one int8 per 64 weights) are expanded
-# and flattened into a copy per half, multiplied in, and the halves interleaved by a stack
+# and flattened into a copy per half, multiplied in, and the halves interleaved by a stack.
+# benchmarks/nf4_dequantise.py counts the ops on torchao's own code and checks this table
 TORCHAO_NF4_EAGER = (
     ("quantized_data >> 4", 0.5, 0.5, 1),
     (".to(torch.long)", 0.5, 4.0, 1),
     ("quantized_data & 0b1111", 0.5, 0.5, 1),
     (".to(torch.long)", 0.5, 4.0, 1),
     ("nf4[first], nf4[second]", 2 * 4.0, 2 * 1.0, 2),
-    ("dequantize_scalers: / factor, .to, + mean", (1 + 4 + 2) / 64, (4 + 2 + 2) / 64, 3),
+    ("dequantize_scalers: int8 / factor, + mean", (1 + 2) / 64, (2 + 2) / 64, 2),
     ("repeated.flatten(), once per half", 2 * 2 / 64, 2 * 1.0, 2),
     ("scaled_first, scaled_second = half * repeated", 2 * 2.0, 2 * 1.0, 2),
     ("torch.stack", 2.0, 2.0, 1),
