@@ -45,8 +45,9 @@ its m GPUs reaches only (g - 1) / (m - 1) of the GPU's NVLink bandwidth
               interleaved schedule of v chunks), on the critical path. Stages are the
               outermost dimension (Megatron-LM's order): they cross nodes when the job does
 
-Copies between the GPU and CPU memory (link "host", PCIe; host_copies) run on copy engines
-beside the kernels, hidden where the phase they overlap takes longer:
+Copies between the GPU and CPU memory (link "host": the GPU's PCIe, or NVLink-C2C on a Grace
+superchip, gpus.toml host_link; host_copies) run on copy engines beside the kernels, hidden
+where the phase they overlap takes longer:
   offload.params        each micro-batch's forward and backward upload the GPU's parameter
                         shard as stored (FSDP's CPUOffload reshards after forward; ZeRO-3's
                         offload_param alike); the gradient shard goes down once per reduce
@@ -80,7 +81,7 @@ class Collective:
     bytes_per_gpu: float  # bytes each GPU sends, per occurrence
     per: str             # "step" or "micro-batch"
     overlaps: str        # the phase it can hide behind: "backward", "forward", "" (none)
-    link: str            # "interconnect", "network" or "host" (PCIe to CPU memory)
+    link: str            # "interconnect", "network" or "host" (to CPU memory)
     group: int           # ranks in the collective
     link_share: float = 1.0  # of the link's bandwidth the group reaches (NVLink mesh)
     nics: int = 1        # network: the group's GPUs per node, whose NICs its rings share

@@ -12,9 +12,9 @@ The step, per GPU, is modelled phase by phase (a roofline per phase):
   communication      each collective's bytes / (link bandwidth x collective efficiency);
                      the part that overlaps a phase hides behind `overlap` of that
                      phase's time, the rest is exposed and added
-  host copies        offloaded parameters and activations over PCIe (comm.host_copies):
-                     copy engines run beside the kernels, so only what a copy takes beyond
-                     the phase it overlaps is exposed
+  host copies        offloaded parameters and activations over the GPU's link to CPU
+                     memory (comm.host_copies): copy engines run beside the kernels, so
+                     only what a copy takes beyond the phase it overlaps is exposed
 
 Peaks and bandwidths come from the GPU catalog; efficiencies from efficiency.toml (with
 their sources). fp8 matmuls run at the fp8 rate only on GPUs that list one.
