@@ -76,3 +76,13 @@ def test_torchaos_dequantising_holds_12_bytes_a_weight_more_at_the_peak():
     # bytes a weight, where bitsandbytes' kernel holds the 16-bit result alone
     assert torchao.peak_allocated - bnb.peak_allocated == (14 - 2) * largest
     assert any("torchao's 4-bit NF4" in n for n in torchao.notes)
+
+
+def test_the_trace_says_it_ran_bitsandbytes_layers_for_a_torchao_job():
+    from vramplan.engines.registry import get_engine
+
+    job = Job(model="llama-3.2-1b", framework="torchtune", batch_size=1, seq_len=128,
+              peft={"method": "qlora"})
+    notes = get_engine("trace").run(job).notes
+    assert any(n.startswith("QLoRA run with bitsandbytes' 4-bit layers: torchao's")
+               for n in notes)

@@ -141,11 +141,6 @@ def _build_qlora(auto, hf_config, job: Job, dtype: torch.dtype, device: torch.de
     notes.append(f"QLoRA: {count} linears are bitsandbytes Linear4bit (nf4"
                  + (", double-quantised" if job.peft.double_quant else "")
                  + "), quantised layer by layer on the device")
-    if job.peft.quant_library == "torchao":
-        notes.append("QLoRA traced with bitsandbytes' 4-bit layers: torchao's NF4Tensor "
-                     "(torchtune) stores the same bytes, but its eager dequantising holds "
-                     "12 bytes a weight more for the largest linear, which only the formula "
-                     "counts (engines/param_memory.py nf4_dequantise_peak)")
     apply_checkpointing(model, job, notes)
     with device:
         return apply_peft(model, task, job, skip, notes, kernels)

@@ -60,6 +60,11 @@ def apply_peft(model: nn.Module, task: str, job: Job, skip: set[int],
                      "64 values"
                      + (", double-quantised" if spec.double_quant else "")
                      + "); each matmul dequantises its weight to a temporary, as bitsandbytes")
+    if spec.method == "qlora" and spec.quant_library == "torchao":
+        notes.append("QLoRA run with bitsandbytes' 4-bit layers: torchao's NF4Tensor "
+                     "(torchtune) stores the same bytes, but its eager dequantising holds 12 "
+                     "bytes a weight more for the largest linear, which only the formula "
+                     "counts (engines/param_memory.py nf4_dequantise_peak)")
     return model
 
 
