@@ -69,11 +69,30 @@ def test_offloaded_parameters_come_up_in_each_pass_and_their_gradients_go_down()
     only_states = job.with_changes(offload={"optimizer": True})
     (optimizer,) = [p for p in step_terms(only_states, H100, ARCH).phases
                     if p.phase == "optimizer"]
-    # bf16 gradients down, bf16 weights up (H100: PCIe 5.0 x16); fp32 ones under autocast
-    assert optimizer.offload_s == 2 * 2 * params.trainable / 4 / 63e9
+    # the updated bf16 weights come up after the CPU's update (H100: PCIe 5.0 x16); fp32
+    # ones under autocast; the gradients went down in the backward, every micro-batch
+    assert optimizer.offload_s == 2 * params.trainable / 4 / 63e9
     autocast = only_states.with_changes(precision="bf16-mixed")
     (optimizer,) = [p for p in step_terms(autocast, H100, ARCH).phases if p.phase == "optimizer"]
-    assert optimizer.offload_s == 2 * 4 * params.trainable / 4 / 63e9
+    assert optimizer.offload_s == 4 * params.trainable / 4 / 63e9
+    (down,) = [c for c in collectives(autocast, ARCH, H100) if c.link == "host"]
+    assert (down.name, down.bytes_per_gpu, down.per, down.overlaps) == (
+        "host copy: gradients to the CPU (optimizer offload)", 4 * params.trainable / 4,
+        "micro-batch", "backward")
+
+
+def test_zero_offload_sends_fp32_gradients_down_in_the_backward_and_16_bit_weights_up():
+    """DeepSpeed 0.19.8 stage_1_and_2.py copy_grads_in_partition: source.to(fp32) on the GPU,
+    copied at the accumulation boundary; the bit16 partition comes back after the step."""
+    job = Job(model="llama-3.2-1b", batch_size=2, seq_len=512, precision="bf16-master",
+              grad_accum=4, offload={"optimizer": True},
+              parallel={"strategy": "zero2", "num_gpus": 2})
+    trainable = describe_step(job, ARCH).params.trainable / 2
+    (down,) = [c for c in collectives(job, ARCH, H100) if c.link == "host"]
+    assert (down.bytes_per_gpu, down.per, down.overlaps) == (4 * trainable, "step",
+                                                             "backward")
+    (optimizer,) = [p for p in step_terms(job, H100, ARCH).phases if p.phase == "optimizer"]
+    assert optimizer.offload_s == 2 * trainable / 63e9 and not optimizer.copies_beside_cpu
 
 
 def test_a_copy_shorter_than_its_phase_costs_nothing_a_longer_one_its_excess():
@@ -135,9 +154,11 @@ def test_an_offloaded_adam_step_runs_at_its_implementations_cpu_rate(strategy, i
     assert optimizer.cpu_rate_share == share
     (timed,) = [p for p in phase_times(terms, factors)[0] if p.phase == "optimizer"]
     cpu = optimizer.offload_params / (2.5e9 * share)  # [training] cpu_adam_params_per_s
-    # the CPU's update, the PCIe copies and the step's own launches (the GPU does nothing)
-    assert timed.time_s == pytest.approx(cpu + optimizer.offload_s / factors.host_link
-                                         + optimizer.kernels * factors.kernel_us * 1e-6)
+    # the CPU's update and the weights' copy up (DeepSpeed's after it, torchao's beside it),
+    # and the step's own launches (the GPU does nothing)
+    copy = optimizer.offload_s / factors.host_link
+    both = copy + cpu if strategy == "zero2" else max(copy, cpu)
+    assert timed.time_s == pytest.approx(both + optimizer.kernels * factors.kernel_us * 1e-6)
     note = next(n for n in predict(job, H100).notes if n.startswith("optimizer step on the CPU"))
     assert ("vectorised" in note) == vectorised
     assert not any(n.startswith("host-bound") for n in predict(job, H100).notes)

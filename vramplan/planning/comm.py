@@ -53,6 +53,14 @@ where the phase they overlap takes longer:
                         offload_param alike); the gradient shard goes down once per reduce
   activation_offload    what the offload hooks take (formula.saved.offloaded_bytes) goes
                         down in forward and comes back in backward
+  offload.optimizer     the gradients go down during the backward: DeepSpeed's ZeRO-Offload
+                        (zero1-3) casts its partition to fp32 on the GPU first and copies it
+                        at the accumulation boundary (runtime/zero/stage_1_and_2.py
+                        copy_grads_in_partition, DeepSpeed 0.19.8); torchao's
+                        CPUOffloadOptimizer copies each gradient as it is, from a post-
+                        accumulate-grad hook on a side stream, every micro-batch
+                        (torchao/optim/cpu_offload.py). The updated weights come back after
+                        the CPU step (performance.py: its optimizer phase)
 """
 
 from __future__ import annotations
@@ -300,6 +308,13 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
     return out + host_copies(job, arch, step)
 
 
+def zero_offload(job: Job) -> bool:
+    """An offloaded optimizer run by DeepSpeed's ZeRO-Offload: zero1-3 are DeepSpeed's
+    stages wherever the optimizer alone is offloaded (FSDP offloads the parameters with it,
+    and names its strategies fsdp / hybrid-shard, or zero2 with no offload of its own)."""
+    return job.offload.optimizer and job.parallel.strategy in ("zero1", "zero2", "zero3")
+
+
 def host_copies(job: Job, arch: Architecture, step: Step) -> list[Collective]:
     """The step's copies between GPU and CPU memory: offloaded parameters and gradients
     (offload.params), offloaded activations (activation_offload)."""
@@ -316,6 +331,16 @@ def host_copies(job: Job, arch: Architecture, step: Step) -> list[Collective]:
                               params.gradients / (tp * shard),
                               "step" if par.fsdp_no_sync else "micro-batch", "backward",
                               "host", 1, kind="copy"))
+    if job.offload.optimizer and not job.offload.params:
+        params = step.stage_params(step.stages[-1])
+        if zero_offload(job):
+            out.append(Collective("host copy: gradients to the CPU in fp32 (ZeRO-Offload)",
+                                  4 * params.trainable / (tp * shard), "step", "backward",
+                                  "host", 1, kind="copy"))
+        else:
+            out.append(Collective("host copy: gradients to the CPU (optimizer offload)",
+                                  params.gradients / (tp * shard), "micro-batch", "backward",
+                                  "host", 1, kind="copy"))
     if job.activation_offload:
         moved = offloaded_bytes(job, arch, step.shapes, step.activations) / (
             tp * par.context_parallel)

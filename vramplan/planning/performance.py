@@ -41,6 +41,7 @@ from vramplan.planning.comm import (
     collectives,
     network_bytes_s,
     reduce_width,
+    zero_offload,
 )
 from vramplan.planning.efficiency import (
     Factors,
@@ -111,6 +112,7 @@ class PhaseTerms:
     offload_s: float = 0.0       # optimizer offload: its copies at the host link's rate
     offload_params: float = 0.0  # optimizer offload: elements the CPU updates
     cpu_rate_share: float = 1.0  # ... at this share of the vectorised CPU Adam rate
+    copies_beside_cpu: bool = False  # its copies overlap the CPU's update (else follow it)
     modules: float = 0.0         # nn.Module calls (host time beside the launches)
 
 
@@ -315,17 +317,19 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
                                  attention / attention_peak, moved / bandwidth,
                                  kernels, mm + attention, moved, modules=modules))
     if job.offload.optimizer:
-        # gradients down and the updated weights up in their dtype on the GPU (a master
-        # copy stays with the optimizer on the CPU), the update on the CPU; with
-        # offload.params the gradients are already on the CPU and the updated weights stay
-        # there (host_copies moves them)
+        # the update on the CPU, then the updated weights up in their dtype on the GPU (a
+        # master copy stays with the optimizer on the CPU; the gradients came down in the
+        # backward, comm.host_copies): DeepSpeed copies them after its step, torchao's
+        # CPUOffloadOptimizer each one after its own parameter's step, beside the next one's;
+        # with offload.params the updated weights stay on the CPU
         trainable = unit["offload_params"]
-        pcie = 0.0 if job.offload.params else trainable * 2 * unit["grad_width"]
+        pcie = 0.0 if job.offload.params else trainable * unit["grad_width"]
         vectorised = cpu_step_vectorised(job)
         phases.append(PhaseTerms("optimizer", 1, 0.0, 0.0, 0.0, unit["optimizer_kernels"],
                                  bytes=pcie, offload_s=pcie / gpu.host_link_bytes_s,
                                  offload_params=trainable,
-                                 cpu_rate_share=1.0 if vectorised else cpu_adam_loop_share()))
+                                 cpu_rate_share=1.0 if vectorised else cpu_adam_loop_share(),
+                                 copies_beside_cpu=not zero_offload(job)))
         notes.append("optimizer step on the CPU (offloaded): "
                      + ("a vectorised CPU Adam (DeepSpeed's CPUAdam, or torch's fused=True)"
                         if vectorised else "torch's for-loop AdamW, its default on CPU "
@@ -385,7 +389,7 @@ def cpu_step_vectorised(job: Job) -> bool:
     (ZeRO's offload), or torch's with fused=True (torchao's CPUOffloadOptimizer asks for it);
     else torch's for-loop, its default for CPU tensors (FSDP's CPUOffload steps the
     user's optimizer there)."""
-    return job.parallel.strategy in ("zero1", "zero2", "zero3") or job.optimizer_impl == "fused"
+    return zero_offload(job) or job.optimizer_impl == "fused"
 
 
 def phase_times(terms: StepTerms, factors: Factors) -> tuple[list[PhaseTime], float]:
@@ -397,8 +401,9 @@ def phase_times(terms: StepTerms, factors: Factors) -> tuple[list[PhaseTime], fl
         memory = p.memory_s / factors.memory
         host = (p.kernels * factors.kernel_us + p.modules * factors.module_us) * 1e-6
         if p.offload_params:
-            host += (p.offload_s / factors.host_link
-                     + p.offload_params / (factors.cpu_adam_params_per_s * p.cpu_rate_share))
+            copy = p.offload_s / factors.host_link
+            update = p.offload_params / (factors.cpu_adam_params_per_s * p.cpu_rate_share)
+            host += max(copy, update) if p.copies_beside_cpu else copy + update
         device = compute + memory
         bound = "host" if host > device else ("compute" if compute >= memory else "memory")
         out.append(PhaseTime(phase=p.phase, time_s=max(device, host), per_step=p.per_step,
