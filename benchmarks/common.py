@@ -6,6 +6,7 @@ folder (VRAMPLAN_BENCH_OUT), so that a benchmark cannot rot unnoticed."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 from pathlib import Path
@@ -37,3 +38,10 @@ def machine_line() -> str:
     """The machine, in one line, for a result's header."""
     return (f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs, "
             f"Python {platform.python_version()}")
+
+
+def write_results(name: str, result: dict, markdown: str) -> None:
+    """A benchmark's results: `name`.json (the numbers) and `name`.md (the table)."""
+    out = results_dir()
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"{name}.md").write_text(markdown)

@@ -25,7 +25,6 @@ with more cores and memory channels runs the step faster.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import torch  # noqa: E402
-from common import QUICK, host_cpu, machine_line, results_dir  # noqa: E402
+from common import QUICK, host_cpu, machine_line, write_results  # noqa: E402
 
 ELEMENTS = (8 if QUICK else 128) * 2**20
 TENSORS = 16
@@ -90,8 +89,6 @@ def main() -> None:
                          f"{torch.get_num_threads()} threads",
               "elements": ELEMENTS, "params_per_s": rows, "copy_gb_s": _copy_gb_s(),
               "deepspeed": why or "timed", "quick": QUICK}
-    out = results_dir()
-    (out / "cpu_adam.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = ["# An offloaded AdamW step on the CPU, by implementation", "",
              f"On {result['machine']}; {ELEMENTS / 2**20:g} Mi fp32 parameters in {TENSORS} "
              f"tensors, median of {STEPS} steps. Copy bandwidth (read + write) "
@@ -103,7 +100,7 @@ def main() -> None:
               for name, rate in rows.items()]
     if why:
         lines += ["", f"DeepSpeed's CPUAdam: {why}."]
-    (out / "cpu_adam.md").write_text("\n".join(lines) + "\n")
+    write_results("cpu_adam", result, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

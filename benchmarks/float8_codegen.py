@@ -19,14 +19,13 @@ Triton code comes from the same graph and scheduler but may fuse differently.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_line, results_dir  # noqa: E402
+from common import machine_line, write_results  # noqa: E402
 
 TOKENS, HIDDEN, FFN = 2048, 256, 512
 KERNEL = re.compile(r"^\s+(cpp_fused_\w+)\(", re.M)
@@ -93,8 +92,6 @@ def main() -> None:
         "norm_fused_with_cast": any("rsqrt" in k and "abs" in k and "max" in k
                                     for k in calls),
     }
-    out = results_dir()
-    (out / "float8_codegen.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = ["# torchao Float8Linear in a compiled block: Inductor's forward code", "",
              f"{machine_line()}; torchao {torchao.__version__}; RMSNorm, gate and up, SiLU x "
              f"up, down on {TOKENS} x {HIDDEN} bf16 tokens (FFN {FFN}), Float8Linear "
@@ -105,7 +102,7 @@ def main() -> None:
              f"* the norm, the amax and the cast run in one fused kernel: "
              f"{result['norm_fused_with_cast']}", "", "Forward kernels:", ""]
     lines += [f"* `{k}`" for k in calls]
-    (out / "float8_codegen.md").write_text("\n".join(lines) + "\n")
+    write_results("float8_codegen", result, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

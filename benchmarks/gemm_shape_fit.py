@@ -15,14 +15,13 @@ writes benchmarks/results/gemm_shape_fit.md and .json.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_line, results_dir  # noqa: E402
+from common import machine_line, write_results  # noqa: E402
 
 from vramplan.hardware import get_gpu  # noqa: E402
 from vramplan.planning.efficiency import _table, gemm_model, sm_count  # noqa: E402
@@ -93,9 +92,7 @@ def main() -> None:
         "shipped_error": summary(errors(rows, shipped, rate, sms)),
         "rows": [{**r, "shipped_tflops": predicted_tflops(r, shipped, rate, sms)} for r in rows],
     }
-    out = results_dir()
-    (out / "gemm_shape_fit.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "gemm_shape_fit.md").write_text(markdown(result))
+    write_results("gemm_shape_fit", result, markdown(result))
     print(markdown(result).split("\n| b |")[0])
 
 

@@ -19,7 +19,6 @@ every family: views, casts and autograd's own ops are dispatched but are not ker
 from __future__ import annotations
 
 import contextlib
-import json
 import statistics
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import torch  # noqa: E402
-from common import QUICK, machine_line, results_dir  # noqa: E402
+from common import QUICK, machine_line, write_results  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from vramplan.job import Job  # noqa: E402
@@ -137,8 +136,6 @@ def main() -> None:
               "measure_hooks_extra_median": statistics.median(r["measure_hooks_extra"]
                                                               for r in rows),
               "quick": QUICK}
-    out = results_dir()
-    (out / "host_ops.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = ["# Host work of an eager step: dispatched aten ops vs traffic.py's kernels", "",
              f"Counted on {result['machine']} (the counts do not depend on the device). "
              "bf16 autocast unless the job says otherwise; the real depth from the "
@@ -162,7 +159,7 @@ def main() -> None:
               "a hook per parameter's gradient), which were on when our H200 runs were "
               f"timed, add {100 * result['measure_hooks_extra_median']:.0f}% (median) to "
               "this host-bound tiny step."]
-    (out / "host_ops.md").write_text("\n".join(lines) + "\n")
+    write_results("host_ops", result, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_line, results_dir  # noqa: E402
+from common import machine_line, write_results  # noqa: E402
 
 from vramplan.hardware import get_gpu  # noqa: E402
 from vramplan.planning.efficiency import (  # noqa: E402
@@ -184,9 +184,7 @@ def markdown(result: dict) -> str:
 
 def main() -> None:
     result = score()
-    out = results_dir()
-    (out / "memory_ops_check.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "memory_ops_check.md").write_text(markdown(result))
+    write_results("memory_ops_check", result, markdown(result))
     print(markdown(result))
 
 

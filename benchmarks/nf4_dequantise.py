@@ -12,14 +12,13 @@ its tensor inputs and outputs, and the storages alive at each point, and compare
 
 from __future__ import annotations
 
-import json
 import sys
 import weakref
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import torch  # noqa: E402
-from common import QUICK, machine_line, results_dir  # noqa: E402
+from common import QUICK, machine_line, write_results  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from vramplan.engines.param_memory import TORCHAO_NF4_DEQUANTISE_PEAK  # noqa: E402
@@ -94,8 +93,6 @@ def main() -> None:
                                          "bytes_per_weight": modelled_bytes,
                                          "peak_bytes_per_weight": TORCHAO_NF4_DEQUANTISE_PEAK},
               "quick": QUICK}
-    out = results_dir()
-    (out / "nf4_dequantise.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = ["# torchao's NF4 dequantising, counted on its code", "",
              f"On {result['machine']}: NF4Tensor.get_original_weight of a bf16 weight "
              "(to_nf4 defaults: blocks of 64, scalers in blocks of 256), every non-view aten op "
@@ -107,7 +104,7 @@ def main() -> None:
              "|---|---:|---:|---:|"]
     lines += [f"| {r['shape'][0]} x {r['shape'][1]} | {r['kernels']} | "
               f"{r['bytes_per_weight']:.2f} | {r['peak_bytes_per_weight']:.2f} |" for r in rows]
-    (out / "nf4_dequantise.md").write_text("\n".join(lines) + "\n")
+    write_results("nf4_dequantise", result, "\n".join(lines) + "\n")
     print("\n".join(lines))
     for r in rows:  # the benchmark fails when torchao's code no longer does what is modelled
         assert r["kernels"] == modelled_kernels, r

@@ -19,14 +19,13 @@ run of the same step would settle it (benchmarks/gpu_microbench.py does not yet)
 from __future__ import annotations
 
 import io
-import json
 import logging
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import machine_line, results_dir  # noqa: E402
+from common import machine_line, write_results  # noqa: E402
 
 NUMEL = 1024 * 1024
 ALLOC = re.compile(r"empty_strided_cpu\(\(([0-9, ]*)\), \([0-9, ]*\), torch\.([a-z0-9]+)\)")
@@ -73,8 +72,6 @@ def main() -> None:
     rows = [one(name) for name in ("AdamW8bit", "AdamW4bit", "AdamWFp8")]
     result = {"machine": machine_line(), "torchao": torchao.__version__, "numel": NUMEL,
               "rows": rows}
-    out = results_dir()
-    (out / "torchao_optim_codegen.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = ["# torchao low-bit AdamW: Inductor's code per parameter tensor", "",
              f"{machine_line()}; torchao {torchao.__version__}; one step on a {NUMEL}-element "
              "fp32 parameter, Inductor's CPU code (see the script's docstring).", "",
@@ -84,7 +81,7 @@ def main() -> None:
         full = ", ".join(f"{b['dtype']} x{b['numel']}" for b in r["full_size_intermediates"])
         lines.append(f"| {r['optimizer']} | {r['loop_nests']} | {full or 'none'} | "
                      f"{r['intermediate_bytes_per_element']:.0f} |")
-    (out / "torchao_optim_codegen.md").write_text("\n".join(lines) + "\n")
+    write_results("torchao_optim_codegen", result, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
