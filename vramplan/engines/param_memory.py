@@ -15,6 +15,7 @@ from vramplan.engines.precision import (
     STATE_COPIES,
     adapter_bytes,
     dtypes_for,
+    eager_torchao_nf4,
     eight_bit_state_bytes,
     frozen_base_bytes,
     optimizer_step_temp_copies,
@@ -221,11 +222,9 @@ TORCHAO_NF4_DEQUANTISE_PEAK = 4 + 4 + 2 + 2 + 2
 
 def nf4_dequantise_peak(job: Job) -> float:
     """Bytes per weight element live while one NF4 weight is dequantised: bitsandbytes'
-    kernel writes the 16-bit weight (2); torchao's eager ops hold their temporaries too
-    (compiled blocks fuse them: 2)."""
-    if job.peft.quant_library == "bitsandbytes" or job.compiles_blocks:
-        return 2
-    return TORCHAO_NF4_DEQUANTISE_PEAK
+    kernel (or a compiled block) writes the 16-bit weight (2); torchao's eager ops hold
+    their temporaries too."""
+    return TORCHAO_NF4_DEQUANTISE_PEAK if eager_torchao_nf4(job) else 2
 
 
 def nf4_params(arch: Architecture, stack: Stack) -> int:

@@ -81,6 +81,15 @@ def frozen_base_bytes(job: Job) -> int:
     return 4 if job.precision == "fp32" else 2
 
 
+def eager_torchao_nf4(job: Job) -> bool:
+    """QLoRA whose 4-bit base is torchao's NF4Tensor dequantised by its eager ops
+    (peft.quant_library torchao, blocks not compiled): what its time (planning/traffic.py
+    TORCHAO_NF4_EAGER) and memory (param_memory.py TORCHAO_NF4_DEQUANTISE_PEAK) cost;
+    bitsandbytes' kernel, or a compiled block, is one fused pass."""
+    return (job.peft is not None and job.peft.method == "qlora"
+            and job.peft.quant_library == "torchao" and not job.compiles_blocks)
+
+
 def adapter_bytes(job: Job) -> int:
     """Bytes per element of LoRA adapters (and their gradients): fp32 as peft upcasts them
     (autocast_adapter_dtype=True), or the model's dtype as torchtune builds them. Unset, a

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramplan.engines import pipeline
+from vramplan.engines.precision import eager_torchao_nf4
 from vramplan.engines.step import describe_step
 from vramplan.fit import PRECISION_MATMUL_DTYPE
 from vramplan.hardware.gpu import GPU
@@ -293,8 +294,7 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
             notes.append("fp8 without --compile: each Float8Linear cast runs as torchao's "
                          "eager kernels (6 per cast), which can cost more than the fp8 matmuls "
                          "save; torch.compile (--set compile=true) fuses them")
-    if (job.peft is not None and job.peft.method == "qlora"
-            and job.peft.quant_library == "torchao" and not job.compiles_blocks):
+    if eager_torchao_nf4(job):
         per_element, kernels = nf4_dequantise_cost(job)
         notes.append(f"torchao's NF4 weights dequantise in {kernels} eager kernels per linear "
                      f"call ({per_element:.3g} bytes moved per weight, bitsandbytes' kernel "

@@ -40,7 +40,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vramplan.engines.precision import adapter_bytes, dtypes_for, frozen_base_bytes
+from vramplan.engines.precision import (
+    adapter_bytes,
+    dtypes_for,
+    eager_torchao_nf4,
+    frozen_base_bytes,
+)
 from vramplan.engines.step import Step, describe_step, dora_linears
 from vramplan.job import Job
 from vramplan.models import Architecture, Stack, load_architecture
@@ -434,7 +439,7 @@ def nf4_dequantise_cost(job: Job) -> tuple[float, int]:
     to 16 bits: bitsandbytes' fused kernel, or torchao's eager ops (TORCHAO_NF4_EAGER:
     about 13x the bytes); compiled blocks fuse torchao's too, assumed as one pass like
     bitsandbytes' (torch.compile traces the NF4 subclass; not read from Inductor's code)."""
-    if job.peft.quant_library == "bitsandbytes" or job.compiles_blocks:
+    if not eager_torchao_nf4(job):
         return BNB_DEQUANTISE
     return (sum(read + written for _, read, written, _ in TORCHAO_NF4_EAGER),
             sum(kernels for *_, kernels in TORCHAO_NF4_EAGER))
