@@ -62,7 +62,7 @@ def test_offloaded_parameters_come_up_in_each_pass_and_their_gradients_go_down()
         params.trainable * 2 / 4]
     assert {c.per for c in copies} == {"micro-batch"}
     terms = step_terms(job, H100, ARCH)
-    assert not any(c.reduces_gradients for c in terms.collectives if c.host_bytes)
+    assert not any(c.reduces_gradients for c in terms.collectives if c.host_s)
     # the optimizer step on the CPU no longer copies gradients down and weights up itself
     (optimizer,) = [p for p in terms.phases if p.phase == "optimizer"]
     assert optimizer.offload_s == 0 and optimizer.offload_params == params.trainable / 4

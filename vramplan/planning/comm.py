@@ -320,9 +320,9 @@ def host_copies(job: Job, arch: Architecture, step: Step) -> list[Collective]:
     (offload.params), offloaded activations (activation_offload)."""
     par = job.parallel
     tp, shard = par.tensor_parallel, par.shard_degree
+    params = step.stage_params(step.stages[-1])
     out: list[Collective] = []
     if job.offload.params:
-        params = step.stage_params(step.stages[-1])
         for phase in ("forward", "backward"):
             out.append(Collective(f"host copy: parameters to the GPU, {phase} (offload.params)",
                                   params.weights / (tp * shard), "micro-batch", phase, "host",
@@ -332,7 +332,6 @@ def host_copies(job: Job, arch: Architecture, step: Step) -> list[Collective]:
                               "step" if par.fsdp_no_sync else "micro-batch", "backward",
                               "host", 1, kind="copy"))
     if job.offload.optimizer and not job.offload.params:
-        params = step.stage_params(step.stages[-1])
         if zero_offload(job):
             out.append(Collective("host copy: gradients to the CPU in fp32 (ZeRO-Offload)",
                                   4 * params.trainable / (tp * shard), "step", "backward",

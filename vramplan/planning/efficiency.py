@@ -290,9 +290,11 @@ def _calibrated(gpu: GPU) -> Factors | None:
         if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers):
             raise ValueError("a factor that is not a finite number")
         # factors added since calibrate first wrote its tables: an older table lacks them
-        shipped = factors_for(gpu, calibrated=False)
-        added = {k: getattr(shipped, k) for k in ADDED_FACTORS if k not in fields}
-        return Factors(**fields, **added, calibrated=True)
+        lacking = [k for k in ADDED_FACTORS if k not in fields]
+        if lacking:
+            shipped = factors_for(gpu, calibrated=False)
+            fields |= {k: getattr(shipped, k) for k in lacking}
+        return Factors(**fields, calibrated=True)
     except (ValidationError, ValueError, TypeError) as error:
         problem = ("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in
                              error.errors()[:3]) if isinstance(error, ValidationError)

@@ -126,7 +126,6 @@ class CollectiveTerms:
     crosses_nodes: bool
     latency_s: float = 0.0  # NCCL's latency of its calls, per occurrence (comm.py)
     host_s: float = 0.0  # a copy to or from CPU memory: bytes / the GPU's host link rate
-    host_bytes: float = 0.0
 
     def seconds(self, factors: Factors) -> float:
         """One occurrence: its bytes at the link's reached rate, plus its calls' latency."""
@@ -342,16 +341,14 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
     comms, staged = [], []
     network = network_bytes_s(job, gpu)
     for c in _collectives(job, arch, work, gpu):
+        times = job.grad_accum if c.per == "micro-batch" else 1
         if c.link == "host":
-            comms.append(CollectiveTerms(c.name, 0.0, job.grad_accum if c.per == "micro-batch"
-                                         else 1, c.overlaps, False,
-                                         host_s=c.bytes_per_gpu / gpu.host_link_bytes_s,
-                                         host_bytes=c.bytes_per_gpu))
+            comms.append(CollectiveTerms(c.name, 0.0, times, c.overlaps, False,
+                                         host_s=c.bytes_per_gpu / gpu.host_link_bytes_s))
             continue
         rate = gpu.interconnect_bytes_s if c.link == "interconnect" else min(
             network * c.nics, gpu.interconnect_bytes_s)
-        comms.append(CollectiveTerms(c.name, c.bytes_per_gpu / (rate * c.link_share),
-                                     job.grad_accum if c.per == "micro-batch" else 1,
+        comms.append(CollectiveTerms(c.name, c.bytes_per_gpu / (rate * c.link_share), times,
                                      c.overlaps, c.link == "network",
                                      c.calls * collective_latency_s(c, gpu)))
         if c.link == "network":
@@ -509,10 +506,10 @@ def _host_note(phases: list[PhaseTime], step: float, factors: Factors) -> list[s
 
 def _host_copy_note(terms: StepTerms, factors: Factors, gpu: GPU) -> list[str]:
     """What the offloads copy to and from CPU memory, and how it is timed."""
-    copies = [c for c in terms.collectives if c.host_bytes]
+    copies = [c for c in terms.collectives if c.host_s]
     if not copies:
         return []
-    moved = sum(c.times * c.host_bytes for c in copies)
+    moved = sum(c.times * c.host_s for c in copies) * gpu.host_link_bytes_s
     rate = factors.host_link * gpu.host_link_bytes_s / 1e9
     return [f"offload copies {format_bytes(int(moved))} a step over the {gpu.host_link} link "
             f"to CPU memory at {rate:.3g} GB/s ({factors.host_link:.0%} of its "
