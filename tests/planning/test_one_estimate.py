@@ -58,6 +58,11 @@ JOBS = [
       "--checkpointing", "full", "--activation-offload", "--offload-optimizer"],
      Job(model="llama-3.1-8b", batch_size=2, seq_len=4096, gpu="GH200", framework="torchtune",
          checkpointing="full", activation_offload=True, offload={"optimizer": True}), {}),
+    # paged AdamW states that do not fit beside the step: paged in and out every step
+    (["llama-3.2-1b", "-s", "2048", "-p", "bf16-pure", "--checkpointing", "full", "-o",
+      "paged-adamw", "--gpu", "RTX-4070-Ti-SUPER"],
+     Job(model="llama-3.2-1b", seq_len=2048, precision="bf16-pure", checkpointing="full",
+         optimizer="paged-adamw", gpu="RTX-4070-Ti-SUPER"), {}),
 ]
 
 

@@ -15,6 +15,8 @@ The step, per GPU, is modelled phase by phase (a roofline per phase):
   host copies        offloaded parameters and activations over the GPU's link to CPU
                      memory (comm.host_copies): copy engines run beside the kernels, so
                      only what a copy takes beyond the phase it overlaps is exposed
+  paging             a paged optimizer's states that do not fit beside the step, in and
+                     out every step (planning/paging.py), waited on by the optimizer
 
 Peaks and bandwidths come from the GPU catalog; efficiencies from efficiency.toml (with
 their sources). fp8 matmuls run at the fp8 rate only on GPUs that list one.
@@ -58,6 +60,7 @@ from vramplan.planning.efficiency import (
 )
 from vramplan.planning.flops import check_timed, step_flops
 from vramplan.planning.gemm import shape_efficiency
+from vramplan.planning.paging import Paging, paging
 from vramplan.planning.results import Performance, PhaseTime
 from vramplan.planning.traffic import (
     BNB_DEQUANTISE,
@@ -115,6 +118,8 @@ class PhaseTerms:
     cpu_rate_share: float = 1.0  # ... at this share of the vectorised CPU Adam rate
     copies_beside_cpu: bool = False  # its copies overlap the CPU's update (else follow it)
     modules: float = 0.0         # nn.Module calls (host time beside the launches)
+    paged_s: float = 0.0         # paged optimizer states in and out at the host link's rate
+    #                              (planning/paging.py: the kernels wait on them)
 
 
 @dataclass(frozen=True)
@@ -336,8 +341,11 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
                         "(--optimizer-impl fused)")
                      + "; timed at our 2-core VM's rate, which more CPU cores beat")
     else:
+        paged = paging(job, gpu)
         phases.append(PhaseTerms("optimizer", 1, 0.0, 0.0, unit["optimizer_bytes"] / bandwidth,
-                                 unit["optimizer_kernels"], bytes=unit["optimizer_bytes"]))
+                                 unit["optimizer_kernels"], bytes=unit["optimizer_bytes"],
+                                 paged_s=paged.moved / gpu.host_link_bytes_s if paged else 0.0))
+        notes += _paging_note(paged, gpu)
     comms, staged = [], []
     network = network_bytes_s(job, gpu)
     for c in _collectives(job, arch, work, gpu):
@@ -403,7 +411,11 @@ def phase_times(terms: StepTerms, factors: Factors) -> tuple[list[PhaseTime], fl
             host += max(copy, update) if p.copies_beside_cpu else copy + update
         device = compute + memory
         bound = "host" if host > device else ("compute" if compute >= memory else "memory")
-        out.append(PhaseTime(phase=p.phase, time_s=max(device, host), per_step=p.per_step,
+        paged = p.paged_s / factors.host_link
+        if paged > max(device, host):
+            bound = "host link"
+        out.append(PhaseTime(phase=p.phase, time_s=max(device, host) + paged,
+                             per_step=p.per_step,
                              bound=bound, flops=p.flops, bytes=p.bytes, kernels=p.kernels))
     if terms.bubble:
         # (p - 1) / (m + p - 1) of the step idle: the micro-batches' time / (1 - bubble)
@@ -517,6 +529,19 @@ def _host_copy_note(terms: StepTerms, factors: Factors, gpu: GPU) -> list[str]:
             f"{'; '.join(c.name.removeprefix('host copy: ') for c in copies)}; copy engines "
             "run them beside the kernels, so the step shows what they take beyond the phase "
             "each overlaps"]
+
+
+def _paging_note(paged: Paging | None, gpu: GPU) -> list[str]:
+    """Why a paged optimizer's step moves its states over the host link, and how much."""
+    if not paged or not paged.moved:
+        return []
+    short = format_bytes(int(paged.states - paged.free))
+    return [f"paged optimizer states ({format_bytes(int(paged.states))} in unified memory) do "
+            f"not fit in the {format_bytes(int(paged.free))} the step leaves free on the "
+            f"{gpu.name}: the driver evicts the least recently migrated to make room, so each "
+            f"step pages all of them in and out again, {format_bytes(int(paged.moved))} over "
+            f"its {gpu.host_link} link, and the optimizer waits on it (planning/paging.py); "
+            f"{short} more free memory keeps them on the GPU"]
 
 
 def _latency_note(terms: StepTerms, step: float) -> list[str]:

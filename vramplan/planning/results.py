@@ -18,7 +18,7 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-Bound = Literal["compute", "memory", "communication", "host"]
+Bound = Literal["compute", "memory", "communication", "host", "host link"]
 
 
 class PhaseTime(_Frozen):
@@ -28,7 +28,8 @@ class PhaseTime(_Frozen):
     time_s: float = Field(description="seconds per occurrence (forward, backward, recompute: "
                           "per micro-batch)")
     per_step: int = Field(description="occurrences per optimizer step")
-    bound: Bound = Field(description="what bounds it: compute, memory, communication, host")
+    bound: Bound = Field(description="what bounds it: compute, memory, communication, host "
+                       "(the CPU launching kernels), host link (paged optimizer states)")
     flops: float = Field(0.0, description="matmul FLOPs executed on one GPU")
     bytes: float = Field(0.0, description="bytes moved by memory-bound work on one GPU")
     kernels: float = Field(0.0, description="kernel launches (host time)")
