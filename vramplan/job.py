@@ -241,6 +241,11 @@ class Parallel(_Strict):
     # every parameter's whole gradient in fp32 until then. False: every micro-batch's
     # gradients are reduce-scattered and sharded (torchtitan)
     fsdp_no_sync: bool = False
+    # FSDP2's reshard_after_forward (zero3 / fsdp / hybrid-shard): False keeps each unit's
+    # gathered parameters from its forward until its backward, so the backward gathers
+    # nothing (torchtitan's fsdp_reshard_after_forward 'never', and its 'default' under a
+    # pipeline); zero2 never reshards
+    reshard_after_forward: bool = True
     # the dtype the gradient all-reduce / reduce-scatter moves (GradReduceDtype): its bytes
     # and so its time (planning/comm.py); the memory counted stays the framework's default
     # gradients (a unit's transient cast buffer is left out)
@@ -255,6 +260,23 @@ class Parallel(_Strict):
                 and "fsdp_no_sync" not in changes):
             data.pop("fsdp_no_sync", None)
         return data
+
+    @property
+    def defers_gradient_sync(self) -> bool:
+        """FSDP reduce-scatters only the last micro-batch's gradients, holding whole ones
+        until then: no_sync asked for (fsdp_no_sync), or a pipeline, whose stages run every
+        micro-batch but a schedule's last with FSDP2's gradient sync and its resharding after
+        backward off (torch 2.13 distributed/pipelining/stage.py backward_maybe_with_nosync,
+        perform_reduce_grad)."""
+        return self.fsdp_no_sync or (self.strategy in FSDP_STRATEGIES
+                                     and self.pipeline_parallel > 1)
+
+    @property
+    def gathers_once_per_schedule(self) -> bool:
+        """Each FSDP unit's parameters are gathered in a pipeline schedule's first forward
+        and held to its end: no reshard after forward, nor (the pipeline's) after backward."""
+        return (self.strategy in ("zero3", "fsdp", "hybrid-shard") and self.pipeline_parallel > 1
+                and not self.reshard_after_forward)
 
     @property
     def model_parallel(self) -> int:
@@ -285,6 +307,10 @@ class Parallel(_Strict):
             raise ValueError(
                 f"{self.data_parallel} data-parallel ranks need a strategy: "
                 "ddp, zero1, zero2, zero3, fsdp or hybrid-shard")
+        if not self.reshard_after_forward and self.strategy in ("none", "ddp", "zero1"):
+            raise ValueError(
+                f"reshard_after_forward is FSDP's: strategy {self.strategy} shards no "
+                "parameters; use zero3, fsdp or hybrid-shard or drop it")
         if self.fsdp_no_sync and self.strategy not in FSDP_STRATEGIES:
             raise ValueError(
                 f"fsdp_no_sync is FSDP's: strategy {self.strategy} has no such switch (ddp "

@@ -139,9 +139,14 @@ def _without(data: dict[str, Any], path: list[str]) -> dict[str, Any]:
 
 
 def _matches(data: dict[str, Any], condition: str) -> bool:
-    """'peft.method=qlora' against job data whose parts are dicts or built models."""
-    dotted, _, wanted = condition.partition("=")
-    return str(_value_at(data, dotted.split("."), {"method": "lora"})) == wanted  # Peft's
+    """'peft.method=qlora' (or 'parallel.pipeline_parallel!=1') against job data whose parts
+    are dicts or built models."""
+    differs = "!=" in condition
+    dotted, _, wanted = condition.partition("!=" if differs else "=")
+    # the defaults of the fields conditions name (Peft's method, Parallel's strategy and
+    # stages), for parts the data leaves out
+    defaults = {"method": "lora", "strategy": "none", "pipeline_parallel": 1}
+    return (str(_value_at(data, dotted.split("."), defaults)) == wanted) != differs
 
 
 def _set_default(data: dict[str, Any], path: list[str], value: Any) -> None:

@@ -29,7 +29,11 @@ its m GPUs reaches only (g - 1) / (m - 1) of the GPU's NVLink bandwidth
               parallel.overlap_grad_reduce is false)
   zero3/fsdp  per micro-batch: all-gather of 16-bit parameters in forward and again in
               backward (prefetched: overlapped), reduce-scatter of gradients (overlapped;
-              with parallel.fsdp_no_sync once per step, the last micro-batch's);
+              with parallel.fsdp_no_sync once per step, the last micro-batch's); without
+              parallel.reshard_after_forward no backward all-gather; under a pipeline
+              (torch's schedules defer FSDP's sync and resharding to a schedule's last
+              micro-batch) one reduce-scatter per schedule, and without resharding after
+              forward one all-gather per schedule too;
               with fp8.fsdp_float8_all_gather the block linears' weights travel in float8
   hybrid      fsdp inside a node, plus an all-reduce of the gradient shards between nodes
   (the gradient collectives move the gradients' own dtype unless parallel.grad_reduce_dtype
@@ -87,7 +91,8 @@ from vramplan.planning.efficiency import (
 class Collective:
     name: str            # e.g. "gradient all-reduce (ddp)"
     bytes_per_gpu: float  # bytes each GPU sends, per occurrence
-    per: str             # "step" or "micro-batch"
+    per: str             # "step", "micro-batch" or "schedule" (once per pipeline flush, per
+    #                      step without a pipeline)
     overlaps: str        # the phase it can hide behind: "backward", "forward", "" (none)
     link: str            # "interconnect", "network" or "host" (to CPU memory)
     group: int           # ranks in the collective
@@ -255,16 +260,23 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
                 # (engines/param_memory.py, fp8_gathered_block), the rest in 16-bit
                 gathered -= share * _block_linear_params(arch) * (2 - 1) / tp
             shard_link = link(shard, model_parallel)
-            for phase in ("forward", "backward"):
+            # kept gathered from forward to backward (reshard_after_forward false), the
+            # backward gathers nothing; under a pipeline then, nor does any later forward
+            gathers = ("forward", "backward") if par.reshard_after_forward else ("forward",)
+            once = "schedule" if pp > 1 else "step"  # a pipeline flushes every schedule
+            for phase in gathers:
                 out.append(Collective(f"parameter all-gather, {phase} ({strategy})",
-                                      ring_bytes("all-gather", gathered, shard), "micro-batch",
+                                      ring_bytes("all-gather", gathered, shard),
+                                      once if par.gathers_once_per_schedule
+                                      else "micro-batch",
                                       phase, shard_link, shard,
                                       nics=in_node(shard, model_parallel), kind="all-gather",
                                       calls=units))
-            # without gradient sync (fsdp_no_sync) only the last micro-batch reduce-scatters
+            # without gradient sync (fsdp_no_sync, a pipeline's schedule) only the last
+            # micro-batch reduce-scatters
             out.append(Collective(f"gradient reduce-scatter ({strategy})",
                                   ring_bytes("reduce-scatter", grads, shard),
-                                  "step" if par.fsdp_no_sync else "micro-batch",
+                                  once if par.defers_gradient_sync else "micro-batch",
                                   grad_phase, shard_link, shard,
                                   nics=in_node(shard, model_parallel), kind="reduce-scatter",
                                   calls=units))
@@ -322,14 +334,15 @@ def host_copies(job: Job, arch: Architecture, step: Step) -> list[Collective]:
     tp, shard = par.tensor_parallel, par.shard_degree
     params = step.stage_params(step.stages[-1])
     out: list[Collective] = []
-    if job.offload.params:
-        for phase in ("forward", "backward"):
+    if job.offload.params:  # (kept gathered after forward: the backward uploads nothing)
+        for phase in ("forward", "backward") if par.reshard_after_forward else ("forward",):
             out.append(Collective(f"host copy: parameters to the GPU, {phase} (offload.params)",
                                   params.weights / (tp * shard), "micro-batch", phase, "host",
                                   1, kind="copy"))
         out.append(Collective("host copy: gradients to the CPU (offload.params)",
                               params.gradients / (tp * shard),
-                              "step" if par.fsdp_no_sync else "micro-batch", "backward",
+                              ("schedule" if par.pipeline_parallel > 1 else "step")
+                              if par.defers_gradient_sync else "micro-batch", "backward",
                               "host", 1, kind="copy"))
     if job.offload.optimizer and not job.offload.params:
         if zero_offload(job):

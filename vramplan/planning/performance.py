@@ -349,7 +349,8 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
     comms, staged = [], []
     network = network_bytes_s(job, gpu)
     for c in _collectives(job, arch, work, gpu):
-        times = job.grad_accum if c.per == "micro-batch" else 1
+        times = {"micro-batch": job.grad_accum,
+                 "schedule": job.parallel.pipeline_flushes}.get(c.per, 1)
         if c.link == "host":
             comms.append(CollectiveTerms(c.name, 0.0, times, c.overlaps, False,
                                          host_s=c.bytes_per_gpu / gpu.host_link_bytes_s))

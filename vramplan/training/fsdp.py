@@ -16,8 +16,9 @@ def fully_shard_setup(setup: TrainingSetup, job: Job, mesh=None) -> int:
     unit, then rebuild the optimizer over the sharded parameters. Returns the block count.
 
     zero2 keeps parameters gathered after the forward; zero3 / fsdp / hybrid-shard reshard
-    them. Under mixed precision FSDP gathers 16-bit parameters and reduces gradients in
-    fp32 (as accelerate and torchtitan set FSDP2 up), so autocast has nothing to cast.
+    them unless parallel.reshard_after_forward is false. Under mixed precision FSDP gathers
+    16-bit parameters and reduces gradients in fp32 (as accelerate and torchtitan set FSDP2
+    up), so autocast has nothing to cast.
 
     offload.params: FSDP2's CPUOffloadPolicy (torch/distributed/fsdp/_fully_shard,
     _fsdp_param.py: the padded sharded parameter is moved to the CPU, and copied to the
@@ -27,7 +28,7 @@ def fully_shard_setup(setup: TrainingSetup, job: Job, mesh=None) -> int:
     training/placement.py's HOST."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    reshard = job.parallel.strategy != "zero2"
+    reshard = job.parallel.strategy != "zero2" and job.parallel.reshard_after_forward
     policy = MixedPrecisionPolicy(param_dtype=setup.autocast_dtype, reduce_dtype=torch.float32)
     offload = dict(offload_policy=CPUOffloadPolicy(pin_memory=False)) if job.offload.params \
         else {}

@@ -34,6 +34,13 @@ def per_gpu_params(job: Job, params: ParamMemory):
         gathered = (FSDP_GATHERED_BLOCKS * block + params.outside_blocks / halve) / tp
         root = params.outside_blocks / tp / halve
         cast = 0.0
+        if not par.reshard_after_forward:
+            # every unit stays gathered from its forward to its backward: at the forward's
+            # end all of them, in their gathered dtype, and the backward gathers nothing new
+            gathered, root = params.weights / halve / tp, 0.0
+            notes.append(f"FSDP without resharding after forward: "
+                         f"{format_bytes(int(gathered))} of gathered parameters held from "
+                         "each unit's forward to its backward")
     elif strategy == "ddp" and par.data_parallel > 1:
         comm = params.gradients / tp  # the Reducer's flat buckets (gradient_as_bucket_view=False)
         notes.append("DDP's gradient buckets double gradient memory; gradient_as_bucket_view="

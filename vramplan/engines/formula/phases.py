@@ -104,14 +104,17 @@ def stage_report(step: Step, runtime_gpu: GPU | None, stage: pipeline.Stage) -> 
     inputs = shapes.input_bytes / cp
     keeps_grads = job.keep_grads_between_steps and not job.optimizer_in_backward
     g_kept = g if job.grad_accum > 1 or keeps_grads else 0.0
-    if job.parallel.fsdp_no_sync and job.grad_accum > 1:
+    if job.parallel.defers_gradient_sync and job.grad_accum > 1:
         # until the last micro-batch's reduce-scatter FSDP2 keeps each parameter's whole
         # gradient, upcast to its fp32 reduce dtype (torch/distributed/fsdp/_fully_shard/
         # _fsdp_param.py to_accumulated_grad_if_needed; training/fsdp.py's policy)
         g_kept = params.trainable * 4 / tp
         notes.append(f"FSDP without gradient sync until the last micro-batch: "
                      f"{format_bytes(int(g_kept))} of fp32 gradients, unsharded, held between "
-                     "micro-batches (sync_each_batch / fsdp_no_sync false shards them)")
+                     "micro-batches " + (
+                         "(sync_each_batch / fsdp_no_sync false shards them)"
+                         if job.parallel.fsdp_no_sync else "(torch's pipeline schedules turn "
+                         "FSDP's gradient sync off until a schedule's last micro-batch)"))
     step_temp = params.step_temp / (tp * job.parallel.shard_degree)
     if job.optimizer_in_backward:
         # the largest gradient left: a block's, or a modules_to_save copy's (one matrix)

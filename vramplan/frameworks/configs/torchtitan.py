@@ -121,6 +121,7 @@ def _parallel(flat: dict[str, Any], mapping: Mapping) -> int | None:
                 else "fsdp")  # torchtitan applies FSDP2 whenever it does not replicate
     mapping.assign("parallel.strategy", strategy, "parallelism.data_parallel_*_degree")
     mapping.assign("parallel.num_gpus", gpus, "parallelism.*_degree")
+    _reshard(flat, strategy, degree("pipeline_parallel_degree", 1), mapping)
     if strategy == "hybrid-shard":
         mapping.assign("parallel.gpus_per_node", shard, "data_parallel_shard_degree")
     global_batch = flat.get("training.global_batch_size", -1)
@@ -134,6 +135,24 @@ def _parallel(flat: dict[str, Any], mapping: Mapping) -> int | None:
                               f"({local} x {replicate * shard}), as train.py requires")
         return steps
     return None
+
+
+# fsdp_reshard_after_forward -> FSDP2's reshard_after_forward (distributed/fsdp.py
+# get_fsdp_reshard_after_forward_policy): 'default' reshards unless a pipeline runs
+RESHARD_POLICIES = {"always": lambda pp: True, "never": lambda pp: False,
+                    "default": lambda pp: pp == 1}
+
+
+def _reshard(flat: dict[str, Any], strategy: str, pp: int, mapping: Mapping) -> None:
+    key = "parallelism.fsdp_reshard_after_forward"
+    policy = flat.get(key, "default")
+    if policy not in RESHARD_POLICIES:
+        raise ConfigError(f"torchtitan {key} {policy!r}: torchtitan takes "
+                          f"{', '.join(RESHARD_POLICIES)}")
+    if strategy in ("fsdp", "hybrid-shard"):
+        mapping.assign("parallel.reshard_after_forward", RESHARD_POLICIES[policy](pp),
+                       f"{key}={policy!r}" + (f" with pipeline_parallel_degree {pp}"
+                                              if policy == "default" else ""))
 
 
 _PIPELINE_KEYS = ("parallelism.pipeline_parallel_schedule",
