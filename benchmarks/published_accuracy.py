@@ -57,7 +57,12 @@ from vramplan.planning.performance import (  # noqa: E402
     step_terms,
     step_time,
 )
-from vramplan.planning.traffic import float8_cast_bytes, step_traffic  # noqa: E402
+from vramplan.planning.traffic import (  # noqa: E402
+    OPTIMIZER_STEPS,
+    _trainable_tensors,
+    float8_cast_bytes,
+    step_traffic,
+)
 
 RESULTS = Path(__file__).parent / "results"
 # llm-foundry's runs used its Triton FlashAttention kernel (attn_impl: triton, the default of
@@ -157,6 +162,8 @@ def load() -> tuple[list[dict], list[dict]]:
                 run["terms"] = _transformer_engine_fp8(run["terms"], run["job"], gpu)
             if run["source"] in ONE_MICRO_BATCH:
                 run["terms"] = _one_micro_batch(run["terms"], run["job"], gpu)
+            if run["source"] in BERT_ADAM and run["job"].optimizer_impl == "loop":
+                run["terms"] = _bert_adam(run["terms"], run["job"])
             if STACK[run["source"]] == "megatron-core":
                 run["terms"] = _sixteen_bit_model(run["terms"], run["job"], gpu)
                 if run["source"] in UNFUSED_LOSS:
@@ -245,6 +252,27 @@ def _one_micro_batch(terms, job: Job, gpu):
         tokens_per_step=terms.tokens_per_step // ga,
         samples_per_step=terms.samples_per_step // ga,
         model_flops_gpu=terms.model_flops_gpu / ga, flops_per_step=terms.flops_per_step / ga)
+
+
+# NVIDIA's BERT code steps its fp32 runs with BertAdam (DeepLearningExamples
+# PyTorch/LanguageModeling/BERT/optimization.py at 2a520dd5, BertAdam.step), a Python loop
+# over the parameters: mul_, add_, mul_, addcmul_, sqrt, add, div, the decay's mul and add
+# (the weights; run_squad.py decays no bias or LayerNorm), the learning rate's mul, neg and
+# add_: 12 kernels a matrix and 10 a vector, where the rows' jobs count torch's for-loop
+# AdamW's 8 (traffic.py OPTIMIZER_STEPS)
+BERT_ADAM = ("lambda-bert", "nvidia-bert")
+BERT_ADAM_KERNELS = (12, 10)
+
+
+def _bert_adam(terms, job: Job):
+    """The step terms with BertAdam's kernels in the optimizer phase."""
+    matrices, vectors = _trainable_tensors(job, load_architecture(job.model))
+    loop = OPTIMIZER_STEPS[(job.optimizer, "loop")]
+    more = ((BERT_ADAM_KERNELS[0] - loop.per_matrix) * matrices
+            + (BERT_ADAM_KERNELS[1] - loop.per_vector) * vectors)
+    phases = tuple(dataclasses.replace(p, kernels=p.kernels + more) if p.phase == "optimizer"
+                   else p for p in terms.phases)
+    return dataclasses.replace(terms, phases=phases)
 
 
 def _megatron_loss(terms, job: Job, gpu):

@@ -41,6 +41,7 @@ BENCHMARKS: list[tuple[list[str], bool]] = [
     (["host_ops.py"], True),                        # quick: 2 models, tiny shapes on the CPU
     (["cpu_adam.py"], True),                        # quick: 8 Mi parameters, a second
     (["nf4_dequantise.py"], True),                  # quick: 2 weights, torchao on the CPU
+    (["optimizer_ops.py"], True),                   # quick: a 1/16-width layer, 5 s
     (["plan_speed.py"], True),
     (["web_fuzz.py"], True),                        # schemathesis against the web API
     (["web_load.py"], True),                        # 20 clients x 5000 estimates

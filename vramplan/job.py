@@ -355,11 +355,16 @@ class Runtime(_Strict):
     cublas_workspaces: cuBLAS workspaces held (one per thread x stream that runs a matmul:
       the forward thread and the autograd thread), each 8.125 MiB, 32 MiB on sm90+
       (aten/src/ATen/cuda/CublasHandlePool.cpp).
+    torch_cuda: the CUDA major version torch was built with (torch.version.cuda): from 13
+      each foreach / fused optimizer launch takes 7x the chunks and tensors (torch 2.13
+      ATen/native/cuda/MultiTensorApply.cuh), so a step launches fewer kernels. 13: torch
+      2.11 and later as pip installs it (our H200 runs: 2.11.0+cu130); 12 for older builds.
     """
 
     cuda_context_bytes: int = Field(1390 * 1024**2, ge=0, le=1024**4)  # at most 1 TiB
     allocator_overhead: float | None = Field(None, ge=0, le=1)
     cublas_workspaces: int = Field(2, ge=0, le=64)
+    torch_cuda: int = Field(13, ge=11, le=13)
 
     @field_validator("cuda_context_bytes", mode="before")
     @classmethod

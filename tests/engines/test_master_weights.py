@@ -10,7 +10,7 @@ from vramplan.fit import precision_problem
 from vramplan.hardware import get_gpu
 from vramplan.models import load_architecture
 from vramplan.planning.performance import step_terms
-from vramplan.planning.traffic import OPTIMIZER_PASSES
+from vramplan.planning.traffic import OPTIMIZER_STEPS
 
 MODEL = "llama-3.2-1b"
 N = load_architecture(MODEL).total_params("causal-lm")
@@ -71,9 +71,10 @@ def test_the_step_moves_the_master_copies():
     gpu = get_gpu("H100-SXM")
     master = {p.phase: p.bytes for p in step_terms(_job(), gpu).phases}
     pure = {p.phase: p.bytes for p in step_terms(_job(precision="bf16-pure"), gpu).phases}
-    passes = OPTIMIZER_PASSES[("adamw", "fused")]
+    fused = OPTIMIZER_STEPS[("adamw", "fused")]  # read p g m v, write p m v: 7 passes
+    assert (fused.bytes_fp32, fused.bytes_16bit) == (7 * 4, 7 * 2)
     assert master["optimizer"] - pure["optimizer"] == pytest.approx(
-        (12 + passes * (4 - 2)) * N)
+        (12 + fused.bytes_fp32 - fused.bytes_16bit) * N)
     assert master["forward"] == pure["forward"] and master["backward"] == pure["backward"]
 
 

@@ -116,7 +116,7 @@ def test_a_models_own_names_read_as_the_module_once():
 
 
 def test_the_optimizer_steps_the_copies_at_their_own_dtype():
-    from vramplan.planning.traffic import CLIP_PASSES, OPTIMIZER_PASSES
+    from vramplan.planning.traffic import CLIP_PASSES, OPTIMIZER_STEPS
 
     arch = load_architecture(MODEL)
     n = arch.vocab_size * arch.stacks[-1].hidden_size
@@ -125,7 +125,7 @@ def test_the_optimizer_steps_the_copies_at_their_own_dtype():
     before, after = (step_traffic(j).by_op_phase for j in (base, head))
     step = ("optimizer", "optimizer")
     # foreach AdamW's passes over the bf16 copy (2 bytes an element), not the adapters' 4
-    assert after[step] - before[step] == OPTIMIZER_PASSES[("adamw", "foreach")] * 2 * n
+    assert after[step] - before[step] == OPTIMIZER_STEPS[("adamw", "foreach")].bytes_16bit * n
     clip = ("clip", "optimizer")
     assert after[clip] - before[clip] == CLIP_PASSES * 2 * n
     # accumulation into the copy's .grad between micro-batches: read both, write one

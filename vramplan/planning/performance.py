@@ -7,7 +7,8 @@ The step, per GPU, is modelled phase by phase (a roofline per phase):
              + attention FLOPs / (peak x attention efficiency)
              + memory-bound bytes / (HBM bandwidth x memory efficiency)
       host   = kernel launches x host time per launch      (eager PyTorch dispatch)
-      time   = max(device, host); the bound is the larger term
+      time   = max(device, host); the bound is the larger term (their sum where the
+               host waits for every kernel: bitsandbytes' optimizers, torch's Adafactor)
   optimizer (once)   clip + optimizer step bytes, or the CPU step when offloaded
   communication      each collective's bytes / (link bandwidth x collective efficiency);
                      the part that overlaps a phase hides behind `overlap` of that
@@ -120,6 +121,8 @@ class PhaseTerms:
     modules: float = 0.0         # nn.Module calls (host time beside the launches)
     paged_s: float = 0.0         # paged optimizer states in and out at the host link's rate
     #                              (planning/paging.py: the kernels wait on them)
+    synchronised: bool = False   # the host waits for each kernel (bitsandbytes' optimizers,
+    #                              torch's Adafactor): host and device time add
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,7 @@ def _per_gpu_work(job: Job, work: tuple) -> dict:
     memo["unit"] = unit = dict(
         phases=phases, optimizer_bytes=share * traffic.bytes["optimizer"] / shards,
         optimizer_kernels=traffic.kernels["optimizer"], offload_params=trainable,
+        optimizer_synchronised=traffic.synchronised,
         grad_width=step.params.gradients / max(step.params.trainable, 1),
         bubble=pipeline.bubble_fraction(job),
         tokens_per_step=flops.tokens * job.grad_accum * dp,
@@ -344,7 +348,8 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         paged = paging(job, gpu)
         phases.append(PhaseTerms("optimizer", 1, 0.0, 0.0, unit["optimizer_bytes"] / bandwidth,
                                  unit["optimizer_kernels"], bytes=unit["optimizer_bytes"],
-                                 paged_s=paged.moved / gpu.host_link_bytes_s if paged else 0.0))
+                                 paged_s=paged.moved / gpu.host_link_bytes_s if paged else 0.0,
+                                 synchronised=unit["optimizer_synchronised"]))
         notes += _paging_note(paged, gpu)
     comms, staged = [], []
     network = network_bytes_s(job, gpu)
@@ -413,9 +418,10 @@ def phase_times(terms: StepTerms, factors: Factors) -> tuple[list[PhaseTime], fl
         device = compute + memory
         bound = "host" if host > device else ("compute" if compute >= memory else "memory")
         paged = p.paged_s / factors.host_link
-        if paged > max(device, host):
+        busy = device + host if p.synchronised else max(device, host)
+        if paged > busy:
             bound = "host link"
-        out.append(PhaseTime(phase=p.phase, time_s=max(device, host) + paged,
+        out.append(PhaseTime(phase=p.phase, time_s=busy + paged,
                              per_step=p.per_step,
                              bound=bound, flops=p.flops, bytes=p.bytes, kernels=p.kernels))
     if terms.bubble:

@@ -19,8 +19,9 @@ them; they are counts of what the code does, not fitted numbers:
   dora         the magnitude's scaling of the base and adapter outputs; in forward only,
                the weight-side work of the column norm (eye, delta, weight casts)
   loss         logits upcast, log_softmax, nll, and their gradients over tokens x vocab
-  optimizer    per trainable element: the passes of torch's foreach / fused kernels,
-               bitsandbytes' 8-bit blockwise kernel, clip_grad_norm's norm and scale
+  optimizer    per trainable element: the bytes of the optimizer's own kernels
+               (OPTIMIZER_STEPS: torch's loop / foreach / fused, transformers' Adafactor,
+               bitsandbytes'), clip_grad_norm's norm and scale
 
 Compiled (job.compile, training/compiled.py): Inductor fuses each elementwise chain into one
 kernel that reads its inputs once and writes what is kept once: a norm reads the residual
@@ -38,6 +39,7 @@ the saved input and the output gradient and writes the input gradient). Recomput
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from vramplan.engines.precision import (
@@ -59,28 +61,85 @@ LOG_SOFTMAX_BYTES = 12
 NLL_GRAD_BYTES = 4
 ROTARY_PASSES = 12           # 6 kernels, each read + write
 BACKWARD_OVER_FORWARD = 2.0  # elementwise gradients: read saved input + grad, write grad
-# Optimizer passes over one trainable element (reads + writes of param-sized tensors):
-# torch _multi_tensor_adamw: mul_(wd) 2, lerp_ 3, mul_ 2, addcmul_ 3, sqrt 2, div_ 2,
-# add_ 2, addcdiv_ 4 = 20; _fused_adamw: read p g m v, write p m v = 7.
-OPTIMIZER_PASSES = {
-    ("adamw", "foreach"): 20, ("adamw", "loop"): 20, ("adamw", "fused"): 7,
-    ("adam", "foreach"): 18, ("adam", "loop"): 18, ("adam", "fused"): 7,
-    ("sgd", "foreach"): 3, ("sgd", "loop"): 3, ("sgd", "fused"): 3,
-    ("sgd-momentum", "foreach"): 8, ("sgd-momentum", "loop"): 8, ("sgd-momentum", "fused"): 5,
-    ("lion", "foreach"): 10, ("lion", "loop"): 10,
-    ("adafactor", "foreach"): 14, ("adafactor", "loop"): 14,
+# One optimizer step, by (optimizer, optimizer_impl; None: the library has one), read from
+# the libraries' code and counted on it by benchmarks/optimizer_ops.py (torch 2.13,
+# transformers 5.24, bitsandbytes 0.50.2): bytes read and written per trainable element
+# with fp32 and with 16-bit states; kernels per 2-D and per 1-D tensor of a per-tensor
+# loop; the tensor lists of each foreach / fused op it launches over all tensors at once
+# (foreach_launches); whether it synchronises the device after every tensor (so its host
+# and device time add). torch: optim/adamw.py, adam.py, sgd.py, _adafactor.py;
+# "adafactor" "loop" is transformers' Adafactor (optimization.py, a per-tensor loop: what
+# the HF Trainer's optim="adafactor" builds, with scale_parameter and relative_step off),
+# which upcasts 16-bit parameters and gradients to fp32 (3 kernels more a tensor);
+# "lion" and the 8-bit and paged AdamWs are bitsandbytes' (optim/optimizer.py
+# Optimizer8bit.step: one kernel per tensor, then sync_gpu); tensors under 4096 elements
+# keep 32-bit states there, counted as 8-bit.
+
+
+@dataclass(frozen=True)
+class OptimizerStep:
+    bytes_fp32: float
+    bytes_16bit: float
+    per_matrix: int = 0          # kernels per 2-D tensor
+    per_vector: int = 0          # kernels per 1-D tensor
+    lists: tuple[int, ...] = ()  # each foreach / fused op's tensor lists
+    vector_lists: tuple[int, ...] | None = None  # ... over the 1-D tensors, where they are
+    #                                              grouped apart (torch's Adafactor)
+    device_steps: bool = False   # its step counters live on the GPU: one more foreach add
+    upcasts: int = 0             # more kernels per tensor with 16-bit parameters
+    syncs: bool = False          # a device synchronisation after every tensor
+
+
+_ADAMW_FOREACH = (1, 2, 1, 3, 2, 1, 1, 3)  # mul_ (decay), lerp_, mul_, addcmul_, sqrt, div_,
+#                                           add_ (eps), addcdiv_
+_BNB = dict(per_matrix=1, per_vector=1, syncs=True)
+OPTIMIZER_STEPS: dict[tuple[str, str | None], OptimizerStep] = {
+    ("adamw", "loop"): OptimizerStep(80, 40, 8, 8),
+    ("adamw", "foreach"): OptimizerStep(80, 40, lists=_ADAMW_FOREACH),
+    ("adamw", "fused"): OptimizerStep(28, 14, lists=(4,), device_steps=True),  # _fused_adamw_
+    ("adam", "loop"): OptimizerStep(72, 36, 7, 7),
+    ("adam", "foreach"): OptimizerStep(72, 36, lists=_ADAMW_FOREACH[1:]),
+    ("adam", "fused"): OptimizerStep(28, 14, lists=(4,), device_steps=True),
+    ("sgd", "loop"): OptimizerStep(12, 6, 1, 1),
+    ("sgd", "foreach"): OptimizerStep(12, 6, lists=(2,)),
+    ("sgd", "fused"): OptimizerStep(12, 6, lists=(2,)),
+    ("sgd-momentum", "loop"): OptimizerStep(32, 16, 3, 3),
+    ("sgd-momentum", "foreach"): OptimizerStep(32, 16, lists=(1, 2, 2)),
+    ("sgd-momentum", "fused"): OptimizerStep(20, 10, lists=(3,)),
+    # transformers' Adafactor: a factored second moment for a matrix, a full one for a vector
+    ("adafactor", "loop"): OptimizerStep(84, 102, 24, 16, upcasts=3),
+    # torch's: norms, the factors' outer product and a mean per tensor, 13 foreach ops (one
+    # of which takes the per-tensor path), and two .item() syncs per tensor (16-bit bytes
+    # not counted: half the fp32 ones assumed)
+    ("adafactor", "foreach"): OptimizerStep(76, 38, 7, 3, lists=(2, 1, 2, 2, 1, 2, 1, 1, 1,
+                                                                 2, 1, 2),
+                                            vector_lists=(3, 2, 1, 1, 2, 1, 2), syncs=True),
+    ("lion", None): OptimizerStep(20, 14, **_BNB),               # read p g m, write p m
+    ("adamw-8bit", None): OptimizerStep(16, 10, **_BNB),         # 8-bit states, read+written
+    ("paged-adamw-8bit", None): OptimizerStep(16, 10, **_BNB),
+    ("paged-adamw", None): OptimizerStep(28, 22, **_BNB),        # fp32 states
 }
+# torch's foreach and fused kernels launch through multi_tensor_apply (torch 2.13
+# ATen/native/cuda/MultiTensorApply.cuh): each tensor is cut in chunks of 65536 elements,
+# and one launch takes at most max_chunks of them and at most max_tensors[d] tensors of d
+# lists; by the CUDA major version torch is built with (Runtime.torch_cuda; before 13 the
+# kernel arguments are limited to 4 KiB)
+FOREACH_CHUNK = 65536
+FOREACH_LIMITS = {12: (320, (110, 64, 48, 36, 30)), 13: (2240, (770, 448, 336, 252, 210))}
+
+
+def foreach_launches(elements: float, tensors: int, lists: int, cuda: int = 13) -> int:
+    """CUDA launches of one foreach op over `tensors` tensors of `elements` in all: the
+    chunks (each tensor's last one partial, half full on average) or the tensors, whichever
+    fills the launches first."""
+    max_chunks, max_tensors = FOREACH_LIMITS[min(max(cuda, 12), 13)]
+    chunks = math.ceil(elements / FOREACH_CHUNK) + tensors // 2
+    return max(math.ceil(chunks / max_chunks), math.ceil(tensors / max_tensors[lists - 1]))
+
+
 # The ops whose tensors are as wide as the residual stream: tensor parallelism without
 # sequence parallelism runs them whole on every rank (the others split over heads or width)
 HIDDEN_WIDE_OPS = ("norm", "input cast", "residual", "dropout")
-# kernels per parameter tensor of a for-loop optimizer (one op at a time), per step
-LOOP_KERNELS_PER_TENSOR = 10
-# bitsandbytes 8-bit AdamW (kOptimizer32bit2State / 8bit blockwise): read p (4) g (4)
-# state1 state2 (1 + 1), write p (4) state1 state2 (1 + 1) = 16 bytes per element
-EIGHT_BIT_ADAM_BYTES = 16
-# bitsandbytes PagedAdamW (32-bit states; bitsandbytes 0.50 functional.optimizer_update_32bit):
-# one kernel per parameter tensor reads p g m v and writes p m v; the fp32 states' share:
-PAGED_ADAM_STATE_BYTES = 16
 # torchao AdamW4bit / AdamWFp8 (torchao 0.18 optim/adam.py): one torch.compile'd
 # single_param_adam call per parameter tensor. Beside p and g (read p g, write p): both
 # states read and written at their width (4-bit 2 bytes per element, fp8 4), plus the
@@ -106,6 +165,8 @@ class Traffic:
     # nn.Module calls (Python __call__, hooks) per micro-batch; backward calls no module
     modules: dict[str, float] = field(default_factory=lambda: {
         "forward": 0.0, "backward": 0.0, "recompute": 0.0, "optimizer": 0.0})
+    # the optimizer synchronises the device after every tensor: its host and device add
+    synchronised: bool = False
 
     def add(self, op: str, phase: str, nbytes: float, kernels: float = 1.0) -> None:
         self.bytes[phase] += nbytes
@@ -513,44 +574,63 @@ def _linear_count(arch: Architecture) -> int:
     return sum(s.num_layers * len(s.linears) for s in arch.stacks)
 
 
-def _trainable_tensors(job: Job, arch: Architecture) -> int:
-    """How many parameter tensors the optimizer steps (its kernel launches scale with it)."""
+def _trainable_tensors(job: Job, arch: Architecture) -> tuple[int, int]:
+    """(2-D, 1-D) parameter tensors the optimizer steps: its kernel launches scale with them."""
     targets = set(job.peft.target_modules) if job.peft else set()
-    per_layer = []
+    matrices = vectors = 0
     for s in arch.stacks:
-        if job.peft is None:  # weights, biases, norm weights
-            n = sum(1 + ln.bias for ln in s.linears) + arch.norms_per_block(s)
+        if job.peft is None:  # weights; biases and norm weights
+            matrices += s.num_layers * len(s.linears)
+            vectors += s.num_layers * (sum(ln.bias for ln in s.linears) + arch.norms_per_block(s))
         else:  # lora_A and lora_B of each adapted linear
-            n = sum(2 for ln in s.linears if "all-linear" in targets or ln.name in targets)
-        per_layer.append(s.num_layers * n)
-    saved = len(job.peft.modules_to_save) if job.peft else 0
-    return sum(per_layer) + (3 if job.peft is None else saved)  # embeddings, final norm, head
+            matrices += s.num_layers * sum(2 for ln in s.linears
+                                           if "all-linear" in targets or ln.name in targets)
+    if job.peft is None:
+        return matrices + 2, vectors + 1  # embeddings and head; the final norm
+    return matrices + len(job.peft.modules_to_save), vectors
 
 
-def _optimizer(job: Job, trainable: int, tensors: int, t: Traffic) -> None:
+def _optimizer(job: Job, trainable: float, tensors: tuple[int, int], t: Traffic) -> None:
     dt = dtypes_for(job)
+    matrices, vectors = tensors
+    count = matrices + vectors
     # the trained weights' dtype (LoRA adapters': adapter_bytes) is their gradients'; a
     # state is the master copy's dtype, else the weights' (Dtypes.state_bytes)
     grad = adapter_bytes(job) if job.peft is not None else dt.weight
     state = dt.master or grad
     t.add("clip", "optimizer", CLIP_PASSES * grad * trainable, 4)
     if dt.master:  # 16-bit gradients to fp32, and the updated fp32 masters back to 16-bit
-        t.add("master copies", "optimizer", 2 * (grad + dt.master) * trainable, 2 * tensors)
-    if job.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
-        t.add("optimizer", "optimizer", EIGHT_BIT_ADAM_BYTES * trainable, tensors)
-        return
-    if job.optimizer == "paged-adamw":
-        t.add("optimizer", "optimizer", (3 * state + PAGED_ADAM_STATE_BYTES) * trainable,
-              tensors)
-        return
+        t.add("master copies", "optimizer", 2 * (grad + dt.master) * trainable, 2 * count)
     if job.optimizer in TORCHAO_ADAM:
         states, kernels = TORCHAO_ADAM[job.optimizer]
-        t.add("optimizer", "optimizer", (3 * state + states) * trainable, kernels * tensors)
+        t.add("optimizer", "optimizer", (3 * state + states) * trainable, kernels * count)
         return
-    impl = job.optimizer_impl
-    passes = OPTIMIZER_PASSES.get((job.optimizer, impl), OPTIMIZER_PASSES[("adamw", "foreach")])
-    # foreach ops launch one kernel per ~100 tensors (multi_tensor_apply's chunking)
-    groups = -(-tensors // 100)
-    kernels = tensors * LOOP_KERNELS_PER_TENSOR if impl == "loop" else (
-        2 * groups if impl == "fused" else 10 * groups)
-    t.add("optimizer", "optimizer", passes * state * trainable, kernels)
+    cost = optimizer_step(job)
+    sixteen = state < 4
+    kernels = (cost.per_matrix * matrices + cost.per_vector * vectors
+               + (cost.upcasts * count if sixteen else 0))
+    # foreach ops over the GPU's share of the elements, every tensor at once (the 1-D ones
+    # apart where they are grouped apart: their elements are few); the step counters have
+    # one element each
+    par = job.parallel
+    on_gpu = trainable / (par.tensor_parallel * par.shard_degree)
+    cuda = job.runtime.torch_cuda
+    if cost.vector_lists is None:
+        kernels += sum(foreach_launches(on_gpu, count, n, cuda) for n in cost.lists)
+    else:
+        kernels += (sum(foreach_launches(on_gpu, matrices, n, cuda) for n in cost.lists
+                        if matrices)
+                    + sum(foreach_launches(vectors, vectors, n, cuda) for n in cost.vector_lists
+                          if vectors))
+    if cost.device_steps:
+        kernels += foreach_launches(count, count, 1, cuda)
+    t.add("optimizer", "optimizer", (cost.bytes_16bit if sixteen else cost.bytes_fp32)
+          * trainable, kernels)
+    t.synchronised |= cost.syncs
+
+
+def optimizer_step(job: Job) -> OptimizerStep:
+    """The job's optimizer step as its library runs it (OPTIMIZER_STEPS)."""
+    return (OPTIMIZER_STEPS.get((job.optimizer, None))
+            or OPTIMIZER_STEPS.get((job.optimizer, job.optimizer_impl))
+            or OPTIMIZER_STEPS[(job.optimizer, "foreach")])  # no fused kind: foreach

@@ -45,7 +45,10 @@ class Lion(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                m = self.state[p].setdefault("exp_avg", torch.zeros_like(p))
+                state = self.state[p]
+                if "exp_avg" not in state:  # (setdefault would build zeros every step)
+                    state["exp_avg"] = torch.zeros_like(p)
+                m = state["exp_avg"]
                 p.mul_(1 - group["lr"] * group["weight_decay"])
                 p.add_(m.lerp(p.grad, 1 - beta1).sign_(), alpha=-group["lr"])
                 m.lerp_(p.grad, 1 - beta2)
