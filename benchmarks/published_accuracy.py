@@ -83,6 +83,7 @@ STACK = {"llm-foundry": "pytorch", "vramplan-h200": "pytorch", "kempnerforge": "
          "lambda-bert": "pytorch", "olmo-core": "pytorch", "flash-attention": "pytorch",
          "llm.c": "pytorch", "nvidia-bert": "pytorch", "qwen1-finetune": "pytorch",
          "answerai-fsdp-qlora": "pytorch", "vectorlm": "pytorch", "fms-fsdp": "pytorch",
+         "optimum-benchmark": "pytorch",
          "megatron-lm": "megatron-core", "nemo": "megatron-core",
          "bigscience": "megatron-core", "llama3-paper": "megatron-core"}
 # the sources whose fp8 is Transformer Engine's (the calibration rows say so: llm-foundry's

@@ -30,7 +30,8 @@ every row of that source:
     work is timed as vramplan times compiled blocks (`compile`: one kernel per fused chain).
 
 Rows we collected ourselves (lambda-bert, olmo-core, bigscience, flash-attention, llm.c,
-llama3-paper, nvidia-bert, qwen1-finetune, answerai-fsdp-qlora, vectorlm, fms-fsdp; see
+llama3-paper, nvidia-bert, qwen1-finetune, answerai-fsdp-qlora, vectorlm, fms-fsdp,
+optimum-benchmark; see
 `_COLLECTED` below)
 state their GPU as a catalog name (`catalog_gpu`) or a family here, and:
 
@@ -64,6 +65,9 @@ state their GPU as a catalog name (`catalog_gpu`) or a family here, and:
   * VectorLM's Llama 3 8B benchmark (HF model, FSDP1 FULL_SHARD, pure bf16, flash-attention-2,
     full checkpointing) accumulates 4 micro-batches under no_sync (parallel.fsdp_no_sync) and
     reports the median micro-batch (published_accuracy.py _one_micro_batch).
+  * optimum-benchmark's Llama 2 fine-tuning (HF Trainer, one GPU): pure fp16 timed as
+    bf16-pure, eager attention, LoRA's adapters in the model's dtype and QLoRA's in fp32 (peft
+    casts adapters to a floating-point base weight's dtype only), torch's default AdamW.
 
 Measured tokens/s per GPU: as published where the row gives it; sequences/s (Lambda) times the
 sequence over the GPUs; a step time (BLOOM, llm.c) as global batch x sequence / step / GPUs;
@@ -101,7 +105,8 @@ COLLECTED_FILES = ("lambda_bert_squad.jsonl", "olmocore_throughput.jsonl",
                    "bigscience_bloom.jsonl", "flashattention_gpt3.jsonl", "llmc_gpt2.jsonl",
                    "llama3_paper.jsonl", "lambda_bert_squad_more.jsonl", "nvidia_bert_squad.jsonl",
                    "qwen1_lora_profile.jsonl", "answerai_fsdp_qlora.jsonl",
-                   "vectorlm_throughput.jsonl", "fmsfsdp_throughput.jsonl")
+                   "vectorlm_throughput.jsonl", "fmsfsdp_throughput.jsonl",
+                   "optimum_benchmark_llamas.jsonl")
 # their source groups: which ran fused kernels (timed as compiled blocks) and which attention
 _COLLECTED = {"lambda-bert": {"fused": False, "attention": "eager"},
               "olmo-core": {"fused": False, "attention": "sdpa"},
@@ -117,7 +122,9 @@ _COLLECTED = {"lambda-bert": {"fused": False, "attention": "eager"},
               # HF's attn_implementation flash_attention_2 (vectorlm/utils/model_utils.py)
               "vectorlm": {"fused": False, "attention": "flash-attn-2"},
               # fms LLaMA's SDPA (FlashAttention-2's kernel on A100 and, before torch 2.5, H100)
-              "fms-fsdp": {"fused": False, "attention": "flash-attn-2"}}
+              "fms-fsdp": {"fused": False, "attention": "flash-attn-2"},
+              # transformers 4.33 / 4.35 LlamaAttention: no SDPA for Llama yet
+              "optimum-benchmark": {"fused": False, "attention": "eager"}}
 
 
 def _catalog_name(model: str) -> str | None:
@@ -263,7 +270,8 @@ def _collected_peft(tech: dict) -> dict | None:
     peft = tech.get("peft")
     if not isinstance(peft, dict):
         return None
-    keys = ("method", "rank", "alpha", "dropout", "target_modules", "double_quant")
+    keys = ("method", "rank", "alpha", "dropout", "target_modules", "double_quant",
+            "adapter_dtype")
     out = {k: tuple(v) if isinstance(v, list) else v for k, v in peft.items() if k in keys}
     if peft.get("modules_to_save"):  # the model's own names (Qwen's wte): Job reads them
         out["modules_to_save"] = tuple(peft["modules_to_save"])
@@ -281,7 +289,7 @@ def _collected_model(row: dict, seq: int) -> str:
         return _olmo2(mc, seq) if mc["arch"] == "olmo2" else _llama(mc, seq)
     if group == "qwen1-finetune":
         return _qwen2(mc, seq)
-    if group in ("answerai-fsdp-qlora", "vectorlm", "fms-fsdp"):
+    if group in ("answerai-fsdp-qlora", "vectorlm", "fms-fsdp", "optimum-benchmark"):
         return mc.get("catalog") or _decoder(mc, seq)
     # BLOOM (ALiBi instead of learned positions: 0.02% of its parameters), flash-attention's
     # GPT-3 sizes and llm.c's GPT-2: GPT-2 blocks
@@ -356,7 +364,13 @@ def _collected_kernels(row: dict, assumed: list[str]) -> tuple[bool, str]:
 # sources that step with torch's AdamW as constructed by default (foreach on CUDA): HF
 # Trainer's adamw_torch (Qwen's finetune.py), fsdp_qlora's optim.AdamW, VectorLM's and
 # fms-fsdp's AdamW
-_FOREACH = ("llm-foundry", "qwen1-finetune", "answerai-fsdp-qlora", "vectorlm", "fms-fsdp")
+_FOREACH = ("llm-foundry", "qwen1-finetune", "answerai-fsdp-qlora", "vectorlm", "fms-fsdp",
+            "optimum-benchmark")
+# torch's CUDA major (Runtime.torch_cuda: the foreach / fused optimizers' launches per op):
+# a row's own where it states it, else 12 for every source that ran before CUDA 13 (August
+# 2025; CUDA 11 builds share 12's launch limits); KempnerForge's 2026 report states none:
+# the Job's default
+_TORCH_CUDA_UNSTATED = ("kempnerforge",)
 # sources whose micro-batches accumulate without FSDP's gradient reduce-scatter (no_sync)
 _FSDP_NO_SYNC = ("kempnerforge", "vectorlm")
 
@@ -389,6 +403,11 @@ def case(row: dict) -> Case:
         precision = "fp32"
     elif precision_text.startswith("pure bf16"):
         precision = "bf16-pure"
+    elif precision_text.startswith("pure fp16"):
+        # vramplan has no pure-fp16 precision: bf16-pure moves the same bytes and runs at
+        # the same tensor-core rate on every GPU such a row ran on (catalog fp16 = bf16)
+        precision = "bf16-pure"
+        assumed.append("pure fp16 timed as bf16-pure")
     else:
         precision = "bf16-mixed"
         if "not stated" in precision_text:
@@ -498,6 +517,8 @@ def case(row: dict) -> Case:
                  if group == "olmo-core" and precision == "fp8" else {}),
               checkpointing=checkpointing, peft=peft,
               optimizer_impl=_optimizer_impl(group, tech),
+              **({} if group in _TORCH_CUDA_UNSTATED
+                 else {"runtime": {"torch_cuda": int(row.get("torch_cuda", 12))}}),
               parallel={"strategy": strategy, "num_gpus": n, "tensor_parallel": tp,
                         "pipeline_parallel": pp, "context_parallel": cp,
                         "async_tp": "--tp-comm-overlap" in str(tech.get("other")), **pipeline,

@@ -140,7 +140,8 @@ def _extra_rows():
                "and the single-GPU rows of Lambda's and NVIDIA's BERT fine-tuning and Qwen's "
                "LoRA profile (fitted, each source left out in turn); never fitted: their "
                "multi-GPU rows, Answer.AI's FSDP QLoRA, VectorLM's Llama 3 8B fine-tuning, "
-               "fms-fsdp's Llama 2 pre-training, "
+               "fms-fsdp's Llama 2 pre-training, optimum-benchmark's Llama 2 HF Trainer "
+               "LoRA / QLoRA / full fine-tuning, "
                "OLMo-core, BLOOM, FlashAttention's GPT-3, llm.c, Llama 3; V100 to B200, "
                "1-16384 GPUs)",
                (f"out of sample: median \\|error\\| {_pct(loso['median_abs'], 1)}, p90 "

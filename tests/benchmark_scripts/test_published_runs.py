@@ -20,8 +20,9 @@ def test_every_row_once_and_every_row_a_job(rows):
     # the 36 llm-foundry rows in both files once; 54 rows collected from six more sources;
     # 143 fine-tuning rows from five more (Lambda's other BERT columns, NVIDIA's BERT tables,
     # Qwen's LoRA profile with and without trained embeddings, Answer.AI's fsdp_qlora,
-    # VectorLM's Llama 3 8B benchmark); fms-fsdp's 4 pre-training rows
-    assert len(rows) == 77 + 216 - 36 + 14 + 54 + 143 + 4
+    # VectorLM's Llama 3 8B benchmark); fms-fsdp's 4 pre-training rows; optimum-benchmark's
+    # 33 single-GPU fine-tuning rows
+    assert len(rows) == 77 + 216 - 36 + 14 + 54 + 143 + 4 + 33
     # every row is a Job (NVIDIA's TF32 BERT rows: fp32 with tf32)
     cases = published_runs.cases()
     assert [c.id for c in cases if c.job is None] == []
@@ -80,7 +81,8 @@ def test_kempnerforge_rows_match_the_report_s_own_counts(rows):
 # rows per source group we collected (benchmarks/data/published_runs/README.md)
 COLLECTED = {"lambda-bert": 48, "olmo-core": 10, "bigscience": 12, "flash-attention": 5, "llm.c": 1,
              "llama3-paper": 3, "nvidia-bert": 34, "qwen1-finetune": 36,
-             "answerai-fsdp-qlora": 30, "vectorlm": 18, "fms-fsdp": 4}
+             "answerai-fsdp-qlora": 30, "vectorlm": 18, "fms-fsdp": 4,
+             "optimum-benchmark": 33}
 
 
 def test_every_collected_row_becomes_a_job_on_a_catalog_gpu(rows):
@@ -208,6 +210,30 @@ def test_fine_tuning_rows_keep_their_adapters_offload_and_precision(rows):
     case = published_runs.case(rows["lambda_bert_base_squad_fp32_8xv100-16gb"])
     assert case.job.precision == "fp32" and case.job.optimizer_impl == "loop"
     assert case.job.model == "bert-base-uncased"
+
+
+def test_optimum_benchmark_rows_are_hf_trainer_on_one_gpu(rows):
+    # QLoRA r 8 / alpha 8 on q and v (peft's Llama default), fp32 adapters over the 4-bit
+    # base, no double quantisation; pure fp16 timed as bf16-pure; eager attention, no
+    # checkpointing, torch's foreach AdamW under a CUDA 11 build; 14.167 samples/s of 256
+    case = published_runs.case(rows["optimum_benchmark_aug2023_rtx-4090_llama-2-7b_qlora_bs4"])
+    job = case.job
+    assert (job.peft.method, job.peft.rank, job.peft.alpha, job.peft.dropout) == (
+        "qlora", 8, 8.0, 0.0)
+    assert job.peft.target_modules == ("q_proj", "v_proj")
+    assert job.peft.adapter_dtype == "fp32" and not job.peft.double_quant
+    assert (job.precision, job.attention, job.checkpointing) == ("bf16-pure", "eager", "none")
+    assert job.optimizer_impl == "foreach" and job.runtime.torch_cuda == 11
+    assert (job.batch_size, job.grad_accum, job.seq_len) == (4, 1, 256)
+    assert "pure fp16 timed as bf16-pure" in case.assumed
+    assert case.measured_tokens_per_s_per_gpu == pytest.approx(14.1674 * 256)
+    lora = published_runs.case(rows["optimum_benchmark_dec2023_a100-80gb_llama-2-13b_lora_bs16"])
+    assert lora.job.peft.adapter_dtype == "model" and lora.job.model == "llama-2-13b"
+    full = published_runs.case(rows["optimum_benchmark_dec2023_a100-80gb_llama-2-7b_full_bs1"])
+    assert full.job.peft is None and full.gpu == "A100-80GB"
+    # a source that ran before CUDA 13 and states none: 12's launch limits
+    bert = published_runs.case(rows["lambda_bert_large_squad_fp16_1xv100-16gb"])
+    assert bert.job.runtime.torch_cuda == 12
 
 
 def test_sixteen_bit_models_with_fp32_master_weights_are_expressed_as_such(rows):
