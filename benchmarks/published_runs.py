@@ -46,8 +46,9 @@ state their GPU as a catalog name (`catalog_gpu`) or a family here, and:
   * BLOOM ran on Jean Zay, whose nodes join through 4 Omni-Path links (the catalog's A100
     node: 8 x 200 Gb/s InfiniBand); its rows take the network the source measured there
     (`network`: parallel.network_gb_s);
-  * Llama 3 405B (its paper's Table 4): FSDP that keeps parameters gathered after forward is
-    ZeRO-2; fused kernels; micro-batch 1 and plain 1F1B where the table is silent;
+  * Llama 3 405B (its paper's Table 4): FSDP that keeps parameters gathered after forward
+    (parallel.reshard_after_forward off; under its pipeline, one all-gather per schedule);
+    fused kernels; micro-batch 1 and plain 1F1B where the table is silent;
   * OLMo-core's 32B checkpoints only the MLP of each block: full checkpointing (the MLP is
     ~80% of its block's FLOPs); llm.c's GeLU-only recompute: none;
   * NVIDIA's own BERT tables (nvidia-bert) run Lambda's code: the same mapping; their fp32
@@ -296,6 +297,12 @@ def _collected_model(row: dict, seq: int) -> str:
     return _gpt(mc["layers"], mc["hidden"], mc["heads"], mc["vocab"], seq)
 
 
+# FSDP that keeps each unit gathered from its forward to its backward (torch's
+# SHARD_GRAD_OP; the Llama 3 paper's FSDP "without resharding"): strategy fsdp with
+# parallel.reshard_after_forward off
+NO_RESHARD = "fsdp without resharding"
+
+
 def _collected_strategy(row: dict, dp: int) -> str:
     """Data parallelism as each collected source states it."""
     group, par = row["source_group"], row.get("parallelism") or {}
@@ -309,7 +316,7 @@ def _collected_strategy(row: dict, dp: int) -> str:
         return "hybrid-shard"
     optimizer = str((row.get("techniques") or {}).get("optimizer"))
     if "without resharding" in optimizer:  # Llama 3: parameters stay gathered after forward
-        return "zero2"
+        return NO_RESHARD
     return "zero1" if "ZeRO-1" in optimizer else "ddp"
 
 
@@ -436,7 +443,7 @@ def case(row: dict) -> Case:
     if "not stated" in ckpt_text:
         assumed.append("no checkpointing")
     if group == "llm-foundry":
-        strategy = "zero2" if par.get("fsdp_strategy") == "SHARD_GRAD_OP" else "fsdp"
+        strategy = NO_RESHARD if par.get("fsdp_strategy") == "SHARD_GRAD_OP" else "fsdp"
     elif group == "kempnerforge":
         strategy = "fsdp" if par.get("fsdp") else "none"
     elif group in _COLLECTED:
@@ -519,7 +526,9 @@ def case(row: dict) -> Case:
               optimizer_impl=_optimizer_impl(group, tech),
               **({} if group in _TORCH_CUDA_UNSTATED
                  else {"runtime": {"torch_cuda": int(row.get("torch_cuda", 12))}}),
-              parallel={"strategy": strategy, "num_gpus": n, "tensor_parallel": tp,
+              parallel={"strategy": "fsdp" if strategy == NO_RESHARD else strategy,
+                        "reshard_after_forward": strategy != NO_RESHARD,
+                        "num_gpus": n, "tensor_parallel": tp,
                         "pipeline_parallel": pp, "context_parallel": cp,
                         "async_tp": "--tp-comm-overlap" in str(tech.get("other")), **pipeline,
                         "overlap_grad_reduce": not (megatron_2021 or group == "bigscience"),

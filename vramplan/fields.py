@@ -102,6 +102,10 @@ JOB_FIELDS: tuple[JobField, ...] = (
              help="FSDP reduce-scatters only a step's last micro-batch's gradients, holding "
                   "every whole fp32 gradient until then (HF Trainer / Accelerate no_sync; "
                   "default from --framework)"),
+    JobField("reshard_after_forward", ("parallel", "reshard_after_forward"),
+             help="FSDP frees each unit's gathered weights after its forward (default); "
+                  "--no-reshard-after-forward keeps them until its backward (FSDP's "
+                  "SHARD_GRAD_OP: no backward all-gather)"),
     JobField("grad_reduce_dtype", ("parallel", "grad_reduce_dtype"),
              help="the dtype the gradient all-reduce / reduce-scatter moves: grad (the "
                   "gradients' own), compute (16-bit: Accelerate's FSDP), fp32, bf16, fp16; "

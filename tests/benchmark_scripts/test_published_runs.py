@@ -148,7 +148,8 @@ def test_llama3_rows_derive_tokens_from_the_table_s_tflops(rows):
             par.data_parallel) == (8, 16, 16, 8)
     # 16M tokens = 128 sequences of 128k over 8 data-parallel ranks at the assumed micro-batch 1
     assert case.job.grad_accum == 16 and "micro-batch 1" in case.assumed
-    assert par.strategy == "zero2"
+    # FSDP "without resharding" (parameters kept gathered after forward)
+    assert par.strategy == "fsdp" and not par.reshard_after_forward
 
 
 def test_a_rows_own_node_size_and_tp_overlap_reach_the_job(rows):

@@ -897,3 +897,36 @@ def test_ligers_fused_loss_is_read_where_the_frameworks_apply_it(tmp_path):
     trl = raw(HF / "trl_example_config.yaml")
     (tmp_path / "trl.yaml").write_text(yaml.safe_dump({**trl, "use_liger_kernel": True}))
     assert read_config(tmp_path / "trl.yaml", model=MODEL).job().loss == "chunked:liger"
+
+
+def test_shard_grad_op_is_fsdp_kept_gathered_and_its_fix_is_full_shard():
+    """torch FSDP's SHARD_GRAD_OP shards the parameters too (not DeepSpeed's ZeRO-2): fsdp
+    without resharding after forward, from accelerate's FSDP1 and FSDP2 keys and a Trainer's
+    fsdp words; make-it-fit's "reshard after forward" is written back as FULL_SHARD."""
+    from vramplan.frameworks.configs.read import read_config_text
+    from vramplan.planning.techniques import TECHNIQUES
+
+    text = (AC / "fsdp.yaml").read_text().replace("FULL_SHARD", "SHARD_GRAD_OP")
+    read = read_config_text(text, model=MODEL)
+    par = read.job().parallel
+    assert (par.strategy, par.reshard_after_forward) == ("fsdp", False)
+    two = read_config_text(text.replace("fsdp_sharding_strategy: SHARD_GRAD_OP",
+                                        "fsdp_version: 2\n  fsdp_reshard_after_forward: false"),
+                           model=MODEL).job().parallel
+    assert (two.strategy, two.reshard_after_forward) == ("fsdp", False)
+    hybrid = read_config_text(text.replace("SHARD_GRAD_OP", "HYBRID_SHARD_ZERO2"),
+                              model=MODEL).job().parallel
+    assert (hybrid.strategy, hybrid.reshard_after_forward) == ("hybrid-shard", False)
+    hf = read_config_text('{"output_dir": "o", "fsdp": "shard_grad_op auto_wrap"}',
+                          path=Path("args.json"), model=MODEL).job().parallel
+    assert (hf.strategy, hf.reshard_after_forward) == ("fsdp", False)
+    # the fix: FSDP that reshards after forward, in the file's own key
+    before = read.job()
+    reshard = next(t for t in TECHNIQUES if t.name == "reshard after forward")
+    after = reshard.applied(before)
+    assert after.parallel.reshard_after_forward and after.parallel.strategy == "fsdp"
+    assert reshard.applied(after) is None  # nothing left to reshard
+    changes, missing = config_changes(read, before, after)
+    assert changes == {"fsdp_config.fsdp_sharding_strategy": "FULL_SHARD"} and not missing
+    # and it fits in less: the gathered weights no longer wait for backward
+    assert vramplan.estimate(after).peak_allocated < vramplan.estimate(before).peak_allocated

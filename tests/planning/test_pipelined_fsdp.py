@@ -34,7 +34,7 @@ def _fsdp(**parallel) -> Job:
 
 def _gathered(job: Job) -> tuple[float, float]:
     params = describe_step(job, ARCH).params
-    *_, gathered, root, _comm, _notes = per_gpu_params(job, params)
+    *_, gathered, root, _comm, _notes, _end = per_gpu_params(job, params)
     return gathered, root
 
 

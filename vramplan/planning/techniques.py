@@ -109,6 +109,14 @@ def _sync_each_batch(job: Job) -> Job | None:
     return job.with_changes(parallel=p.changed(fsdp_no_sync=False))
 
 
+def _reshard(job: Job) -> Job | None:
+    """FSDP that keeps each unit gathered to its backward (SHARD_GRAD_OP) frees it instead."""
+    p = job.parallel
+    if p.reshard_after_forward or p.strategy not in ("zero3", "fsdp", "hybrid-shard"):
+        return None
+    return job.with_changes(parallel=p.changed(reshard_after_forward=True))
+
+
 @dataclass(frozen=True)
 class Technique:
     name: str
@@ -191,6 +199,12 @@ TECHNIQUES: tuple[Technique, ...] = (
               "accelerator_config.gradient_accumulation_kwargs.sync_each_batch)",
               "a reduce-scatter per micro-batch instead of per step, overlapped with backward",
               False, categories=("gradients",), apply=_sync_each_batch, cost=1),
+    Technique("reshard after forward", {"parallel": {"reshard_after_forward": True}},
+              "--reshard-after-forward",
+              "FSDP frees each unit's gathered weights after its forward, not after its "
+              "backward (FULL_SHARD instead of SHARD_GRAD_OP)",
+              "one more all-gather of the weights per micro-batch, in backward (overlapped)",
+              False, categories=("weights",), apply=_reshard, cost=1),
     Technique("FSDP / ZeRO-3", {"parallel": {"strategy": "fsdp"}}, "--strategy fsdp -n N",
               "weights, gradients and optimizer states sharded over data-parallel GPUs",
               "weights all-gathered twice per micro-batch (1.5x DDP's traffic), overlapped",

@@ -15,7 +15,8 @@ FSDP_GATHERED_BLOCKS = 2
 
 
 def per_gpu_params(job: Job, params: ParamMemory):
-    """Shard parameter memory over tensor-parallel and ZeRO/FSDP ranks; add their buffers."""
+    """Shard parameter memory over tensor-parallel and ZeRO/FSDP ranks; add their buffers.
+    `gathered` is held through forward and backward, `gathered_end` at backward's end."""
     par, notes = job.parallel, []
     tp, shard, strategy = par.tensor_parallel, par.shard_degree, par.strategy
     sharded_params = strategy in ("zero3", "fsdp", "hybrid-shard")
@@ -23,6 +24,7 @@ def per_gpu_params(job: Job, params: ParamMemory):
     g = params.gradients / tp / (shard if strategy != "zero1" else 1)
     o = params.optimizer / tp / shard
     cast, gathered, root, comm = (params.cast_copies + params.cast_head) / tp, 0.0, 0.0, 0.0
+    gathered_end = 0.0
     if sharded_params and shard > 1:
         # gathered blocks in the compute dtype replace autocast's weight copies; the root
         # unit (everything outside the blocks) is gathered through forward and again at the
@@ -33,10 +35,12 @@ def per_gpu_params(job: Job, params: ParamMemory):
         block = params.fp8_gathered_block or params.largest_block / halve
         gathered = (FSDP_GATHERED_BLOCKS * block + params.outside_blocks / halve) / tp
         root = params.outside_blocks / tp / halve
-        cast = 0.0
+        gathered_end, cast = gathered, 0.0
         if not par.reshard_after_forward:
             # every unit stays gathered from its forward to its backward: at the forward's
-            # end all of them, in their gathered dtype, and the backward gathers nothing new
+            # end all of them, in their gathered dtype, and the backward gathers nothing new;
+            # each unit reshards after its own backward, so as the gradients are made the
+            # gathered set shrinks to what resharding leaves at backward's end
             gathered, root = params.weights / halve / tp, 0.0
             notes.append(f"FSDP without resharding after forward: "
                          f"{format_bytes(int(gathered))} of gathered parameters held from "
@@ -59,4 +63,4 @@ def per_gpu_params(job: Job, params: ParamMemory):
     if job.optimizer == "paged-adamw-8bit":
         notes.append("paged optimizer states live in unified memory: under memory pressure "
                      "they page to the CPU instead of failing")
-    return w, g, o, cast, gathered, root, comm, notes
+    return w, g, o, cast, gathered, root, comm, notes, gathered_end

@@ -88,7 +88,8 @@ def stage_report(step: Step, runtime_gpu: GPU | None, stage: pipeline.Stage) -> 
         activations += (stage.head_in_flight - 1) * kept_until_backward(job, arch, shapes,
                                                                         dt, task)
 
-    w, g, o, cast, gathered, root_gathered, comm, notes = per_gpu_params(job, params)
+    w, g, o, cast, gathered, root_gathered, comm, notes, gathered_end = per_gpu_params(
+        job, params)
     if stage is not pipeline.WHOLE:
         # a received activation and the gradient sent back: the stages' p2p buffers
         comm += 2 * job.batch_size * shapes.stack_seq[-1] * hidden_size(arch) * dt.compute / (
@@ -166,7 +167,8 @@ def stage_report(step: Step, runtime_gpu: GPU | None, stage: pipeline.Stage) -> 
         # the last gradients are made by the first layer's backward, which still holds the
         # batch it saved (a patch conv's pixels, an embedding's ids)
         "backward_end": dict(base, gradients=g, activations=0.0,
-                             temporary=gathered + comm + ws + params.tied_grad_transient / tp),
+                             temporary=gathered_end + comm + ws
+                             + params.tied_grad_transient / tp),
         "optimizer": dict(base, inputs=0.0, gradients=g, activations=0.0,
                           temporary=step_temp + comm + ws),
     }

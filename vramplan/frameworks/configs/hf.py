@@ -15,8 +15,12 @@ NAME = "hf-trainer"
 _MARKERS = {"per_device_train_batch_size", "gradient_accumulation_steps", "peft_type",
             "peft_config", "model_name_or_path", "output_dir"}
 _TRL_KEYS = {"model_name_or_path", "dataset_name", "use_peft", "max_length"}
-_FSDP = {"full_shard": "fsdp", "shard_grad_op": "zero2", "hybrid_shard": "hybrid-shard",
-         "hybrid_shard_zero2": "hybrid-shard", "no_shard": "ddp"}
+# fsdp's words -> (strategy, reshard_after_forward): torch's SHARD_GRAD_OP shards the
+# parameters too and keeps each unit gathered from its forward to its backward (FSDP
+# without resharding, not DeepSpeed's ZeRO-2); None: no such setting (DDP)
+_FSDP = {"full_shard": ("fsdp", True), "shard_grad_op": ("fsdp", False),
+         "hybrid_shard": ("hybrid-shard", True), "hybrid_shard_zero2": ("hybrid-shard", False),
+         "no_shard": ("ddp", None)}
 
 
 def detect(content: dict[str, Any], syntax: str) -> bool:
@@ -144,7 +148,10 @@ def _fsdp(flat: dict[str, Any], table, mapping: Mapping) -> None:
     mapping.mapped.append("fsdp")
     for word in words:
         if word in _FSDP:
-            mapping.assign("parallel.strategy", _FSDP[word], f"fsdp={value!r}")
+            strategy, reshard = _FSDP[word]
+            mapping.assign("parallel.strategy", strategy, f"fsdp={value!r}")
+            if reshard is not None:
+                mapping.assign("parallel.reshard_after_forward", reshard, f"fsdp={value!r}")
         elif word == "offload":
             mapping.assign("offload.params", True, f"fsdp={value!r}")
             mapping.assign("offload.optimizer", True, f"fsdp={value!r}")

@@ -18,7 +18,8 @@ _FIELDS = ("batch_size", "grad_accum", "seq_len", "checkpointing", "optimizer",
            "optimizer_impl", "loss", "activation_offload", "compile", "precision",
            "optimizer_in_backward", "peft.method", "peft.rank", "peft.alpha",
            "parallel.strategy", "parallel.num_gpus", "parallel.tensor_parallel",
-           "parallel.fsdp_no_sync", "offload.optimizer", "offload.params")
+           "parallel.fsdp_no_sync", "parallel.reshard_after_forward", "offload.optimizer",
+           "offload.params")
 
 
 def config_changes(read: ConfigRead, before: Job, after: Job) -> tuple[dict[str, Any], list[str]]:
