@@ -449,9 +449,21 @@ class Job(_Strict):
 
     @model_validator(mode="before")
     @classmethod
+    def _apply_framework(cls, data: Any) -> Any:
+        """Fields the job leaves unset take its framework's defaults (profiles.toml)."""
+        if isinstance(data, dict) and data.get("framework", "plain") != "plain":
+            from vramplan.frameworks import apply_profile
+
+            return apply_profile(data)
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _family_lora_targets(cls, data: Any) -> Any:
         """LoRA without target_modules on a family whose linears have other names (T5's q, v;
-        GPT-2's c_attn) takes that family's defaults, as peft does (models/lora_targets.py)."""
+        GPT-2's c_attn) takes that family's defaults, as peft does (models/lora_targets.py).
+        (Defined after _apply_framework so that pydantic runs it first: a profile's own
+        target default is for the q_proj family.)"""
         if not isinstance(data, dict) or data.get("peft") is None:
             return data
         peft = data["peft"]
@@ -467,16 +479,6 @@ class Job(_Strict):
         peft = (peft.model_copy(update={"target_modules": targets}) if isinstance(peft, BaseModel)
                 else {**peft, "target_modules": targets})
         return {**data, "peft": peft}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _apply_framework(cls, data: Any) -> Any:
-        """Fields the job leaves unset take its framework's defaults (profiles.toml)."""
-        if isinstance(data, dict) and data.get("framework", "plain") != "plain":
-            from vramplan.frameworks import apply_profile
-
-            return apply_profile(data)
-        return data
 
     @model_validator(mode="after")
     def _check_combinations(self) -> Job:

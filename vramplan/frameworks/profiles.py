@@ -16,7 +16,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from vramplan.errors import UnknownNameError, VramplanError
 
@@ -32,6 +32,13 @@ class Setting(_Frozen):
     source: str
     # a different default for some jobs: {"peft.method=qlora": "full"} (the first match wins)
     value_when: dict[str, Any] = {}
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _lists_as_tuples(cls, value: Any) -> Any:
+        """A TOML array is a tuple field's value (peft.target_modules): hashable, as the
+        Job holds it."""
+        return tuple(value) if isinstance(value, list) else value
 
 
 class Allowed(_Frozen):
