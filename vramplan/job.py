@@ -34,9 +34,9 @@ MASTER_PRECISIONS = tuple(MASTER_OF.values())
 MASTER_OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adafactor", "lion")
 Optimizer = Literal[
     "sgd", "sgd-momentum", "adam", "adamw", "adamw-8bit", "paged-adamw-8bit", "adafactor", "lion",
-    # bitsandbytes PagedAdamW (32-bit states in CUDA unified memory); torchao AdamW4bit and
-    # AdamWFp8 (block-wise 4-bit / float8 states; docs/frameworks.md)
-    "paged-adamw", "adamw-4bit", "adamw-fp8",
+    # bitsandbytes PagedAdamW (32-bit states in CUDA unified memory); torchao AdamW4bit,
+    # AdamWFp8 and AdamW8bit (block-wise 4-bit / float8 / 8-bit states; docs/frameworks.md)
+    "paged-adamw", "adamw-4bit", "adamw-fp8", "adamw-8bit-torchao",
 ]
 OptimizerImpl = Literal["foreach", "fused", "loop"]
 # full: each block keeps its input and is recomputed in backward. selective: a block also

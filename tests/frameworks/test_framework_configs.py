@@ -930,3 +930,16 @@ def test_shard_grad_op_is_fsdp_kept_gathered_and_its_fix_is_full_shard():
     assert changes == {"fsdp_config.fsdp_sharding_strategy": "FULL_SHARD"} and not missing
     # and it fits in less: the gathered weights no longer wait for backward
     assert vramplan.estimate(after).peak_allocated < vramplan.estimate(before).peak_allocated
+
+
+def test_torchao_adamw_8bit_is_its_own_optimizer_in_both_readers():
+    from vramplan.frameworks.configs.read import read_config_text
+
+    hf = read_config_text('{"output_dir": "o", "optim": "adamw_torch_8bit"}',
+                          path=Path("args.json"), model=MODEL).job()
+    bnb = read_config_text('{"output_dir": "o", "optim": "adamw_bnb_8bit"}',
+                           path=Path("args.json"), model=MODEL).job()
+    assert (hf.optimizer, bnb.optimizer) == ("adamw-8bit-torchao", "adamw-8bit")
+    text = (TT / "llama3_2_3B_full_single_device.yaml").read_text().replace(
+        "bitsandbytes.optim.PagedAdamW8bit", "torchao.optim.AdamW8bit")
+    assert read_config_text(text).job().optimizer == "adamw-8bit-torchao"

@@ -107,3 +107,15 @@ def test_bitsandbytes_synchronises_after_every_tensor_so_host_and_device_add():
     host = optimizer.kernels * factors.kernel_us * 1e-6
     assert phase_times(terms, factors)[0][-1].time_s == pytest.approx(device + host)
     assert optimizer.kernels == 4 + MATRICES + VECTORS  # clip's 4, one update per tensor
+
+
+def test_torchao_adamw_8bit_is_its_compiled_step_not_bitsandbytes_kernel():
+    # torchao AdamW8bit: read p g, write p (fp32: 12) + two 8-bit states read and written (4)
+    # + two fp32 intermediates Inductor materialises (16); 11 loop nests per compiled call
+    nbytes, kernels, trainable, tensors = _optimizer_step("adamw-8bit-torchao")
+    clip = traffic.CLIP_PASSES * 4 * trainable
+    assert nbytes == pytest.approx(clip + (12 + 4 + 16) * trainable)
+    assert kernels == 4 + 11 * tensors
+    job = Job(model=MODEL, batch_size=1, seq_len=256, optimizer="adamw-8bit-torchao")
+    assert not traffic.step_traffic(job).synchronised  # no per-tensor sync, unlike bnb's
+    assert traffic.step_traffic(job.with_changes(optimizer="adamw-8bit")).synchronised

@@ -251,11 +251,12 @@ def test_adamw_8bit_state_layout_matches_bitsandbytes():
     assert real_total - ours_total == 2 * 256 * 4
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_torchao_low_bit_state_layout_matches(bits):
+@pytest.mark.parametrize("kind", ["4bit", "fp8", "8bit"])
+def test_torchao_low_bit_state_layout_matches(kind):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         optim = pytest.importorskip("torchao.optim")
+    from vramplan.engines.optimizer_states import state_bytes as formula_bytes
     from vramplan.training.emulate.torchao_optim import LowBitAdamW
     from vramplan.training.real_kernels import tensor_leaves
 
@@ -271,15 +272,23 @@ def test_torchao_low_bit_state_layout_matches(bits):
         return [sorted((str(t.dtype), t.nbytes) for t in tensor_leaves(
             {k: v for k, v in opt.state[p].items() if k != "step"})) for p in params]
 
-    real = state_bytes(lambda ps: (optim.AdamW4bit if bits == 4 else optim.AdamWFp8)(ps))
-    ours = state_bytes(lambda ps: LowBitAdamW(ps, bits=bits))
+    cls = {"4bit": optim.AdamW4bit, "fp8": optim.AdamWFp8, "8bit": optim.AdamW8bit}[kind]
+    real = state_bytes(cls)
+    ours = state_bytes(lambda ps: LowBitAdamW(ps, kind=kind))
     assert real == ours
-    if bits == 4:  # 8192 values: 4096 B of codes, 64 fp32 scales (block 128), 16-entry map
+    if kind == "4bit":  # 8192 values: 4096 B of codes, 64 fp32 scales (block 128), 16-entry map
         assert real[0] == sorted([("torch.uint8", 4096), ("torch.float32", 256),
                                   ("torch.float32", 64)] * 2)
-    else:  # float8 codes, one fp32 scale per 256
+    elif kind == "fp8":  # float8 codes, one fp32 scale per 256
         assert real[0] == sorted([("torch.float8_e4m3fn", 8192), ("torch.float32", 128)] * 2)
+    else:  # uint8 codes, one fp32 scale per 256, a 256-entry fp32 map
+        assert real[0] == sorted([("torch.uint8", 8192), ("torch.float32", 128),
+                                  ("torch.float32", 1024)] * 2)
     assert real[1] == [("torch.float32", 400)] * 2  # too small: plain states
+    # the formula's per-tensor layout is the same bytes
+    name = {"4bit": "adamw-4bit", "fp8": "adamw-fp8", "8bit": "adamw-8bit-torchao"}[kind]
+    assert formula_bytes(name, 8192, 4) == (sum(n for _, n in real[0]), 0.0)
+    assert formula_bytes(name, 100, 4) == (800, 0.0)
 
 
 def test_the_trace_runs_torchao_float8_only_in_compiled_blocks(monkeypatch):

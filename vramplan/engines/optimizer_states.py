@@ -26,9 +26,14 @@ TORCHAO_MIN_QUANT_SIZE = 4096
 TORCHAO_4BIT_BLOCK = 128
 TORCHAO_4BIT_QMAP_BYTES = 16 * 4
 TORCHAO_FP8_BLOCK = 256
+TORCHAO_8BIT_BLOCK = 256
+TORCHAO_8BIT_QMAP_BYTES = 256 * 4
 BNB_PAGED_MIN_SIZE = 100_000  # get_state_buffer: `p.numel() < 1e5` stays a torch tensor
 
-PER_TENSOR_OPTIMIZERS = ("adamw-4bit", "adamw-fp8", "paged-adamw", "paged-adamw-8bit")
+TORCHAO_STATES = ("adamw-4bit", "adamw-fp8", "adamw-8bit-torchao")
+PER_TENSOR_OPTIMIZERS = (*TORCHAO_STATES, "paged-adamw", "paged-adamw-8bit")
+_TORCHAO_BLOCK = {"adamw-4bit": TORCHAO_4BIT_BLOCK, "adamw-fp8": TORCHAO_FP8_BLOCK,
+                  "adamw-8bit-torchao": TORCHAO_8BIT_BLOCK}
 
 # (elements of one tensor, how many such tensors)
 Tensors = list[tuple[int, int]]
@@ -36,12 +41,14 @@ Tensors = list[tuple[int, int]]
 
 def state_bytes(optimizer: str, numel: int, param_bytes: int) -> tuple[float, float]:
     """(bytes in torch's allocator, bytes in unified memory) of one parameter's states."""
-    if optimizer in ("adamw-4bit", "adamw-fp8"):
-        block = TORCHAO_4BIT_BLOCK if optimizer == "adamw-4bit" else TORCHAO_FP8_BLOCK
+    if optimizer in TORCHAO_STATES:
+        block = _TORCHAO_BLOCK[optimizer]
         if numel < TORCHAO_MIN_QUANT_SIZE or numel % block:
             return 2.0 * numel * param_bytes, 0.0
         if optimizer == "adamw-4bit":
             return 2.0 * (numel / 2 + 4 * numel / block + TORCHAO_4BIT_QMAP_BYTES), 0.0
+        if optimizer == "adamw-8bit-torchao":
+            return 2.0 * (numel + 4 * numel / block + TORCHAO_8BIT_QMAP_BYTES), 0.0
         return 2.0 * (numel + 4 * numel / block), 0.0
     paged = numel >= BNB_PAGED_MIN_SIZE
     if optimizer == "paged-adamw":

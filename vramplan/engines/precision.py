@@ -116,6 +116,7 @@ STATE_COPIES = {  # number of param-sized state tensors
     "paged-adamw": 0,
     "adamw-4bit": 0,
     "adamw-fp8": 0,
+    "adamw-8bit-torchao": 0,
 }
 
 
@@ -133,7 +134,7 @@ def optimizer_step_temp_copies(job: Job) -> float:
     # bitsandbytes' kernels and torchao's compiled per-parameter step (torchao/optim/adam.py)
     # allocate no all-parameter buffer
     if job.optimizer in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw", "adamw-4bit",
-                         "adamw-fp8") or job.optimizer_impl == "fused":
+                         "adamw-fp8", "adamw-8bit-torchao") or job.optimizer_impl == "fused":
         return 0.0
     if job.optimizer_impl == "foreach" and job.optimizer in ("adam", "adamw", "adafactor"):
         return 1.0

@@ -147,7 +147,9 @@ HIDDEN_WIDE_OPS = ("norm", "input cast", "residual", "dropout")
 # benchmarks/torchao_optim_codegen.py reads them from Inductor's (CPU) code for a
 # 1M-element parameter: 4-bit 50 bytes (an int64 code index and an fp32 block copy per
 # state), 12 loop nests; fp8 none, 4 loop nests.
-TORCHAO_ADAM = {"adamw-4bit": (2 + 50, 12), "adamw-fp8": (4, 4)}
+TORCHAO_ADAM = {"adamw-4bit": (2 + 50, 12), "adamw-fp8": (4, 4),
+                # AdamW8bit: 8-bit states (4) + two fp32 full-size intermediates (16); 11 nests
+                "adamw-8bit-torchao": (4 + 16, 11)}
 CLIP_PASSES = 3  # clip_grad_norm_: the norm reads each grad; the scale reads and writes it
 
 

@@ -28,7 +28,7 @@ FLASH_ATTN = {"flash-attn-2": (FLASH_ATTN_2, "flash_attention_2", "pip install f
                                "build flash-attn-3 from the flash-attention repository's "
                                "hopper/ directory")}
 BNB_OPTIMIZERS = ("adamw-8bit", "paged-adamw-8bit", "paged-adamw")
-TORCHAO_OPTIMIZERS = ("adamw-4bit", "adamw-fp8")
+TORCHAO_OPTIMIZERS = ("adamw-4bit", "adamw-fp8", "adamw-8bit-torchao")
 ALWAYS_RECORDED = ("torch", "transformers", "peft")
 
 

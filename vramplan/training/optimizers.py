@@ -54,6 +54,8 @@ class Lion(torch.optim.Optimizer):
                 m.lerp_(p.grad, 1 - beta2)
 
 
+# torchao's low-bit AdamW by the job's optimizer: the stand-in's state layout
+TORCHAO_KINDS = {"adamw-4bit": "4bit", "adamw-fp8": "fp8", "adamw-8bit-torchao": "8bit"}
 PAGED_NOTE = ("{name}: the states of tensors with at least 1e5 elements live in CUDA unified "
               "memory (bitsandbytes get_state_buffer), outside the caching allocator: the "
               "trace reports them apart as unified_memory_bytes (a CPU run holds them as "
@@ -109,13 +111,14 @@ def _build(job: Job, params: list[nn.Parameter], notes: list[str], kernels: Kern
     if name == "paged-adamw":
         notes.append(PAGED_NOTE.format(name=name))
         return lowbit.AdamW32bit(params, lr=1e-4, paged=True)
-    if name in ("adamw-4bit", "adamw-fp8"):
+    if name in TORCHAO_KINDS:
         from vramplan.training.emulate.torchao_optim import LowBitAdamW
 
-        notes.append(f"{name}: torchao AdamW{'4bit' if name == 'adamw-4bit' else 'Fp8'} state "
-                     "layout (block-wise codes + fp32 scales; tensors under 4096 values or not "
-                     "a multiple of the block keep plain states)")
-        return LowBitAdamW(params, bits=4 if name == "adamw-4bit" else 8, lr=1e-4)
+        kind = TORCHAO_KINDS[name]
+        notes.append(f"{name}: torchao AdamW{kind.capitalize()} state layout (block-wise codes "
+                     "+ fp32 scales; tensors under 4096 values or not a multiple of the block "
+                     "keep plain states)")
+        return LowBitAdamW(params, kind=kind, lr=1e-4)
     if name == "adafactor":
         return _ValueFreeAdafactor(params, lr=1e-2, foreach=job.optimizer_impl == "foreach")
     if name == "lion":

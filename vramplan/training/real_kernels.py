@@ -73,10 +73,11 @@ def build_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimi
         cls = {"adamw-8bit": bnb.optim.AdamW8bit, "paged-adamw-8bit": bnb.optim.PagedAdamW8bit,
                "paged-adamw": bnb.optim.PagedAdamW}[name]
         return cls(params, lr=LR)
-    if name in ("adamw-4bit", "adamw-fp8"):
-        from torchao.optim import AdamW4bit, AdamWFp8
+    if name in ("adamw-4bit", "adamw-fp8", "adamw-8bit-torchao"):
+        from torchao.optim import AdamW4bit, AdamW8bit, AdamWFp8
 
-        return (AdamW4bit if name == "adamw-4bit" else AdamWFp8)(params, lr=LR)
+        cls = {"adamw-4bit": AdamW4bit, "adamw-fp8": AdamWFp8, "adamw-8bit-torchao": AdamW8bit}
+        return cls[name](params, lr=LR)
     raise ValueError(f"no real-library optimizer for {name!r}")
 
 

@@ -1,10 +1,12 @@
-"""Stand-ins with torchao's low-bit AdamW state layouts (AdamW4bit, AdamWFp8).
+"""Stand-ins with torchao's low-bit AdamW state layouts (AdamW4bit, AdamWFp8, AdamW8bit).
 
 Layouts from torchao 0.19.0 (docs/frameworks.md; sizes shared with the formula through
 engines/optimizer_states.py): a state is quantised when its parameter has at least 4096
 elements and a multiple of the block size, else it is a plain tensor of the parameter's
 dtype. 4-bit: uint8 codes holding two values each, an fp32 scale per 128 values and a
 16-entry fp32 code map per state. fp8: float8_e4m3fn codes, an fp32 scale per 256 values.
+8-bit (torchao 0.18 optim/subclass_8bit.py OptimState8bit): uint8 codes, an fp32 scale per
+256 values and a 256-entry fp32 code map per state.
 
 torchao steps each parameter with a compiled kernel that dequantises, updates and
 requantises in registers, so on fake tensors the step allocates nothing. On real tensors
@@ -19,22 +21,25 @@ from torch._subclasses.fake_tensor import is_fake
 
 from vramplan.engines.optimizer_states import (
     TORCHAO_4BIT_BLOCK,
+    TORCHAO_8BIT_BLOCK,
     TORCHAO_FP8_BLOCK,
     TORCHAO_MIN_QUANT_SIZE,
 )
 
-QMAP_ENTRIES = 16
+QMAP_ENTRIES = {"4bit": 16, "8bit": 256}  # the code maps' fp32 entries (fp8 has none)
+BLOCKS = {"4bit": TORCHAO_4BIT_BLOCK, "fp8": TORCHAO_FP8_BLOCK, "8bit": TORCHAO_8BIT_BLOCK}
 
 
 class LowBitAdamW(torch.optim.Optimizer):
-    """AdamW whose two states have torchao's 4-bit or float8 block layout."""
+    """AdamW whose two states have torchao's 4-bit, float8 or 8-bit block layout."""
 
-    def __init__(self, params, bits: int, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+    def __init__(self, params, kind: str, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=1e-2):
-        if bits not in (4, 8):
-            raise ValueError("bits must be 4 (AdamW4bit) or 8 (AdamWFp8)")
-        self.bits = bits
-        self.block = TORCHAO_4BIT_BLOCK if bits == 4 else TORCHAO_FP8_BLOCK
+        if kind not in BLOCKS:
+            raise ValueError("kind must be 4bit (AdamW4bit), fp8 (AdamWFp8) or 8bit "
+                             "(AdamW8bit)")
+        self.kind = kind
+        self.block = BLOCKS[kind]
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
     def _quantised(self, p: torch.Tensor) -> bool:
@@ -44,13 +49,14 @@ class LowBitAdamW(torch.optim.Optimizer):
         if not self._quantised(p):
             return {"plain": torch.zeros_like(p)}
         n, device = p.numel(), p.device
-        if self.bits == 4:
-            codes = torch.zeros(n // 2, dtype=torch.uint8, device=device)
-            qmap = torch.zeros(QMAP_ENTRIES, dtype=torch.float32, device=device)
-            return {"codes": codes, "scale": torch.zeros(n // self.block, device=device),
-                    "qmap": qmap}
-        return {"codes": torch.zeros(n, dtype=torch.float8_e4m3fn, device=device),
-                "scale": torch.zeros(n // self.block, device=device)}
+        scale = torch.zeros(n // self.block, device=device)
+        if self.kind == "fp8":
+            return {"codes": torch.zeros(n, dtype=torch.float8_e4m3fn, device=device),
+                    "scale": scale}
+        codes = torch.zeros(n // 2 if self.kind == "4bit" else n, dtype=torch.uint8,
+                            device=device)
+        qmap = torch.zeros(QMAP_ENTRIES[self.kind], dtype=torch.float32, device=device)
+        return {"codes": codes, "scale": scale, "qmap": qmap}
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -84,9 +90,11 @@ class LowBitAdamW(torch.optim.Optimizer):
         if "plain" in slot:
             return slot["plain"].float()
         codes = slot["codes"]
-        if self.bits == 4:  # linear signed codes: 0..15 for -1..1 of the block's absmax
+        if self.kind == "4bit":  # linear signed codes: 0..15 for -1..1 of the block's absmax
             codes = (torch.stack([codes >> 4, codes & 0b1111], dim=-1).view(-1).float()
                      - 7.5) / 7.5
+        elif self.kind == "8bit":  # linear signed codes: 0..255 for -1..1
+            codes = (codes.float() - 127.5) / 127.5
         values = codes.float().view(-1, self.block) * slot["scale"][:, None]
         return values.view(p.shape)
 
@@ -95,12 +103,15 @@ class LowBitAdamW(torch.optim.Optimizer):
             slot["plain"].copy_(values)
             return
         blocks = values.view(-1, self.block)
-        levels = 1.0 if self.bits == 4 else torch.finfo(torch.float8_e4m3fn).max
+        levels = torch.finfo(torch.float8_e4m3fn).max if self.kind == "fp8" else 1.0
         scale = blocks.abs().amax(1).clamp_min(1e-12) / levels
         slot["scale"].copy_(scale)
         scaled = blocks / scale[:, None]
-        if self.bits == 4:
+        if self.kind == "4bit":
             q = (scaled * 7.5 + 7.5).round_().clamp_(0, 15).to(torch.uint8).view(-1, 2)
             slot["codes"].copy_((q[:, 0] << 4) | q[:, 1])
+        elif self.kind == "8bit":
+            slot["codes"].copy_((scaled.view(-1) * 127.5 + 127.5).round_().clamp_(0, 255)
+                                .to(torch.uint8))
         else:
             slot["codes"].copy_(scaled.view(-1).to(torch.float8_e4m3fn))
