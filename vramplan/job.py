@@ -191,6 +191,8 @@ class Peft(_Strict):
 
 # the strategies PyTorch runs with FSDP (vramplan/training/fsdp.py)
 FSDP_STRATEGIES = ("zero2", "zero3", "fsdp", "hybrid-shard")
+# the strategies that shard the parameters themselves (reshard_after_forward, offload.params)
+SHARDED_STRATEGIES = ("zero3", "fsdp", "hybrid-shard")
 
 
 class Parallel(_Strict):
@@ -275,7 +277,7 @@ class Parallel(_Strict):
     def gathers_once_per_schedule(self) -> bool:
         """Each FSDP unit's parameters are gathered in a pipeline schedule's first forward
         and held to its end: no reshard after forward, nor (the pipeline's) after backward."""
-        return (self.strategy in ("zero3", "fsdp", "hybrid-shard") and self.pipeline_parallel > 1
+        return (self.strategy in SHARDED_STRATEGIES and self.pipeline_parallel > 1
                 and not self.reshard_after_forward)
 
     @property
@@ -307,10 +309,11 @@ class Parallel(_Strict):
             raise ValueError(
                 f"{self.data_parallel} data-parallel ranks need a strategy: "
                 "ddp, zero1, zero2, zero3, fsdp or hybrid-shard")
-        if not self.reshard_after_forward and self.strategy in ("none", "ddp", "zero1"):
+        if not self.reshard_after_forward and self.strategy not in SHARDED_STRATEGIES:
             raise ValueError(
                 f"reshard_after_forward is FSDP's: strategy {self.strategy} shards no "
-                "parameters; use zero3, fsdp or hybrid-shard or drop it")
+                "parameters (FSDP's SHARD_GRAD_OP is strategy fsdp with "
+                "reshard_after_forward false); use zero3, fsdp or hybrid-shard or drop it")
         if self.fsdp_no_sync and self.strategy not in FSDP_STRATEGIES:
             raise ValueError(
                 f"fsdp_no_sync is FSDP's: strategy {self.strategy} has no such switch (ddp "
@@ -489,7 +492,7 @@ class Job(_Strict):
         if self.optimizer_in_backward and self.parallel.strategy in ("zero2", "zero3", "fsdp",
                                                                      "hybrid-shard", "ddp"):
             problems.append("optimizer_in_backward is supported on one GPU or with zero1 only")
-        if self.offload.params and self.parallel.strategy not in ("zero3", "fsdp", "hybrid-shard"):
+        if self.offload.params and self.parallel.strategy not in SHARDED_STRATEGIES:
             problems.append("offload.params needs sharded parameters: strategy zero3, fsdp or "
                             "hybrid-shard")
         if self.peft and self.peft.method == "qlora" and self.precision == "fp8":
@@ -689,7 +692,8 @@ def choices() -> dict[str, list[str]]:
     """Every choice of a Job (a field whose type is a Literal of names) and its allowed
     values, the default first, keyed by its path ("precision", "parallel.strategy"): what
     the web page's selects offer, so a value added to the Job reaches them; and under
-    "fsdp_strategies" the strategies that have FSDP's gradient-sync switch."""
+    "fsdp_strategies" the strategies that have FSDP's gradient-sync switch, under
+    "sharded_strategies" those that shard the parameters (reshard_after_forward)."""
     out = {}
     for prefix, model in (("", Job), ("parallel.", Parallel)):
         for name, field in model.model_fields.items():
@@ -697,4 +701,5 @@ def choices() -> dict[str, list[str]]:
                 values = list(get_args(field.annotation))
                 out[prefix + name] = [field.default] + [v for v in values if v != field.default]
     out["fsdp_strategies"] = list(FSDP_STRATEGIES)  # where parallel.fsdp_no_sync applies
+    out["sharded_strategies"] = list(SHARDED_STRATEGIES)
     return out

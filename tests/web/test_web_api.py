@@ -353,6 +353,7 @@ def test_the_pages_choices_are_the_jobs_own(client):
     assert set(selects.values()) == set(literals)
     assert "<option>" not in page  # no select restates a Job value
     assert offered["fsdp_strategies"] == list(job_module.FSDP_STRATEGIES)
+    assert offered["sharded_strategies"] == list(job_module.SHARDED_STRATEGIES)
     assert '"fsdp", "hybrid-shard"' not in page  # nor the strategies with FSDP's switch
 
 

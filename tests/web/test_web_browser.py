@@ -464,6 +464,33 @@ def test_a_pipelined_job_on_the_page_is_the_cli_and_apis_job(page, server):
                            ".includes('at most 4 chunks per GPU')")
 
 
+def test_fsdp_kept_gathered_after_forward_on_the_page_is_the_apis(page, server):
+    """The resharding select reaches parallel.reshard_after_forward (SHARD_GRAD_OP): the
+    same bytes as vramplan.estimate and the CLI's --no-reshard-after-forward; it is off for
+    the strategies that keep whole parameters (zero2 included)."""
+    import vramplan
+
+    _llama_on_8_gpus(page, server, grad_accum=1, strategy="zero2")
+    page.select_option("#gpu", "H100-SXM")
+    zero2 = vramplan.estimate(vramplan.Job(model="llama-3.2-1b", gpu="H100-SXM",
+                                           parallel={"num_gpus": 8, "strategy": "zero2"}))
+    wait_for_bytes(page, zero2.peak_allocated)
+    assert page.is_disabled("#fsdp_reshard")
+    page.select_option("#strategy", "fsdp")
+    page.select_option("#fsdp_reshard", "keep")
+    kept = vramplan.estimate(vramplan.Job(
+        model="llama-3.2-1b", gpu="H100-SXM",
+        parallel={"num_gpus": 8, "strategy": "fsdp", "reshard_after_forward": False}))
+    wait_for_bytes(page, kept.peak_allocated)
+    assert "--no-reshard-after-forward" in page.inner_text("#cli-command")
+    page.select_option("#fsdp_reshard", "reshard")
+    resharded = vramplan.estimate(vramplan.Job(
+        model="llama-3.2-1b", gpu="H100-SXM", parallel={"num_gpus": 8, "strategy": "fsdp"}))
+    assert resharded.peak_allocated < kept.peak_allocated
+    wait_for_bytes(page, resharded.peak_allocated)
+    assert page.problems == []
+
+
 def test_fsdps_gradient_sync_on_the_page_is_the_apis(page, server):
     """The FSDP gradient-sync select reaches parallel.fsdp_no_sync: holding whole fp32
     gradients between micro-batches gives vramplan.estimate's bytes and the CLI's flag; it

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vramplan.errors import JobError
-from vramplan.job import Job, Peft
+from vramplan.job import SHARDED_STRATEGIES, Job, Peft
 from vramplan.planning.layouts import fused_optimizer
 
 Apply = Callable[[Job], "Job | None"]
@@ -112,7 +112,7 @@ def _sync_each_batch(job: Job) -> Job | None:
 def _reshard(job: Job) -> Job | None:
     """FSDP that keeps each unit gathered to its backward (SHARD_GRAD_OP) frees it instead."""
     p = job.parallel
-    if p.reshard_after_forward or p.strategy not in ("zero3", "fsdp", "hybrid-shard"):
+    if p.reshard_after_forward or p.strategy not in SHARDED_STRATEGIES:
         return None
     return job.with_changes(parallel=p.changed(reshard_after_forward=True))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from vramplan.engines.param_memory import ParamMemory
 from vramplan.engines.precision import dtypes_for
-from vramplan.job import Job
+from vramplan.job import SHARDED_STRATEGIES, Job
 from vramplan.units import format_bytes
 
 # DeepSpeed's default reduce/allreduce bucket (reduce_bucket_size = 5e8 elements).
@@ -19,7 +19,7 @@ def per_gpu_params(job: Job, params: ParamMemory):
     `gathered` is held through forward and backward, `gathered_end` at backward's end."""
     par, notes = job.parallel, []
     tp, shard, strategy = par.tensor_parallel, par.shard_degree, par.strategy
-    sharded_params = strategy in ("zero3", "fsdp", "hybrid-shard")
+    sharded_params = strategy in SHARDED_STRATEGIES
     w = params.weights / tp / (shard if sharded_params else 1)
     g = params.gradients / tp / (shard if strategy != "zero1" else 1)
     o = params.optimizer / tp / shard
