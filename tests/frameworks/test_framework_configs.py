@@ -943,3 +943,40 @@ def test_torchao_adamw_8bit_is_its_own_optimizer_in_both_readers():
     text = (TT / "llama3_2_3B_full_single_device.yaml").read_text().replace(
         "bitsandbytes.optim.PagedAdamW8bit", "torchao.optim.AdamW8bit")
     assert read_config_text(text).job().optimizer == "adamw-8bit-torchao"
+
+
+@pytest.mark.parametrize("fsdp, config, strategy, reshard, checkpointing, offload", [
+    # transformers 5: fsdp=True, the rest in fsdp_config (FSDP2 unless version 1)
+    (True, {"reshard_after_forward": False, "activation_checkpointing": True}, "fsdp", False,
+     "full", False),
+    (True, {"fsdp_version": 2, "fsdp_cpu_offload": True}, "fsdp", True, "none", True),
+    (True, {"version": 1, "reshard_after_forward": "shard_grad_op"}, "fsdp", False, "none",
+     False),
+    # a legacy word and an FSDP2 config: the config's value wins (the Trainer's setdefault)
+    ("shard_grad_op", {"reshard_after_forward": True}, "fsdp", True, "none", False),
+    # fsdp_config without fsdp: the Trainer reads none of it
+    (None, {"reshard_after_forward": False}, "none", True, "none", False),
+])
+def test_trainer_fsdp_config_keys(fsdp, config, strategy, reshard, checkpointing, offload):
+    from vramplan.frameworks.configs.read import read_config_text
+
+    args = {"output_dir": "o", "fsdp_config": config, **({"fsdp": fsdp} if fsdp else {})}
+    read = read_config_text(json.dumps(args), path=Path("args.json"), model=MODEL)
+    job = read.job()
+    assert (job.parallel.strategy, job.parallel.reshard_after_forward) == (strategy, reshard)
+    assert (job.checkpointing, job.offload.params) == (checkpointing, offload)
+    assert not read.not_understood
+
+
+def test_trainer_fsdp2_reshard_fix_is_written_to_its_fsdp_config():
+    from vramplan.frameworks.configs.read import read_config_text
+    from vramplan.planning.techniques import TECHNIQUES
+
+    args = {"output_dir": "o", "fsdp": True, "fsdp_config": {"reshard_after_forward": False}}
+    read = read_config_text(json.dumps(args), path=Path("args.json"), model=MODEL)
+    before = read.job()
+    after = next(t for t in TECHNIQUES if t.name == "reshard after forward").applied(before)
+    changes, missing = config_changes(read, before, after)
+    assert changes == {"fsdp_config.reshard_after_forward": True} and not missing
+    patched = json.loads(patched_text(read, changes))
+    assert patched["fsdp_config"] == {"reshard_after_forward": True} and patched["fsdp"] is True

@@ -40,7 +40,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
         content = {**peft_config, **content}
         content.setdefault("peft_type", "LORA")
     ds = {"deepspeed": content.pop("deepspeed")} if "deepspeed" in content else {}
-    flat = core.flatten(content)
+    flat = _unprefixed_fsdp_config(core.flatten(content))
     mapping = Mapping(table)
     handled = {"model_name_or_path", "fsdp", "deepspeed", "lora_target_modules",
                "target_modules", "load_in_8bit", "modules_to_save", "base_model_name_or_path",
@@ -75,7 +75,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
         model = ctx.resolve_model(flat[key], key, mapping)
         if model:
             mapping.assign("model", model, key)
-    _fsdp(flat, table, mapping)
+    handled |= _fsdp(flat, table, mapping)
     _targets(flat, table, mapping)
     if flat.get("load_in_8bit"):
         raise ConfigError("load_in_8bit: an 8-bit base model is not modelled by vramplan; "
@@ -137,26 +137,52 @@ def check_modules_to_save(flat: dict[str, Any], key: str, mapping: Mapping) -> N
     mapping.mapped.append(key)
 
 
-def _fsdp(flat: dict[str, Any], table, mapping: Mapping) -> None:
+def _unprefixed_fsdp_config(flat: dict[str, Any]) -> dict[str, Any]:
+    """fsdp_config's keys as the Trainer reads them: a leading fsdp_ dropped
+    (training_args.py _process_fsdp_args: fsdp_config[k[5:]] for k starting with fsdp_)."""
+    head = "fsdp_config.fsdp_"
+    return {("fsdp_config." + k[len(head):] if k.startswith(head) else k): v
+            for k, v in flat.items()}
+
+
+def _fsdp(flat: dict[str, Any], table, mapping: Mapping) -> set[str]:
+    """fsdp (True, or the legacy words) and the fsdp_config keys the table cannot read by
+    itself; returns those keys (the table maps the rest of fsdp_config)."""
     value = flat.get("fsdp")
+    config_keys = {k for k in flat if k == "fsdp_config" or k.startswith("fsdp_config.")}
     if not value:
         if "fsdp" in flat:
-            mapping.ignored.append("fsdp")  # '' or []: no FSDP
-        return
-    core.check_type(table, table.entries["fsdp"], value)
-    words = value.split() if isinstance(value, str) else [str(v) for v in value]
+            mapping.ignored.append("fsdp")  # '' or [] or false: no FSDP
+        mapping.ignored += sorted(config_keys)  # the Trainer reads fsdp_config only with fsdp
+        return config_keys
+    if isinstance(flat.get("fsdp_config"), str):  # a path to a JSON file of its keys
+        mapping.not_understood.append("fsdp_config (a file path: put its keys inline)")
+    handled = {"fsdp_config"} & config_keys
     mapping.mapped.append("fsdp")
+    if value is True:  # transformers 5: fsdp=True, everything else in fsdp_config
+        mapping.assign("parallel.strategy", "fsdp", "fsdp=True")
+        words = []
+    else:
+        core.check_type(table, table.entries["fsdp"], value)
+        words = value.split() if isinstance(value, str) else [str(v) for v in value]
+    spelt = flat.get("fsdp_config.reshard_after_forward")
+    if str(flat.get("fsdp_config.version", 2)) == "1" and isinstance(spelt, str):
+        # FSDP1 spells its sharding strategy here (full_shard, shard_grad_op, ...)
+        words.append(spelt.lower())
+        handled.add("fsdp_config.reshard_after_forward")
     for word in words:
         if word in _FSDP:
             strategy, reshard = _FSDP[word]
             mapping.assign("parallel.strategy", strategy, f"fsdp={value!r}")
-            if reshard is not None:
-                mapping.assign("parallel.reshard_after_forward", reshard, f"fsdp={value!r}")
+            if reshard is not None:  # weak: an FSDP2 fsdp_config's own value wins (setdefault)
+                mapping.assign("parallel.reshard_after_forward", reshard, f"fsdp={value!r}",
+                               weak=True)
         elif word == "offload":
             mapping.assign("offload.params", True, f"fsdp={value!r}")
             mapping.assign("offload.optimizer", True, f"fsdp={value!r}")
         elif word != "auto_wrap":
             mapping.not_understood.append(f"fsdp={word}")
+    return handled
 
 
 def _targets(flat: dict[str, Any], table, mapping: Mapping) -> None:
