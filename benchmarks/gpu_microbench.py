@@ -8,6 +8,12 @@ What it measures (each a fact efficiency.toml can take, with this file as its so
     with SDPA's own kernel and with FlashAttention-2's and cuDNN's forced (CUDA);
   * HBM bandwidth: device-to-device copy and an elementwise add (STREAM-like);
   * host cost per kernel launch: a chain of tiny kernels, eager, timed on the host;
+  * LoRA against full fine-tuning: one training step (forward, backward, no optimizer) of
+    Llama-2-7B-shaped blocks (HF transformers + peft, LoRA r 8 on q_proj, v_proj, the
+    model in 16-bit), by tokens, eager and SDPA attention, and the backward's top kernels
+    under torch.profiler: published HF Trainer runs put LoRA's cost per token at full
+    fine-tuning's on an A100 (docs/performance.md, optimum-benchmark), where the model
+    gives it two thirds of the matmuls;
   * collectives, when several GPUs are visible and torch.distributed can start NCCL:
     all-reduce bus bandwidth by message size (run under torchrun; skipped on one GPU).
 
@@ -154,6 +160,61 @@ def launch(torch, device: str, quick: bool) -> dict:
     return {"kernels": count, "host_us_per_launch": host * 1e6}
 
 
+# Llama-2-7B's block shapes, a few blocks of them; (batch, seq) per case
+LORA_BLOCKS = dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
+                   num_key_value_heads=32, num_hidden_layers=4, vocab_size=32000)
+LORA_TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                 num_key_value_heads=4, num_hidden_layers=2, vocab_size=256)
+LORA_CASES = [(4, 256), (16, 256)]
+
+
+def lora_vs_full(torch, device: str, quick: bool, run) -> list[dict]:
+    """Seconds of one forward + backward, full fine-tuning against LoRA, and the backward's
+    five most expensive kernels (self device time) of each."""
+    import peft
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    dt = torch.float16 if device == "cuda" else torch.float32
+    out = []
+    for attention in ("eager", "sdpa"):
+        config = LlamaConfig(**(LORA_TINY if quick else LORA_BLOCKS),
+                             attn_implementation=attention)
+        for lora in (False, True):
+            torch.manual_seed(0)
+            model = LlamaForCausalLM(config).to(device=device, dtype=dt)
+            if lora:
+                model = peft.get_peft_model(model, peft.LoraConfig(
+                    r=8, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                    task_type="CAUSAL_LM"))
+            for batch, seq in ([(2, 16)] if quick else LORA_CASES):
+                ids = torch.randint(0, config.vocab_size, (batch, seq), device=device)
+
+                def step(model=model, ids=ids):
+                    model(input_ids=ids, labels=ids).loss.backward()
+                    model.zero_grad(set_to_none=True)
+                row = {"attention": attention, "lora": lora, "batch": batch, "seq": seq,
+                       "dtype": str(dt).removeprefix("torch.")}
+                try:
+                    row["seconds"] = run(step, 2 if quick else 5)
+                    loss = model(input_ids=ids, labels=ids).loss
+                    activities = [ProfilerActivity.CPU] + (
+                        [ProfilerActivity.CUDA] if device == "cuda" else [])
+                    with profile(activities=activities) as prof:
+                        loss.backward()
+                    model.zero_grad(set_to_none=True)
+                    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+                    top = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0),
+                                 reverse=True)[:5]
+                    row["backward_top"] = [{"name": e.key[:80], "us": getattr(e, key, 0),
+                                            "calls": e.count} for e in top]
+                except (RuntimeError, AttributeError) as error:
+                    row["error"] = str(error).splitlines()[0]
+                out.append(row)
+            del model
+    return out
+
+
 def collectives(torch, quick: bool) -> dict | None:
     import os
 
@@ -204,7 +265,8 @@ def main() -> None:
     result = {"machine": machine, "gemm": gemms(torch, device, args.quick, run),
               "attention": attention(torch, device, args.quick, run),
               "bandwidth": bandwidth(torch, device, args.quick, run),
-              "launch": launch(torch, device, args.quick)}
+              "launch": launch(torch, device, args.quick),
+              "lora_vs_full": lora_vs_full(torch, device, args.quick, run)}
     if device == "cuda":
         result["collectives"] = collectives(torch, args.quick)
     result["seconds"] = time.perf_counter() - started

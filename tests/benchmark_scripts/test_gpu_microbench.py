@@ -20,3 +20,7 @@ def test_quick_cpu_run_writes_every_section(tmp_path):
         assert abs(g["tflops"] - 2 * g["m"] * g["n"] * g["k"] / g["seconds"] / 1e12) < 1e-9
     assert data["attention"][0]["tflops"] > 0
     assert data["bandwidth"]["copy_gb_s"] > 0 and data["launch"]["host_us_per_launch"] > 0
+    lora = data["lora_vs_full"]
+    assert {(r["attention"], r["lora"]) for r in lora} == {
+        (a, lo) for a in ("eager", "sdpa") for lo in (False, True)}
+    assert all(r["seconds"] > 0 and r["backward_top"] for r in lora)
