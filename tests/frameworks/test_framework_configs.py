@@ -980,3 +980,30 @@ def test_trainer_fsdp2_reshard_fix_is_written_to_its_fsdp_config():
     assert changes == {"fsdp_config.reshard_after_forward": True} and not missing
     patched = json.loads(patched_text(read, changes))
     assert patched["fsdp_config"] == {"reshard_after_forward": True} and patched["fsdp"] is True
+
+
+@pytest.mark.parametrize("block, strategy, reshard, offload", [
+    # FSDP2 block of axolotl's current examples: its own keys, no fsdp_ prefix
+    ("fsdp_version: 2\nfsdp_config:\n  offload_params: false\n  reshard_after_forward: false\n"
+     "  auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+     "  transformer_layer_cls_to_wrap: LlamaDecoderLayer\n", "fsdp", False, False),
+    # the deprecated list and fsdp_-prefixed keys (schemas/validation.py drops the prefix)
+    ("fsdp:\n  - shard_grad_op\n  - auto_wrap\nfsdp_config:\n  fsdp_offload_params: true\n"
+     "  fsdp_state_dict_type: FULL_STATE_DICT\n", "fsdp", False, True),
+    ("fsdp_config:\n", "none", True, False),  # a null block: no FSDP
+])
+def test_axolotl_fsdp(block, strategy, reshard, offload):
+    from vramplan.frameworks.configs.read import read_config_text
+
+    text = (AX / "llama-3_fft-8b.yaml").read_text().replace(
+        "optimizer: paged_adamw_8bit", "optimizer: adamw_torch") + "\n" + block
+    read = read_config_text(text, path=Path("axolotl.yaml"))
+    job = read.job()
+    assert (job.parallel.strategy, job.parallel.reshard_after_forward) == (strategy, reshard)
+    assert job.offload.params == offload and not read.not_understood
+    if not reshard and strategy == "fsdp":  # the fix, written to fsdp_config
+        from vramplan.planning.techniques import TECHNIQUES
+
+        after = next(t for t in TECHNIQUES if t.name == "reshard after forward").applied(job)
+        changes, missing = config_changes(read, job, after)
+        assert changes == {"fsdp_config.reshard_after_forward": True} and not missing

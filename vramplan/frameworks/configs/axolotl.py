@@ -1,5 +1,5 @@
-"""Axolotl YAML: base model, micro-batch, sequence length, LoRA/QLoRA, precision and
-checkpointing (axolotl.toml); a `deepspeed` JSON it names is read as DeepSpeed."""
+"""Axolotl YAML: base model, micro-batch, sequence length, LoRA/QLoRA, precision,
+checkpointing and FSDP (axolotl.toml); a `deepspeed` JSON it names is read as DeepSpeed."""
 
 from __future__ import annotations
 
@@ -26,9 +26,10 @@ def read(content: dict[str, Any], ctx) -> Mapping:
     table = core.load_table(NAME)
     content = {k: v for k, v in content.items() if k != "datasets"}  # a list of sources
     ds = {"deepspeed": content.pop("deepspeed")} if "deepspeed" in content else {}
-    flat = core.flatten(content)
+    flat = _unprefixed_fsdp_config(core.flatten(content))
     mapping = Mapping(table)
     mapping.ignored.append("datasets")
+    handled = _fsdp(flat, mapping)
     if flat.get("base_model") is not None:
         mapping.mapped.append("base_model")
         model = ctx.resolve_model(flat["base_model"], "base_model", mapping)
@@ -52,12 +53,53 @@ def read(content: dict[str, Any], ctx) -> Mapping:
                                                     else targets), "lora_target_modules")
     core.map_keys(table, flat, mapping, handled={"base_model", "lora_target_modules", "deepspeed",
                                             "load_in_4bit", "load_in_8bit",
-                                            "lora_modules_to_save"})
+                                            "lora_modules_to_save", *handled})
     for key in ("load_in_4bit", "load_in_8bit"):
         if key in flat:
             mapping.mapped.append(key)
     deepspeed.include_named(mapping, ds, ctx)  # last: the config's bf16 / fp16 are DeepSpeed's
     return mapping
+
+
+def _unprefixed_fsdp_config(flat: dict[str, Any]) -> dict[str, Any]:
+    """fsdp_config's keys as Axolotl reads them: a leading fsdp_ dropped, but fsdp_version's
+    (schemas/validation.py check_fsdp_config_kwargs_prefix)."""
+    head = "fsdp_config.fsdp_"
+    return {("fsdp_config." + k[len(head):] if k.startswith(head)
+             and k != "fsdp_config.fsdp_version" else k): v for k, v in flat.items()}
+
+
+# the deprecated fsdp list's words (handed to the Trainer's fsdp): (strategy, reshard)
+_FSDP_WORDS = {"full_shard": ("fsdp", True), "shard_grad_op": ("fsdp", False),
+               "hybrid_shard": ("hybrid-shard", True),
+               "hybrid_shard_zero2": ("hybrid-shard", False)}
+
+
+def _fsdp(flat: dict[str, Any], mapping: Mapping) -> set[str]:
+    """A fsdp_config block, or the deprecated fsdp list, makes the job FSDP (Axolotl's
+    `cfg.fsdp_config or cfg.fsdp`, utils/trainer.py); returns the keys read here."""
+    config = any(k.startswith("fsdp_config.") or (k == "fsdp_config" and v is not None)
+                 for k, v in flat.items())
+    words = flat.get("fsdp") or []
+    if config or words:
+        mapping.assign("parallel.strategy", "fsdp", "fsdp_config" if config else "fsdp")
+    for word in [words] if isinstance(words, str) else words:
+        if word in _FSDP_WORDS:  # weak: fsdp_config's own reshard_after_forward wins
+            strategy, reshard = _FSDP_WORDS[word]
+            mapping.assign("parallel.strategy", strategy, f"fsdp={words!r}")
+            mapping.assign("parallel.reshard_after_forward", reshard, f"fsdp={words!r}",
+                           weak=True)
+        elif word == "offload":
+            mapping.assign("offload.params", True, f"fsdp={words!r}")
+            mapping.assign("offload.optimizer", True, f"fsdp={words!r}")
+        elif word != "auto_wrap":
+            mapping.not_understood.append(f"fsdp={word}")
+    handled = {k for k in ("fsdp", "fsdp_config") if k in flat}
+    if "fsdp" in flat:
+        (mapping.mapped if words else mapping.ignored).append("fsdp")
+    if flat.get("fsdp_config", 0) is None:
+        mapping.ignored.append("fsdp_config")
+    return handled
 
 
 def override_line(config_file: str, changes: dict[str, Any]) -> str:
