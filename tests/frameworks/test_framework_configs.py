@@ -1007,3 +1007,17 @@ def test_axolotl_fsdp(block, strategy, reshard, offload):
         after = next(t for t in TECHNIQUES if t.name == "reshard after forward").applied(job)
         changes, missing = config_changes(read, job, after)
         assert changes == {"fsdp_config.reshard_after_forward": True} and not missing
+
+
+def test_llama_factory_reads_the_trainers_fsdp_keys():
+    """LLaMA-Factory files carry TrainingArguments: fsdp and fsdp_config as the Trainer
+    reads them (they set no strategy before)."""
+    from vramplan.frameworks.configs.read import read_config_text
+
+    text = (LF / "qwen3_full_sft_fsdp2.yaml").read_text()
+    assert read_config_text(text, path=Path("lf.yaml")).job().parallel.strategy == "none"
+    words = read_config_text(text + "\nfsdp: shard_grad_op\n", path=Path("lf.yaml")).job()
+    assert (words.parallel.strategy, words.parallel.reshard_after_forward) == ("fsdp", False)
+    block = read_config_text(text + "\nfsdp: true\nfsdp_config:\n  activation_checkpointing: "
+                             "true\n", path=Path("lf.yaml")).job()
+    assert (block.parallel.strategy, block.checkpointing) == ("fsdp", "full")

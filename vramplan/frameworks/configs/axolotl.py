@@ -7,7 +7,7 @@ from typing import Any
 
 from vramplan.frameworks.configs import core, deepspeed
 from vramplan.frameworks.configs.core import ConfigError, Mapping
-from vramplan.frameworks.configs.hf import check_adapter, check_modules_to_save
+from vramplan.frameworks.configs.hf import check_adapter, check_modules_to_save, fsdp_words
 
 NAME = "axolotl"
 
@@ -69,12 +69,6 @@ def _unprefixed_fsdp_config(flat: dict[str, Any]) -> dict[str, Any]:
              and k != "fsdp_config.fsdp_version" else k): v for k, v in flat.items()}
 
 
-# the deprecated fsdp list's words (handed to the Trainer's fsdp): (strategy, reshard)
-_FSDP_WORDS = {"full_shard": ("fsdp", True), "shard_grad_op": ("fsdp", False),
-               "hybrid_shard": ("hybrid-shard", True),
-               "hybrid_shard_zero2": ("hybrid-shard", False)}
-
-
 def _fsdp(flat: dict[str, Any], mapping: Mapping) -> set[str]:
     """A fsdp_config block, or the deprecated fsdp list, makes the job FSDP (Axolotl's
     `cfg.fsdp_config or cfg.fsdp`, utils/trainer.py); returns the keys read here."""
@@ -82,18 +76,11 @@ def _fsdp(flat: dict[str, Any], mapping: Mapping) -> set[str]:
                  for k, v in flat.items())
     words = flat.get("fsdp") or []
     if config or words:
-        mapping.assign("parallel.strategy", "fsdp", "fsdp_config" if config else "fsdp")
-    for word in [words] if isinstance(words, str) else words:
-        if word in _FSDP_WORDS:  # weak: fsdp_config's own reshard_after_forward wins
-            strategy, reshard = _FSDP_WORDS[word]
-            mapping.assign("parallel.strategy", strategy, f"fsdp={words!r}")
-            mapping.assign("parallel.reshard_after_forward", reshard, f"fsdp={words!r}",
-                           weak=True)
-        elif word == "offload":
-            mapping.assign("offload.params", True, f"fsdp={words!r}")
-            mapping.assign("offload.optimizer", True, f"fsdp={words!r}")
-        elif word != "auto_wrap":
-            mapping.not_understood.append(f"fsdp={word}")
+        # weak: a hybrid_shard word of the list says which FSDP
+        mapping.assign("parallel.strategy", "fsdp", "fsdp_config" if config else "fsdp",
+                       weak=True)
+    # the deprecated list goes to the Trainer's fsdp as it is
+    fsdp_words([words] if isinstance(words, str) else list(words), f"fsdp={words!r}", mapping)
     handled = {k for k in ("fsdp", "fsdp_config") if k in flat}
     if "fsdp" in flat:
         (mapping.mapped if words else mapping.ignored).append("fsdp")

@@ -40,9 +40,9 @@ def read(content: dict[str, Any], ctx) -> Mapping:
         content = {**peft_config, **content}
         content.setdefault("peft_type", "LORA")
     ds = {"deepspeed": content.pop("deepspeed")} if "deepspeed" in content else {}
-    flat = _unprefixed_fsdp_config(core.flatten(content))
+    flat = unprefixed_fsdp_config(core.flatten(content))
     mapping = Mapping(table)
-    handled = {"model_name_or_path", "fsdp", "deepspeed", "lora_target_modules",
+    handled = {"model_name_or_path", "deepspeed", "lora_target_modules",
                "target_modules", "load_in_8bit", "modules_to_save", "base_model_name_or_path",
                *UNMODELLED_PEFT}
     check_modules_to_save(flat, "modules_to_save", mapping)
@@ -75,7 +75,7 @@ def read(content: dict[str, Any], ctx) -> Mapping:
         model = ctx.resolve_model(flat[key], key, mapping)
         if model:
             mapping.assign("model", model, key)
-    handled |= _fsdp(flat, table, mapping)
+    handled |= read_fsdp(flat, table, mapping)
     _targets(flat, table, mapping)
     if flat.get("load_in_8bit"):
         raise ConfigError("load_in_8bit: an 8-bit base model is not modelled by vramplan; "
@@ -137,7 +137,7 @@ def check_modules_to_save(flat: dict[str, Any], key: str, mapping: Mapping) -> N
     mapping.mapped.append(key)
 
 
-def _unprefixed_fsdp_config(flat: dict[str, Any]) -> dict[str, Any]:
+def unprefixed_fsdp_config(flat: dict[str, Any]) -> dict[str, Any]:
     """fsdp_config's keys as the Trainer reads them: a leading fsdp_ dropped
     (training_args.py _process_fsdp_args: fsdp_config[k[5:]] for k starting with fsdp_)."""
     head = "fsdp_config.fsdp_"
@@ -145,19 +145,19 @@ def _unprefixed_fsdp_config(flat: dict[str, Any]) -> dict[str, Any]:
             for k, v in flat.items()}
 
 
-def _fsdp(flat: dict[str, Any], table, mapping: Mapping) -> set[str]:
+def read_fsdp(flat: dict[str, Any], table, mapping: Mapping) -> set[str]:
     """fsdp (True, or the legacy words) and the fsdp_config keys the table cannot read by
-    itself; returns those keys (the table maps the rest of fsdp_config)."""
+    itself; returns the keys read here (the table maps the rest of fsdp_config)."""
     value = flat.get("fsdp")
     config_keys = {k for k in flat if k == "fsdp_config" or k.startswith("fsdp_config.")}
     if not value:
         if "fsdp" in flat:
             mapping.ignored.append("fsdp")  # '' or [] or false: no FSDP
         mapping.ignored += sorted(config_keys)  # the Trainer reads fsdp_config only with fsdp
-        return config_keys
+        return config_keys | ({"fsdp"} & set(flat))
     if isinstance(flat.get("fsdp_config"), str):  # a path to a JSON file of its keys
         mapping.not_understood.append("fsdp_config (a file path: put its keys inline)")
-    handled = {"fsdp_config"} & config_keys
+    handled = {"fsdp", *({"fsdp_config"} & config_keys)}
     mapping.mapped.append("fsdp")
     if value is True:  # transformers 5: fsdp=True, everything else in fsdp_config
         mapping.assign("parallel.strategy", "fsdp", "fsdp=True")
@@ -170,19 +170,23 @@ def _fsdp(flat: dict[str, Any], table, mapping: Mapping) -> set[str]:
         # FSDP1 spells its sharding strategy here (full_shard, shard_grad_op, ...)
         words.append(spelt.lower())
         handled.add("fsdp_config.reshard_after_forward")
+    fsdp_words(words, f"fsdp={value!r}", mapping)
+    return handled
+
+
+def fsdp_words(words: list[str], key: str, mapping: Mapping) -> None:
+    """The Trainer's fsdp words (FSDPOption), set from `key` (Axolotl hands its list on)."""
     for word in words:
         if word in _FSDP:
             strategy, reshard = _FSDP[word]
-            mapping.assign("parallel.strategy", strategy, f"fsdp={value!r}")
+            mapping.assign("parallel.strategy", strategy, key)
             if reshard is not None:  # weak: an FSDP2 fsdp_config's own value wins (setdefault)
-                mapping.assign("parallel.reshard_after_forward", reshard, f"fsdp={value!r}",
-                               weak=True)
+                mapping.assign("parallel.reshard_after_forward", reshard, key, weak=True)
         elif word == "offload":
-            mapping.assign("offload.params", True, f"fsdp={value!r}")
-            mapping.assign("offload.optimizer", True, f"fsdp={value!r}")
+            mapping.assign("offload.params", True, key)
+            mapping.assign("offload.optimizer", True, key)
         elif word != "auto_wrap":
             mapping.not_understood.append(f"fsdp={word}")
-    return handled
 
 
 def _targets(flat: dict[str, Any], table, mapping: Mapping) -> None:

@@ -55,8 +55,9 @@ def read(content: dict[str, Any], ctx) -> Mapping:
             mapping.assign("peft.target_modules", ("all-linear",) if target == "all" else
                            tuple(t.strip() for t in target.split(",")), "lora_target")
     own = {k: v for k, v in flat.items() if k in table.entries or k in table.ignored}
-    rest = {k: v for k, v in flat.items() if k not in own}
+    rest = hf.unprefixed_fsdp_config({k: v for k, v in flat.items() if k not in own})
     handled = {"model_name_or_path", "lora_target", "deepspeed", "additional_target"}
+    handled |= hf.read_fsdp(rest, hf_table, mapping)  # TrainingArguments' fsdp, fsdp_config
     core.map_keys(table, own, mapping, handled=handled)
     hf_mapping = core.map_keys(hf_table, rest, handled=handled)
     for dotted, (value, source, weak) in hf_mapping.assigned.items():
