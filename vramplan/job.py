@@ -193,6 +193,10 @@ class Peft(_Strict):
 FSDP_STRATEGIES = ("zero2", "zero3", "fsdp", "hybrid-shard")
 # the strategies that shard the parameters themselves (reshard_after_forward, offload.params)
 SHARDED_STRATEGIES = ("zero3", "fsdp", "hybrid-shard")
+# FSDP's own parallel settings and the strategies that have them: another strategy drops
+# them when a layout changes (Parallel.changed, planning/layouts.py own_settings)
+FSDP_OWN_FIELDS = {"fsdp_no_sync": FSDP_STRATEGIES,
+                   "reshard_after_forward": SHARDED_STRATEGIES}
 
 
 class Parallel(_Strict):
@@ -255,12 +259,14 @@ class Parallel(_Strict):
 
     def changed(self, **changes: Any) -> dict[str, Any]:
         """This layout's fields with `changes`, to build a Job from: a strategy without
-        FSDP's gradient-sync switch drops fsdp_no_sync unless `changes` set it (the
-        framework's profile decides it again in Job.with_changes)."""
+        FSDP's gradient-sync switch drops fsdp_no_sync, one that shards no parameters
+        reshard_after_forward, unless `changes` set them (the framework's profile decides
+        them again in Job.with_changes)."""
         data = {**self.model_dump(exclude_unset=True), **changes}  # unset stays unset
-        if (changes.get("strategy", self.strategy) not in FSDP_STRATEGIES
-                and "fsdp_no_sync" not in changes):
-            data.pop("fsdp_no_sync", None)
+        strategy = changes.get("strategy", self.strategy)
+        for name, strategies in FSDP_OWN_FIELDS.items():
+            if strategy not in strategies and name not in changes:
+                data.pop(name, None)
         return data
 
     @property

@@ -113,3 +113,18 @@ def test_reshard_after_forward_is_fsdps_own():
     with pytest.raises(JobError, match="reshard_after_forward is FSDP's"):
         Job(model="llama-3.2-1b", parallel={"strategy": "ddp", "num_gpus": 2,
                                             "reshard_after_forward": False})
+
+
+def test_a_kept_gathered_job_plans_other_strategies_without_the_setting():
+    """The planner's layouts keep reshard_after_forward only where parameters are sharded:
+    a SHARD_GRAD_OP job's DDP and ZeRO-2 layouts drop it (they were refused)."""
+    from vramplan.planning.layouts import parallel_layouts
+
+    job = _fsdp(reshard_after_forward=False)
+    layouts = parallel_layouts(job, ARCH, 8)
+    by = {p.strategy: p for p in layouts if p.tensor_parallel == 1 and p.pipeline_parallel == 1}
+    assert not by["fsdp"].reshard_after_forward
+    assert by["ddp"].reshard_after_forward and by["zero2"].reshard_after_forward
+    assert "reshard_after_forward" not in by["zero2"].model_fields_set
+    moved = job.with_changes(parallel=job.parallel.changed(strategy="ddp"))
+    assert moved.parallel.reshard_after_forward

@@ -5,7 +5,7 @@ same lists, so its fewest GPUs is the planner's.
 
 from __future__ import annotations
 
-from vramplan.job import FSDP_STRATEGIES, Job, Parallel
+from vramplan.job import FSDP_OWN_FIELDS, Job, Parallel
 from vramplan.models import Architecture
 
 SMALL_COUNTS = (1, 2, 4, 8)
@@ -39,11 +39,12 @@ LAYOUT_FIELDS = frozenset({"strategy", "num_gpus", "tensor_parallel", "context_p
 
 def own_settings(job: Job, strategy: str) -> dict:
     """The parallel settings `job` sets beyond its layout (its node size, overlap_grad_reduce,
-    async_tp, ...), for a fresh layout of `strategy` to keep; fsdp_no_sync only under FSDP.
-    What the job leaves unset stays unset: its framework's profile decides it."""
+    async_tp, ...), for a fresh layout of `strategy` to keep; FSDP's own settings only under
+    the strategies that have them. What the job leaves unset stays unset: its framework's
+    profile decides it."""
     own = job.parallel
-    keep = own.model_fields_set - LAYOUT_FIELDS - (
-        set() if strategy in FSDP_STRATEGIES else {"fsdp_no_sync"})
+    keep = own.model_fields_set - LAYOUT_FIELDS - {
+        name for name, strategies in FSDP_OWN_FIELDS.items() if strategy not in strategies}
     return {name: getattr(own, name) for name in keep}
 
 
