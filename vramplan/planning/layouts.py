@@ -75,4 +75,20 @@ def parallel_layouts(job: Job, arch: Architecture, n: int) -> list[Parallel]:
                                      context_parallel=cp, pipeline_parallel=pp,
                                      **own_settings(job, s))
                             for s in strategies]
+                if dp > 1 and kept_gathered_allowed(job) and own_settings(job, "fsdp").get(
+                        "reshard_after_forward", True):
+                    # FSDP kept gathered after forward (SHARD_GRAD_OP): one all-gather
+                    # fewer per micro-batch, every unit's weights held to its backward
+                    layouts.append(Parallel(strategy="fsdp", num_gpus=n, tensor_parallel=tp,
+                                            context_parallel=cp, pipeline_parallel=pp,
+                                            **{**own_settings(job, "fsdp"),
+                                               "reshard_after_forward": False}))
     return layouts
+
+
+def kept_gathered_allowed(job: Job) -> bool:
+    """Whether the planner may try FSDP without resharding beside FSDP that reshards: the
+    job's framework can run it (a job kept gathered already has it as its fsdp layout)."""
+    from vramplan.frameworks import framework_allows
+
+    return framework_allows(job.framework, "parallel.reshard_after_forward", False)

@@ -441,7 +441,7 @@ def _layout(job: Job) -> str:
     p = job.parallel
     parts = [f"{p.num_gpus} GPU" + ("s" if p.num_gpus > 1 else "")]
     if p.strategy != "none":
-        parts.append(p.strategy)
+        parts.append(p.strategy + ("" if p.reshard_after_forward else " kept gathered"))
     if p.tensor_parallel > 1:
         parts.append(f"tp {p.tensor_parallel}")
     if p.context_parallel > 1:
