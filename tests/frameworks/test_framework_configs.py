@@ -1021,3 +1021,16 @@ def test_llama_factory_reads_the_trainers_fsdp_keys():
     block = read_config_text(text + "\nfsdp: true\nfsdp_config:\n  activation_checkpointing: "
                              "true\n", path=Path("lf.yaml")).job()
     assert (block.parallel.strategy, block.checkpointing) == ("fsdp", "full")
+
+
+def test_trainer_fsdp1_reshard_fix_is_spelt_as_its_strategy():
+    from vramplan.frameworks.configs.read import read_config_text
+    from vramplan.planning.techniques import TECHNIQUES
+
+    args = {"output_dir": "o", "fsdp": True,
+            "fsdp_config": {"version": 1, "reshard_after_forward": "shard_grad_op"}}
+    read = read_config_text(json.dumps(args), path=Path("args.json"), model=MODEL)
+    before = read.job()
+    after = next(t for t in TECHNIQUES if t.name == "reshard after forward").applied(before)
+    changes, missing = config_changes(read, before, after)
+    assert changes == {"fsdp_config.reshard_after_forward": "full_shard"} and not missing

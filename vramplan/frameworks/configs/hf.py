@@ -174,6 +174,21 @@ def read_fsdp(flat: dict[str, Any], table, mapping: Mapping) -> set[str]:
     return handled
 
 
+def own_changes(content: dict[str, Any], before, after) -> tuple[dict[str, Any], tuple]:
+    """A resharding change to an FSDP1 file (fsdp_config version 1) spells the sharding
+    strategy in fsdp_config.reshard_after_forward, as FSDP1 reads it there."""
+    config = content.get("fsdp_config")
+    config = config if isinstance(config, dict) else {}
+    version = config.get("version", config.get("fsdp_version", 2))
+    was, now = before.parallel.reshard_after_forward, after.parallel.reshard_after_forward
+    if str(version) != "1" or was == now:
+        return {}, ()
+    hybrid = after.parallel.strategy == "hybrid-shard"
+    strategy = {(False, True): "full_shard", (False, False): "shard_grad_op",
+                (True, True): "hybrid_shard", (True, False): "hybrid_shard_zero2"}[(hybrid, now)]
+    return {"fsdp_config.reshard_after_forward": strategy}, ("parallel.reshard_after_forward",)
+
+
 def fsdp_words(words: list[str], key: str, mapping: Mapping) -> None:
     """The Trainer's fsdp words (FSDPOption), set from `key` (Axolotl hands its list on)."""
     for word in words:
