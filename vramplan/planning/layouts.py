@@ -57,6 +57,11 @@ def parallel_layouts(job: Job, arch: Architecture, n: int) -> list[Parallel]:
     layers = sum(s.num_layers for s in arch.stacks)
     tps = [tp for tp in (1, 2, 4, 8)
            if tp <= n and not any(h % tp or (kv % tp and kv >= tp) for h, kv in heads)]
+    fsdp_own = own_settings(job, "fsdp")
+    # FSDP kept gathered after forward (SHARD_GRAD_OP) beside FSDP that reshards: one
+    # all-gather fewer per micro-batch, every unit's weights held to its backward (a job
+    # kept gathered already has it as its fsdp layout)
+    kept_gathered = fsdp_own.get("reshard_after_forward", True) and kept_gathered_allowed(job)
     layouts = []
     for tp in tps:
         # pipeline stages only once tensor parallelism fills what it can (a node), as
@@ -75,20 +80,15 @@ def parallel_layouts(job: Job, arch: Architecture, n: int) -> list[Parallel]:
                                      context_parallel=cp, pipeline_parallel=pp,
                                      **own_settings(job, s))
                             for s in strategies]
-                if dp > 1 and kept_gathered_allowed(job) and own_settings(job, "fsdp").get(
-                        "reshard_after_forward", True):
-                    # FSDP kept gathered after forward (SHARD_GRAD_OP): one all-gather
-                    # fewer per micro-batch, every unit's weights held to its backward
+                if dp > 1 and kept_gathered:
                     layouts.append(Parallel(strategy="fsdp", num_gpus=n, tensor_parallel=tp,
                                             context_parallel=cp, pipeline_parallel=pp,
-                                            **{**own_settings(job, "fsdp"),
-                                               "reshard_after_forward": False}))
+                                            **{**fsdp_own, "reshard_after_forward": False}))
     return layouts
 
 
 def kept_gathered_allowed(job: Job) -> bool:
-    """Whether the planner may try FSDP without resharding beside FSDP that reshards: the
-    job's framework can run it (a job kept gathered already has it as its fsdp layout)."""
+    """Whether the job's framework can run FSDP without resharding after forward."""
     from vramplan.frameworks import framework_allows
 
     return framework_allows(job.framework, "parallel.reshard_after_forward", False)

@@ -7,7 +7,12 @@ from typing import Any
 
 from vramplan.frameworks.configs import core, deepspeed
 from vramplan.frameworks.configs.core import ConfigError, Mapping
-from vramplan.frameworks.configs.hf import check_adapter, check_modules_to_save, fsdp_words
+from vramplan.frameworks.configs.hf import (
+    check_adapter,
+    check_modules_to_save,
+    fsdp_words,
+    unprefixed_fsdp_config,
+)
 
 NAME = "axolotl"
 
@@ -26,7 +31,9 @@ def read(content: dict[str, Any], ctx) -> Mapping:
     table = core.load_table(NAME)
     content = {k: v for k, v in content.items() if k != "datasets"}  # a list of sources
     ds = {"deepspeed": content.pop("deepspeed")} if "deepspeed" in content else {}
-    flat = _unprefixed_fsdp_config(core.flatten(content))
+    # Axolotl drops the prefix but fsdp_version's (schemas/validation.py
+    # check_fsdp_config_kwargs_prefix)
+    flat = unprefixed_fsdp_config(core.flatten(content), keep=("fsdp_config.fsdp_version",))
     mapping = Mapping(table)
     mapping.ignored.append("datasets")
     handled = _fsdp(flat, mapping)
@@ -59,14 +66,6 @@ def read(content: dict[str, Any], ctx) -> Mapping:
             mapping.mapped.append(key)
     deepspeed.include_named(mapping, ds, ctx)  # last: the config's bf16 / fp16 are DeepSpeed's
     return mapping
-
-
-def _unprefixed_fsdp_config(flat: dict[str, Any]) -> dict[str, Any]:
-    """fsdp_config's keys as Axolotl reads them: a leading fsdp_ dropped, but fsdp_version's
-    (schemas/validation.py check_fsdp_config_kwargs_prefix)."""
-    head = "fsdp_config.fsdp_"
-    return {("fsdp_config." + k[len(head):] if k.startswith(head)
-             and k != "fsdp_config.fsdp_version" else k): v for k, v in flat.items()}
 
 
 def _fsdp(flat: dict[str, Any], mapping: Mapping) -> set[str]:

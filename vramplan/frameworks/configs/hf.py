@@ -137,11 +137,12 @@ def check_modules_to_save(flat: dict[str, Any], key: str, mapping: Mapping) -> N
     mapping.mapped.append(key)
 
 
-def unprefixed_fsdp_config(flat: dict[str, Any]) -> dict[str, Any]:
+def unprefixed_fsdp_config(flat: dict[str, Any], keep: tuple[str, ...] = ()) -> dict[str, Any]:
     """fsdp_config's keys as the Trainer reads them: a leading fsdp_ dropped
-    (training_args.py _process_fsdp_args: fsdp_config[k[5:]] for k starting with fsdp_)."""
+    (training_args.py _process_fsdp_args: fsdp_config[k[5:]] for k starting with fsdp_),
+    except the keys in `keep` (Axolotl keeps fsdp_version)."""
     head = "fsdp_config.fsdp_"
-    return {("fsdp_config." + k[len(head):] if k.startswith(head) else k): v
+    return {("fsdp_config." + k[len(head):] if k.startswith(head) and k not in keep else k): v
             for k, v in flat.items()}
 
 
