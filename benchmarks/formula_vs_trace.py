@@ -61,6 +61,10 @@ CASES: list[dict] = [
          optimizer="adamw-8bit"),
     dict(model="llama-3.1-8b", batch_size=2, seq_len=2048,
          parallel={"strategy": "fsdp", "num_gpus": 8}),
+    # FSDP's SHARD_GRAD_OP: every unit kept gathered from its forward to its backward
+    dict(model="llama-3.1-8b", batch_size=2, seq_len=2048,
+         parallel={"strategy": "fsdp", "num_gpus": 8, "reshard_after_forward": False}),
+    dict(model="llama-3.2-1b", batch_size=4, seq_len=1024, optimizer="adamw-8bit-torchao"),
     dict(model="llama-3.1-8b", batch_size=2, seq_len=2048, precision="bf16-pure",
          parallel={"strategy": "zero2", "num_gpus": 4}),
     dict(model="mixtral-8x7b", batch_size=1, seq_len=1024, peft={"rank": 8},
