@@ -20,7 +20,8 @@ other sources' out-of-sample errors, as wide as covers 80% of a source held out)
 
 The shipped intervals (efficiency.toml [interval]: one GPU; several GPUs training a decoder's
 own weights; several GPUs training an encoder or adapters) are quantiles of their rows'
-out-of-sample errors, as far out as covers 80% of each source's rows held out (intervals());
+out-of-sample errors, as far out as covers 80% of each pool source's rows held out
+(intervals(); the never-fitted sources test that width, never set it);
 --write-interval writes this run's into efficiency.toml.
 """
 
@@ -480,12 +481,14 @@ def _covers(pool: list[dict], tail: float, row: dict) -> bool:
         others, 1 - tail)
 
 
-def _tail(rows: list[dict], pool: list[dict]) -> float:
-    """The tail share whose interval covers each source's rows, held out, closest to
-    COVERAGE of the time (the narrower one on a tie); 0.10 with fewer than two sources."""
+def _tail(pool: list[dict]) -> float:
+    """The tail share whose interval covers each pool source's rows, held out, closest to
+    COVERAGE of the time (the narrower one on a tie); 0.10 with fewer than two sources. Only
+    the pool's rows pick it: a never-fitted source's rows test the interval, and their
+    coverage would be in sample were they to set its width."""
     if len({r["source"] for r in pool}) < 2:
         return TAILS[0]
-    coverage = {t: _share([_covers(pool, t, r) for r in rows]) for t in TAILS}
+    coverage = {t: _share([_covers(pool, t, r) for r in pool]) for t in TAILS}
     return min(TAILS, key=lambda t: (abs(coverage[t] - COVERAGE), -t))
 
 
@@ -502,7 +505,7 @@ def intervals(runs: list[dict]) -> dict:
     for bucket in INTERVAL_BUCKETS:
         pool = _pool(runs, bucket)
         rows = [r for r in runs if _bucket(r) == bucket]
-        tail = _tail(rows, pool)
+        tail = _tail(pool)
         logs = [r["log_error"] for r in pool]
         lo, hi = _quantile(logs, tail), _quantile(logs, 1 - tail)
         by: dict[str, list[dict]] = {}
@@ -510,7 +513,7 @@ def intervals(runs: list[dict]) -> dict:
             by.setdefault(r["source"], []).append(r)
         for source, own in by.items():
             rest = [o for o in pool if o["source"] != source]
-            held_tail = _tail([o for o in rows if o["source"] != source], rest)
+            held_tail = _tail(rest)
             for r in own:
                 r["in_interval"] = _covers(pool, held_tail, r)
                 r["in_shipped_interval"] = lo <= r["log_error"] <= hi
@@ -758,8 +761,8 @@ def markdown(result: dict) -> str:
     iv = result["interval_80"]
     lines += ["", "80% interval of the step time (measured step time / predicted), one per bucket, "
               "its pool's out-of-sample errors from the tail share t to 1 - t, t (grid 0.10 to "
-              "0.02) the one whose interval covers each source's rows, held out, closest to 80% "
-              "of the time. Coverage *nested*: each source's rows against the interval of the "
+              "0.02) the one whose interval covers each pool source's rows, held out, closest to "
+              "80% of the time (a never-fitted source tests the width, never sets it). Coverage *nested*: each source's rows against the interval of the "
               "other sources' pool rows at the t picked without it (out of sample for the "
               "interval and its width); *shipped*: against the shipped interval (its quantiles "
               "and t in sample).", ""]
