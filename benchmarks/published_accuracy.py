@@ -762,7 +762,8 @@ def markdown(result: dict) -> str:
     lines += ["", "80% interval of the step time (measured step time / predicted), one per bucket, "
               "its pool's out-of-sample errors from the tail share t to 1 - t, t (grid 0.10 to "
               "0.02) the one whose interval covers each pool source's rows, held out, closest to "
-              "80% of the time (a never-fitted source tests the width, never sets it). Coverage *nested*: each source's rows against the interval of the "
+              "80% of the time (a never-fitted source tests the width, never sets it). "
+              "Coverage *nested*: each source's rows against the interval of the "
               "other sources' pool rows at the t picked without it (out of sample for the "
               "interval and its width); *shipped*: against the shipped interval (its quantiles "
               "and t in sample).", ""]

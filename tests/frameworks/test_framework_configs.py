@@ -110,6 +110,66 @@ def test_torchtune_overrides_and_seq_len_note():
     assert job.model == "qwen2.5-0.5b"
 
 
+def test_torchtune_distributed_70b_offload_on_the_gpus_of_tune_run():
+    """llama3_1/70B_full.yaml (`tune run --nproc_per_node 8 full_finetune_distributed`):
+    FSDP2 over the launcher's GPUs, fsdp_cpu_offload as CPUOffloadPolicy, foreach=False ->
+    torch's loop on the CPU."""
+    cfg = raw(TT / "llama3_1_70B_full.yaml")
+    assert cfg["fsdp_cpu_offload"] is True and cfg["optimizer"]["fused"] is False
+    read = read_config(TT / "llama3_1_70B_full.yaml")
+    assert any("data_parallel_shard_dim -1" in n and "1 GPU(s)" in n for n in read.notes)
+    hand = Job(model="llama-3.1-70b", framework="torchtune", batch_size=cfg["batch_size"],
+               grad_accum=1, precision="bf16-pure", checkpointing="full",
+               optimizer="adamw", optimizer_impl="foreach", loss="chunked:torchtune-linear",
+               activation_offload=False, optimizer_in_backward=False, compile=False,
+               offload={"params": True, "optimizer": True},
+               parallel=Parallel(strategy="fsdp", num_gpus=8,
+                                 shard_over_context_parallel=True))
+    same_estimate(read.job(parallel={"num_gpus": 8}), hand)
+
+
+def test_torchtune_distributed_tp_and_hsdp_degrees():
+    path = TT / "llama3_3_70B_full_multinode.yaml"
+    cfg = raw(path)
+    tp = cfg["tensor_parallel_dim"]
+    job = read_config(path).job()  # shard -1: the TP group alone until -n says more
+    assert (job.model, job.parallel.strategy, job.parallel.num_gpus,
+            job.parallel.tensor_parallel) == ("llama-3.1-70b", "fsdp", tp, tp)
+    wide = read_config(path).job(parallel={"num_gpus": 32})
+    assert wide.parallel.data_parallel == 32 // tp
+    # 2 replicas x 4 shards x TP 8: HSDP whose shard groups are 4 GPUs, on 64 GPUs
+    hsdp = read_config(path, overrides=["data_parallel_shard_dim=4",
+                                        "data_parallel_replicate_dim=2"]).job()
+    assert (hsdp.parallel.strategy, hsdp.parallel.num_gpus, hsdp.parallel.shard_degree) == (
+        "hybrid-shard", 2 * 4 * tp, 4)
+    # a resharding switch goes to FSDP2's reshard_after_forward
+    kept = read_config(path, overrides=["fsdp_reshard_after_forward=False"]).job()
+    assert kept.parallel.reshard_after_forward is False
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["data_parallel_shard_dim=1", "data_parallel_replicate_dim=4"], "nothing reduces"),
+    (["data_parallel_replicate_dim=2"], "set data_parallel_shard_dim"),
+    (["data_parallel_shard_dim=0"], "at least 1"),
+])
+def test_torchtune_degrees_it_cannot_size_are_refused(overrides, says):
+    with pytest.raises(ConfigError, match=says):
+        read_config(TT / "llama3_3_70B_full_multinode.yaml", overrides=overrides).job()
+
+
+def test_torchtune_on_several_gpus_is_fsdp2():
+    """A config without distributed keys (llama3_1/8B_full.yaml names none but
+    custom_sharded_layers; a single-device one none at all) on -n 8: FSDP2, as torchtune's
+    *_distributed recipes run; on one GPU no strategy."""
+    for name in ("llama3_1_8B_full.yaml", "llama3_2_1B_lora_single_device.yaml"):
+        read = read_config(TT / name)
+        assert read.job(parallel={"num_gpus": 8}).parallel.strategy == "fsdp"
+    one = read_config(TT / "llama3_2_1B_lora_single_device.yaml").job()
+    assert one.parallel.strategy == "none"
+    assert Job(model="llama-3.1-8b", framework="torchtune",
+               parallel={"num_gpus": 4}).parallel.strategy == "fsdp"
+
+
 # --- torchtitan ---------------------------------------------------------------------------------
 
 
@@ -144,6 +204,16 @@ def test_torchtitan_70b_tp_and_overrides():
     # vramplan's own flags win over the file: 64 GPUs (the preset's comment), 8 shards
     wide = read.job(parallel={"num_gpus": 64})
     assert wide.parallel.data_parallel == 64 // tp
+
+
+def test_torchtitan_hsdp_shards_over_its_context_parallel_ranks_too():
+    # 2 replicas x 4 shards x CP 2: FSDP2's mesh is dp_shard x cp, 8 ranks per shard group
+    job = read_config(TI / "llama3_8b.toml", overrides=[
+        "--parallelism.data_parallel_replicate_degree=2",
+        "--parallelism.data_parallel_shard_degree=4",
+        "--parallelism.context_parallel_degree=2"]).job()
+    assert (job.parallel.strategy, job.parallel.num_gpus, job.parallel.shard_degree) == (
+        "hybrid-shard", 16, 8)
 
 
 def test_torchtitan_405b_asks_for_what_torchtitan_removed():

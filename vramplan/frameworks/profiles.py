@@ -150,10 +150,14 @@ def _matches(data: dict[str, Any], condition: str) -> bool:
     are dicts or built models."""
     differs = "!=" in condition
     dotted, _, wanted = condition.partition("!=" if differs else "=")
-    # the defaults of the fields conditions name (Peft's method, Parallel's strategy and
-    # stages), for parts the data leaves out
-    defaults = {"method": "lora", "strategy": "none", "pipeline_parallel": 1}
-    return (str(_value_at(data, dotted.split("."), defaults)) == wanted) != differs
+    # the defaults of the fields conditions name (Peft's method, Parallel's strategy, stages
+    # and GPUs), for parts the data leaves out
+    defaults = {"method": "lora", "strategy": "none", "pipeline_parallel": 1, "num_gpus": 1}
+    path = dotted.split(".")
+    value = _value_at(data, path, defaults)
+    if value is None:  # the whole part is left out (no `parallel` at all)
+        value = defaults.get(path[-1])
+    return (str(value) == wanted) != differs
 
 
 def _set_default(data: dict[str, Any], path: list[str], value: Any) -> None:

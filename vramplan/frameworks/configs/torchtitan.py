@@ -122,8 +122,9 @@ def _parallel(flat: dict[str, Any], mapping: Mapping) -> int | None:
     mapping.assign("parallel.strategy", strategy, "parallelism.data_parallel_*_degree")
     mapping.assign("parallel.num_gpus", gpus, "parallelism.*_degree")
     _reshard(flat, strategy, degree("pipeline_parallel_degree", 1), mapping)
-    if strategy == "hybrid-shard":
-        mapping.assign("parallel.gpus_per_node", shard, "data_parallel_shard_degree")
+    if strategy == "hybrid-shard":  # each replica shards over dp_shard x cp (the fsdp mesh)
+        mapping.assign("parallel.gpus_per_node", shard * degree("context_parallel_degree", 1),
+                       "data_parallel_shard_degree x context_parallel_degree")
     global_batch = flat.get("training.global_batch_size", -1)
     local = flat.get("training.local_batch_size", 8)
     if global_batch > 0 and isinstance(local, int) and local > 0:
