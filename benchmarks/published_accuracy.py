@@ -471,7 +471,8 @@ def _pool(runs: list[dict], bucket: str) -> list[dict]:
 # share its bias, so the pooled 10th-90th percentiles covered a new source's single-GPU rows
 # 68% of the time, not 80%.
 COVERAGE = 0.8
-TAILS = tuple(round(0.10 - 0.01 * i, 2) for i in range(9))  # 0.10 (10th-90th) to 0.02
+TAILS = tuple(round(0.20 - 0.01 * i, 2) for i in range(19))  # 0.20 (20th-80th) to 0.02
+PLAIN_TAIL = 0.10  # the 10th-90th percentiles: a pool of one source says nothing wider
 
 
 def _covers(pool: list[dict], tail: float, row: dict) -> bool:
@@ -483,11 +484,11 @@ def _covers(pool: list[dict], tail: float, row: dict) -> bool:
 
 def _tail(pool: list[dict]) -> float:
     """The tail share whose interval covers each pool source's rows, held out, closest to
-    COVERAGE of the time (the narrower one on a tie); 0.10 with fewer than two sources. Only
-    the pool's rows pick it: a never-fitted source's rows test the interval, and their
-    coverage would be in sample were they to set its width."""
+    COVERAGE of the time (the narrower one on a tie); PLAIN_TAIL with fewer than two
+    sources. Only the pool's rows pick it: a never-fitted source's rows test the interval,
+    and their coverage would be in sample were they to set its width."""
     if len({r["source"] for r in pool}) < 2:
-        return TAILS[0]
+        return PLAIN_TAIL
     coverage = {t: _share([_covers(pool, t, r) for r in pool]) for t in TAILS}
     return min(TAILS, key=lambda t: (abs(coverage[t] - COVERAGE), -t))
 
@@ -760,7 +761,7 @@ def markdown(result: dict) -> str:
             row(f"GPUs: {s}", b)
     iv = result["interval_80"]
     lines += ["", "80% interval of the step time (measured step time / predicted), one per bucket, "
-              "its pool's out-of-sample errors from the tail share t to 1 - t, t (grid 0.10 to "
+              "its pool's out-of-sample errors from the tail share t to 1 - t, t (grid 0.20 to "
               "0.02) the one whose interval covers each pool source's rows, held out, closest to "
               "80% of the time (a never-fitted source tests the width, never sets it). "
               "Coverage *nested*: each source's rows against the interval of the "

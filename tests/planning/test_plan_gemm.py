@@ -34,10 +34,26 @@ def test_one_full_wave_runs_at_the_reference_rate_scaled_by_the_reduction_ramp()
 def test_a_partly_filled_wave_costs_a_whole_one():
     # 133 tiles of 128 x 256 on 132 SMs: two waves for 133 tiles (133 / 264 filled); 128 x 128
     # tiles give 266 tiles in three waves at 0.9 of the rate: 0.9 * 266 / 396, the better one
-    m, n, k = 128 * 133, 256, 4096
+    # (K of one 128-deep chain: too short to split)
+    m, n, k = 128 * 133, 256, gemm.SPLIT_MIN_K
+    ramp = (k / (k + 256)) / (gemm.REFERENCE[2] / (gemm.REFERENCE[2] + 256))
     t = gemm.gemm_seconds(m, n, k, 1e12, MODEL, 132)
     assert 0.9 * 266 / 396 > 133 / 264
-    assert t == pytest.approx(2 * m * n * k / 1e12 / (0.9 * 266 / 396))
+    assert t == pytest.approx(2 * m * n * k / 1e12 / (0.9 * 266 / 396 * ramp))
+
+
+def test_few_tiles_with_a_long_reduction_split_k():
+    # 256 x 512 x 4096: 8 tiles of 128 x 128 fill 8 of 132 SMs. Split into 16 parts of 256:
+    # 128 tiles at 0.9 of the rate, each part's ramp 256 / (256 + k0), and one more launch
+    # adds the parts (12 parts: 0.9 * 96 / 132 x 341 / 597; 8: 0.9 * 64 / 132 x 512 / 768)
+    model = gemm.GemmModel(k0=256.0, overhead_us=3.0)
+    m, n, k = 256, 512, 4096
+    ref = gemm.REFERENCE[2] / (gemm.REFERENCE[2] + 256)
+    split = 0.9 * 128 / 132 * (256 / 512) / ref
+    assert split > 0.9 * 96 / 132 * (k / 12) / (k / 12 + 256) / ref
+    assert split > 0.9 * 64 / 132 * (512 / 768) / ref > 0.9 * 8 / 132
+    t = gemm.gemm_seconds(m, n, k, 1e12, model, 132)
+    assert t == pytest.approx(2 * m * n * k / (1e12 * split) + 2 * 3e-6)
 
 
 def test_short_reductions_and_the_fixed_cost_per_gemm():

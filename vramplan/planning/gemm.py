@@ -7,11 +7,16 @@ A GEMM of M x K @ K x N runs as output tiles spread over the streaming multiproc
     128 x 256 tiles and 128 x 128 tiles at 0.9 of their rate, as cuBLAS picks);
   * the reduction length: each tile pays a fixed prologue and epilogue, worth `k0` steps
     of K, so time grows as (K + k0) / K;
+  * split-K: a GEMM with too few tiles to fill the SMs and a long K splits K into S parts
+    (each at least SPLIT_MIN_K long), S x the tiles in the waves, each part paying its own
+    k0, and one more launch adds the parts (cuBLAS's split-K / stream-K kernels);
   * a fixed cost per GEMM (`overhead_us`: launch ramp and tail on the device).
 
 The constants are checked on measured H100 GEMM rates by shape (benchmarks/data/
 gemm_sm90_xla.csv, 148 shapes from 256 to 4096 per side; benchmarks/gemm_shape_fit.py, which
-also refits them): median |error| 9.8% per shape. The result is relative to the reference
+also refits them): median |error| 7.7% per shape, p90 19.3% (9.8% and 39.4% without split-K,
+whose misses were the few-tile, long-K shapes: 256 x 512 x 4096 measured 2.4x faster). The
+result is relative to the reference
 shape at which a GPU's best rate (MAMF, efficiency.toml) was measured, so a large square
 GEMM has a factor near 1 and a batch-1 LoRA GEMM of rank 16 one near 0.1.
 
@@ -42,27 +47,38 @@ class GemmModel:
     tile: tuple[int, int] = (128, 256)
 
 
-def _wave(m: int, n: int, sms: int | None, tile: tuple[int, int]) -> float:
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)  # the K splits tried (cuBLAS's split-K heuristics)
+SPLIT_MIN_K = 128                     # no part shorter than one 128-deep K block chain
+
+
+def _filled(m: int, n: int, splits: int, sms: int | None, tile: tuple[int, int]) -> float:
+    """The share of the waves' SM slots the tiles (x the K splits) fill."""
     if not sms:
         return 1.0
-
-    def filled(tm: int, tn: int) -> float:
-        tiles = math.ceil(m / tm) * math.ceil(n / tn)
-        return tiles / (math.ceil(tiles / sms) * sms)
-
-    return max(filled(*tile), 0.9 * filled(128, 128))
+    tiles = math.ceil(m / tile[0]) * math.ceil(n / tile[1]) * splits
+    return tiles / (math.ceil(tiles / sms) * sms)
 
 
 def gemm_seconds(m: int, n: int, k: int, rate: float, model: GemmModel,
                  sms: int | None) -> float:
-    """Time of one m x k @ k x n GEMM at `rate` FLOP/s for the reference shape."""
+    """Time of one m x k @ k x n GEMM at `rate` FLOP/s for the reference shape: the best
+    tile shape and K split (each part's reduction ramp its own; a split adds the launch
+    that sums the parts)."""
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
     flops = 2.0 * m * n * k
     ref_ramp = REFERENCE[2] / (REFERENCE[2] + model.k0)
-    ramp = k / (k + model.k0) / ref_ramp
-    return flops / (rate * _wave(m, n, sms, model.tile) * min(ramp, 1.0)) + \
-        model.overhead_us * 1e-6
+    best = math.inf
+    for splits in SPLITS if sms else (1,):
+        part = k / splits
+        if splits > 1 and part < SPLIT_MIN_K:
+            break
+        ramp = min(part / (part + model.k0) / ref_ramp, 1.0)
+        filled = max(_filled(m, n, splits, sms, model.tile),
+                     0.9 * _filled(m, n, splits, sms, (128, 128)))
+        launches = 2 if splits > 1 else 1
+        best = min(best, flops / (rate * filled * ramp) + launches * model.overhead_us * 1e-6)
+    return best
 
 
 def shapes(job: Job, arch: Architecture, step: Step | None = None
