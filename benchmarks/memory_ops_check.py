@@ -108,7 +108,8 @@ def mlp_seconds(row: dict, gpu) -> float:
     h, i = cfg["hidden_size"], cfg["intermediate_size"]
     factors = shipped_factors(architecture_of(gpu), single_gpu=True, gpu=gpu.name)
     rate = gpu.tflops["bf16"] * 1e12 * factors.matmul
-    model, sms = gemm_model(), sm_count(gpu)
+    sms = sm_count(gpu)
+    model = gemm_model(gpu.tflops["bf16"] * 1e12 / sms)  # as performance.py times them
     forward = [(tokens, i, h), (tokens, i, h), (tokens, h, i)]
     backward = [shape for m, n, k in forward for shape in ((m, k, n), (k, n, m))]
     gemms = {"forward": forward, "backward": backward, "full": forward + backward}

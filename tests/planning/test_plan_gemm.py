@@ -65,6 +65,22 @@ def test_short_reductions_and_the_fixed_cost_per_gemm():
     assert gemm.gemm_seconds(0, n, k, 1e12, model, 132) == 0.0
 
 
+def test_k0_grows_with_the_peak_per_sm_over_the_reference_gpus_bf16():
+    # the same fixed time per tile is twice the steps of K on an SM twice as fast: the B200's
+    # bf16 (2250 TFLOP/s over 148 SMs) against the H100's (989.4 over 132)
+    base = gemm_model()
+    h100, b200 = get_gpu("H100-SXM"), get_gpu("B200")
+    per_sm = {g.name: g.tflops["bf16"] * 1e12 / sm_count(g) for g in (h100, b200)}
+    assert gemm_model(per_sm["H100-SXM"]).k0 == pytest.approx(base.k0)
+    assert gemm_model(per_sm["B200"]).k0 == pytest.approx(
+        base.k0 * (b200.tflops["bf16"] / 148) / (h100.tflops["bf16"] / 132))
+    fp8 = gemm_model(b200.tflops["fp8"] * 1e12 / 148)
+    assert fp8.k0 == pytest.approx(2 * gemm_model(per_sm["B200"]).k0)
+    assert gemm_model(per_sm["B200"]).overhead_us == base.overhead_us
+    a100 = get_gpu("A100-80GB")  # 312 TFLOP/s over 108 SMs: slower SMs keep the H100's k0
+    assert gemm_model(a100.tflops["bf16"] * 1e12 / sm_count(a100)).k0 == base.k0
+
+
 def test_batch_one_lora_on_a_4090_and_tp8_on_405b_do_not_share_a_factor():
     model, rtx, h100 = gemm_model(), get_gpu("RTX-4090"), get_gpu("H100-SXM")
     lora = Job(model="llama-3.2-1b", batch_size=1, seq_len=512, peft={"method": "lora"})

@@ -64,10 +64,28 @@ def _table() -> dict[str, dict]:
     return _data()["architectures"]
 
 
-def gemm_model() -> GemmModel:
-    """The GEMM shape model's constants ([gemm] of efficiency.toml)."""
+def gemm_model(peak_per_sm: float | None = None) -> GemmModel:
+    """The GEMM shape model's constants ([gemm] of efficiency.toml). A tile's fixed work
+    (loading its first operands, writing its result) takes about the same time on a faster
+    SM, whose steps of K are shorter: given the dense peak per SM (FLOP/s) of the GPU and
+    dtype, k0 grows with it over the reference GPU's bf16 (gemm_shape_fit.py checks it on
+    the B200's bf16 and fp8 shapes). It is not lowered for slower SMs: no shape table
+    measures them, and lowered, the published single-GPU runs were predicted worse (the
+    A100 / RTX 4090 fine-tuning rows; docs/performance.md)."""
     g = _data()["gemm"]
-    return GemmModel(k0=float(g["k0"]), overhead_us=float(g["overhead_us"]))
+    k0 = float(g["k0"])
+    if peak_per_sm:
+        k0 *= max(1.0, peak_per_sm / _reference_peak_per_sm())
+    return GemmModel(k0=k0, overhead_us=float(g["overhead_us"]))
+
+
+@functools.lru_cache(maxsize=1)
+def _reference_peak_per_sm() -> float:
+    """The dense bf16 peak per SM of the GPU the [gemm] constants were measured on."""
+    from vramplan.hardware import get_gpu  # the catalog reads this module's neighbours
+
+    gpu = get_gpu(_data()["gemm"]["reference_gpu"])
+    return gpu.tflops["bf16"] * 1e12 / _data()["sm_count"][gpu.name]
 
 
 # the three 80% intervals ([interval] of efficiency.toml), each from its own published rows

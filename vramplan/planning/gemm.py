@@ -6,17 +6,20 @@ A GEMM of M x K @ K x N runs as output tiles spread over the streaming multiproc
     `sm_count` tiles, so a last, partly filled wave costs a full one (the better of
     128 x 256 tiles and 128 x 128 tiles at 0.9 of their rate, as cuBLAS picks);
   * the reduction length: each tile pays a fixed prologue and epilogue, worth `k0` steps
-    of K, so time grows as (K + k0) / K;
+    of K, so time grows as (K + k0) / K (a fixed time: more steps of K the faster the SM);
   * split-K: a GEMM with too few tiles to fill the SMs and a long K splits K into S parts
     (each at least SPLIT_MIN_K long), S x the tiles in the waves, each part paying its own
     k0, and one more launch adds the parts (cuBLAS's split-K / stream-K kernels);
   * a fixed cost per GEMM (`overhead_us`: launch ramp and tail on the device).
 
-The constants are checked on measured H100 GEMM rates by shape (benchmarks/data/
-gemm_sm90_xla.csv, 148 shapes from 256 to 4096 per side; benchmarks/gemm_shape_fit.py, which
-also refits them): median |error| 7.7% per shape, p90 19.3% (9.8% and 39.4% without split-K,
-whose misses were the few-tile, long-K shapes: 256 x 512 x 4096 measured 2.4x faster). The
-result is relative to the reference
+The constants are checked on measured GEMM rates by shape (benchmarks/data/gemm_xla.csv,
+OpenXLA's table: 375 shapes from 256 to 4096 per side each; benchmarks/gemm_shape_fit.py,
+which also refits them). On the H100's bf16, where k0 was set: median |error| 6.9%, p90
+19.9% (without split-K, whose misses were the few-tile, long-K shapes, 9.8% / 39.4% on
+its 148-shape subset). k0 grows with the GPU's dense peak per SM for the dtype where it
+exceeds the H100's bf16 (efficiency.gemm_model): out of sample, the B200's bf16 8.8% / 19.0%
+and fp8 14.8% / 29.6% (12.5% / 33.5% and 33.3% / 62.2% unscaled). The result is relative to
+the reference
 shape at which a GPU's best rate (MAMF, efficiency.toml) was measured, so a large square
 GEMM has a factor near 1 and a batch-1 LoRA GEMM of rank 16 one near 0.1.
 

@@ -268,8 +268,9 @@ def _shape(job: Job, arch: Architecture, work: tuple, gpu: GPU, peak: float) -> 
     key = ("shape", gpu.name, peak)
     if key not in memo:
         ceiling = factors_for(gpu, calibrated=False).matmul
-        memo[key] = shape_efficiency(job, arch, gemm_model(), sm_count(gpu), peak * ceiling,
-                                     step=work[3])
+        sms = sm_count(gpu)
+        memo[key] = shape_efficiency(job, arch, gemm_model(peak / sms if sms else None), sms,
+                                     peak * ceiling, step=work[3])
     return memo[key]
 
 
