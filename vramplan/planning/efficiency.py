@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vramplan.errors import JobError
 from vramplan.fit import attention_problem
+from vramplan.hardware import get_gpu
 from vramplan.hardware.gpu import GPU
 from vramplan.planning.gemm import GemmModel
 
@@ -70,8 +71,8 @@ def gemm_model(peak_per_sm: float | None = None) -> GemmModel:
     SM, whose steps of K are shorter: given the dense peak per SM (FLOP/s) of the GPU and
     dtype, k0 grows with it over the reference GPU's bf16 (gemm_shape_fit.py checks it on
     the B200's bf16 and fp8 shapes). It is not lowered for slower SMs: no shape table
-    measures them, and lowered, the published single-GPU runs were predicted worse (the
-    A100 / RTX 4090 fine-tuning rows; docs/performance.md)."""
+    measures them, and lowered, the published runs we collected were predicted worse
+    (measured ad hoc; docs/performance.md)."""
     g = _data()["gemm"]
     k0 = float(g["k0"])
     if peak_per_sm:
@@ -82,10 +83,8 @@ def gemm_model(peak_per_sm: float | None = None) -> GemmModel:
 @functools.lru_cache(maxsize=1)
 def _reference_peak_per_sm() -> float:
     """The dense bf16 peak per SM of the GPU the [gemm] constants were measured on."""
-    from vramplan.hardware import get_gpu  # the catalog reads this module's neighbours
-
     gpu = get_gpu(_data()["gemm"]["reference_gpu"])
-    return gpu.tflops["bf16"] * 1e12 / _data()["sm_count"][gpu.name]
+    return gpu.tflops["bf16"] * 1e12 / sm_count(gpu)
 
 
 # the three 80% intervals ([interval] of efficiency.toml), each from its own published rows
