@@ -122,6 +122,15 @@ def test_a_ring_across_nodes_uses_the_nics_of_its_gpus_in_each_node():
                                             strategy="fsdp"), grad_accum=4)
     send = [c for c in collectives(pp, arch, H100) if "pipeline" in c.name][0]
     assert (send.link, send.nics) == ("network", 1)
+    # between two switchless 4-GPU nodes the send goes out through the NIC at its full rate
+    # (inside such a node it would have the links to one peer only: 1/3 of NVLink)
+    mesh = pp.with_changes(parallel=pp.parallel.model_copy(
+        update={"num_gpus": 8, "gpus_per_node": 4}))
+    send = [c for c in collectives(mesh, arch, H100) if "pipeline" in c.name][0]
+    assert (send.link, send.link_share) == ("network", 1.0)
+    inside = mesh.with_changes(parallel=mesh.parallel.model_copy(update={"num_gpus": 4}))
+    send = [c for c in collectives(inside, arch, H100) if "pipeline" in c.name][0]
+    assert (send.link, send.link_share) == ("interconnect", 1 / 3)
 
 
 def test_the_jobs_own_network_times_what_crosses_nodes():

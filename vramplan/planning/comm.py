@@ -194,6 +194,18 @@ def reduce_share(job: Job, gradient_bytes: float, trainable: int) -> float:
     return width / (gradient_bytes / trainable)
 
 
+def link_bytes_s(c: Collective, gpu: GPU, network: float) -> float:
+    """The rate one GPU moves its share of `c` at, before the collective efficiency: inside
+    a node the interconnect; across nodes `network` (bytes/s per GPU) times the group's GPUs
+    per node, whose NICs its rings share, at most the interconnect; x the group's mesh share.
+    A host copy runs at the GPU's link to CPU memory."""
+    if c.link == "host":
+        return gpu.host_link_bytes_s
+    rate = gpu.interconnect_bytes_s if c.link == "interconnect" else min(
+        network * c.nics, gpu.interconnect_bytes_s)
+    return rate * c.link_share
+
+
 def _block_linear_params(arch: Architecture) -> int:
     return sum(s.num_layers * ln.in_features * ln.out_features * ln.count
                for s in arch.stacks for ln in s.linears)
@@ -312,9 +324,12 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
         boundary = job.batch_size * shapes.stack_seq[-1] * arch.stacks[-1].hidden_size * (
             dt.compute) / (tp * cp)
         # point to point: one neighbour's links carry it, whatever the number of stages
+        # (inside a switchless node, the links to that one peer; across nodes, its NIC)
+        pp_link = link(pp, tp * cp * dp)
         out.append(Collective("activation send / gradient receive (pipeline)",
-                              2 * chunks * boundary, "micro-batch", "",
-                              link(pp, tp * cp * dp), pp, mesh_share(gpu, per_node, 2)))
+                              2 * chunks * boundary, "micro-batch", "", pp_link, pp,
+                              mesh_share(gpu, per_node, 2) if pp_link == "interconnect"
+                              else 1.0))
     out = [dataclasses.replace(c, link_share=mesh_share(gpu, per_node, c.group))
            if c.link == "interconnect" and "pipeline" not in c.name else c for c in out]
     return out + host_copies(job, arch, step)

@@ -43,6 +43,7 @@ from vramplan.planning.amount import TrainingAmount
 from vramplan.planning.comm import (
     collective_latency_s,
     collectives,
+    link_bytes_s,
     network_bytes_s,
     reduce_width,
     zero_offload,
@@ -357,13 +358,12 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
     for c in _collectives(job, arch, work, gpu):
         times = {"micro-batch": job.grad_accum,
                  "schedule": job.parallel.pipeline_flushes}.get(c.per, 1)
+        rate = link_bytes_s(c, gpu, network)
         if c.link == "host":
             comms.append(CollectiveTerms(c.name, 0.0, times, c.overlaps, False,
-                                         host_s=c.bytes_per_gpu / gpu.host_link_bytes_s))
+                                         host_s=c.bytes_per_gpu / rate))
             continue
-        rate = gpu.interconnect_bytes_s if c.link == "interconnect" else min(
-            network * c.nics, gpu.interconnect_bytes_s)
-        comms.append(CollectiveTerms(c.name, c.bytes_per_gpu / (rate * c.link_share), times,
+        comms.append(CollectiveTerms(c.name, c.bytes_per_gpu / rate, times,
                                      c.overlaps, c.link == "network",
                                      c.calls * collective_latency_s(c, gpu)))
         if c.link == "network":
