@@ -38,6 +38,7 @@ BENCHMARKS: list[tuple[list[str], bool]] = [
     (["published_accuracy.py"], True),              # quick: a subsample per fold
     (["gemm_shape_fit.py"], True),                  # 6 s: a grid over two constants
     (["memory_ops_check.py"], True),                # under 1 s: 143 published kernel times
+    (["nccl_vs_model.py"], True),                   # 2 s: 340 published nccl-tests rows
     (["host_ops.py"], True),                        # quick: 2 models, tiny shapes on the CPU
     (["cpu_adam.py"], True),                        # quick: 8 Mi parameters, a second
     (["nf4_dequantise.py"], True),                  # quick: 2 weights, torchao on the CPU
