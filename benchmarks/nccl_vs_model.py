@@ -24,6 +24,7 @@ benchmarks/results/nccl_vs_model.md and .json.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import statistics
 import sys
@@ -39,6 +40,8 @@ from vramplan.planning.comm import (  # noqa: E402
     collective_latency_s,
     link_bytes_s,
     mesh_share,
+    nvls_node,
+    nvls_share,
     ring_bytes,
 )
 from vramplan.planning.efficiency import shipped_factors  # noqa: E402
@@ -100,8 +103,8 @@ def collective(row: dict, gpu: GPU) -> tuple[Collective, float]:
     link = "network" if nodes > 1 else "interconnect"
     c = Collective(row["collective"], ring_bytes(kind, float(row["size_bytes"]), n), "step",
                    "", link, n, link_share=mesh_share(gpu, per_node, n) if nodes == 1 else 1.0,
-                   nics=per_node if nodes > 1 else 1, kind=kind)
-    return c, network
+                   nics=per_node if nodes > 1 else 1, kind=kind, nvls=nvls_node(gpu, per_node))
+    return dataclasses.replace(c, link_share=c.link_share * nvls_share(c, gpu)), network
 
 
 def predicted_s(row: dict, efficiency: float) -> float:

@@ -17,11 +17,15 @@ def _row(**changes):
 
 
 def test_a_one_node_all_reduce_is_its_ring_bytes_over_nvlink_plus_nccls_latency():
-    # 8 H100 behind NVSwitch: 2 x 7/8 of 1 GiB at 450 GB/s x 0.8; the latency is NVLS's
-    # 23 us (one NVSwitch call, below the ring's 8.4 + 14 x 3.4 = 56 us and the tree's)
+    # 8 H100 behind NVSwitch: 2 x 7/8 of 1 GiB at 450 GB/s x NVLS's 1.30 x 0.8; the latency
+    # is NVLS's 23 us (below the ring's 8.4 + 14 x 3.4 = 56 us and the tree's)
     seconds = nvm.predicted_s(_row(), 0.8)
-    assert seconds == pytest.approx(2 * 7 / 8 * 2**30 / (450e9 * 0.8) + 23e-6)
-    assert nvm.reached(_row()) == pytest.approx(375.81 / 450)
+    assert seconds == pytest.approx(2 * 7 / 8 * 2**30 / (450e9 * 1.30 * 0.8) + 23e-6)
+    assert nvm.reached(_row()) == pytest.approx(375.81 / (450 * 1.30))
+    # an A100 node: no NVLS, the ring at 300 GB/s and its 8.4 + 14 x 3.4 us
+    a100 = _row(gpu="A100-80GB")
+    assert nvm.predicted_s(a100, 0.8) == pytest.approx(
+        2 * 7 / 8 * 2**30 / (300e9 * 0.8) + (8.4 + 14 * 3.4) * 1e-6)
 
 
 def test_across_nodes_the_ring_moves_at_its_gpus_nics_per_node():

@@ -10,15 +10,17 @@ import pytest
 from vramplan.hardware import get_gpu
 from vramplan.job import Job, Parallel
 from vramplan.models import load_architecture
-from vramplan.planning.comm import Collective, collective_latency_s, collectives
+from vramplan.planning.comm import Collective, collective_latency_s, collectives, nvls_node
 from vramplan.planning.performance import step_terms
 
 H100, A100, RTX4090 = get_gpu("H100-SXM"), get_gpu("A100-80GB"), get_gpu("RTX-4090")
 US = 1e-6
 
 
-def _coll(kind, group, per_node, link="network"):
-    return Collective("c", 1.0, "step", "", link, group, nics=per_node, kind=kind)
+def _coll(kind, group, per_node, link="network", gpu=H100):
+    # in the catalog's 8-GPU node of `gpu` (NVLS on Hopper, as comm.collectives decides)
+    return Collective("c", 1.0, "step", "", link, group, nics=per_node, kind=kind,
+                      nvls=nvls_node(gpu, 8))
 
 
 @pytest.mark.parametrize("gpu, kind, group, per_node, link, expected_us", [
@@ -39,7 +41,7 @@ def _coll(kind, group, per_node, link="network"):
     (RTX4090, "all-reduce", 2, 2, "interconnect", 8.4 + 2 * 5.7),
 ])
 def test_latency_follows_nccls_tuning_model(gpu, kind, group, per_node, link, expected_us):
-    assert collective_latency_s(_coll(kind, group, per_node, link), gpu) == pytest.approx(
+    assert collective_latency_s(_coll(kind, group, per_node, link, gpu), gpu) == pytest.approx(
         expected_us * US, rel=1e-9)
 
 

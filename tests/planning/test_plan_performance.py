@@ -60,6 +60,13 @@ def test_tensor_parallel_all_reduces_activations_four_times_per_block():
     (c,) = collectives(job, load_architecture(job.model), H100)
     # 16 blocks x 4 all-reduces (2 forward, 2 backward) of b*s*h bf16 = 1*2048*2048*2 bytes
     assert c.bytes_per_gpu == 2 * 1 / 2 * 16 * 4 * 2048 * 2048 * 2
+    # sequence parallelism (the default) makes each an all-gather and a reduce-scatter: the
+    # same bytes in twice the NCCL calls
+    assert (c.kind, c.calls) == ("all-gather", 2 * 4 * 16)
+    plain = job.with_changes(parallel=job.parallel.model_copy(
+        update={"sequence_parallel": False}))
+    (p,) = collectives(plain, load_architecture(job.model), H100)
+    assert (p.kind, p.calls, p.bytes_per_gpu) == ("all-reduce", 4 * 16, c.bytes_per_gpu)
 
 
 def test_a_switchless_4_gpu_nvlink_node_gives_a_pair_a_third_of_the_links():
@@ -74,7 +81,35 @@ def test_a_switchless_4_gpu_nvlink_node_gives_a_pair_a_third_of_the_links():
     quad = pair.with_changes(parallel=Parallel(tensor_parallel=4, num_gpus=4, gpus_per_node=4))
     assert collectives(quad, arch, h200)[0].link_share == 1.0
     switched = pair.with_changes(parallel=Parallel(tensor_parallel=2, num_gpus=2))
+    # behind the 8-GPU node's NVSwitch every link: sequence parallelism's all-gathers and
+    # reduce-scatters at the ring's rate, plain TP's all-reduces at NVLS's 1.30x it
     assert collectives(switched, arch, h200)[0].link_share == 1.0
+    plain = pair.with_changes(parallel=Parallel(tensor_parallel=2, num_gpus=2,
+                                                sequence_parallel=False))
+    assert collectives(plain, arch, h200)[0].link_share == 1.30
+
+
+def test_nvls_speeds_up_an_all_reduce_inside_a_switched_hopper_or_blackwell_node():
+    # NVLS: 480 of a ring's 370 GB/s on 8 H100 (efficiency.toml [nvls_all_reduce]); the
+    # ring's rate for gathers and scatters, across nodes, before Hopper and without a switch
+    arch = load_architecture("llama-3.2-1b")
+    ddp = _job(parallel=Parallel(strategy="ddp", num_gpus=8))
+    fsdp = _job(parallel=Parallel(strategy="fsdp", num_gpus=8))
+
+    def shares(job, gpu):
+        return {c.kind: c.link_share for c in collectives(job, arch, gpu)}
+    assert shares(ddp, H100) == {"all-reduce": 1.30}
+    assert shares(ddp, get_gpu("B200")) == {"all-reduce": 1.13}
+    assert shares(ddp, get_gpu("A100-80GB")) == {"all-reduce": 1.0}
+    assert shares(fsdp, H100) == {"all-gather": 1.0, "reduce-scatter": 1.0}
+    two_nodes = ddp.with_changes(parallel=Parallel(strategy="ddp", num_gpus=16))
+    assert shares(two_nodes, H100) == {"all-reduce": 1.0}
+    boards = ddp.with_changes(parallel=Parallel(strategy="ddp", num_gpus=4, gpus_per_node=4))
+    assert shares(boards, H100) == {"all-reduce": 1.0}
+    terms = step_terms(ddp, H100, arch)
+    (c,) = collectives(ddp, arch, H100)
+    assert terms.collectives[0].link_s == pytest.approx(c.bytes_per_gpu / (450e9 * 1.30))
+    assert any("NVLS" in n and "1.3x" in n for n in terms.notes)
 
 
 def test_geforce_cards_exchange_through_host_memory():

@@ -40,8 +40,10 @@ its m GPUs reaches only (g - 1) / (m - 1) of the GPU's NVLink bandwidth
   names another: reduce_share)
   tensor par. 2 all-reduces of the activations per block in forward, 2 in backward (and
               the forward's 2 again when full checkpointing recomputes the block)
-              (Megatron-LM), on the critical path; with parallel.async_tp (torchtitan's
-              async TP, Megatron's --tp-comm-overlap) overlapped with forward and backward
+              (Megatron-LM), on the critical path; with sequence parallelism each is an
+              all-gather and a reduce-scatter (twice the calls, the same bytes); with
+              parallel.async_tp (torchtitan's async TP, Megatron's --tp-comm-overlap)
+              overlapped with forward and backward
   context     ring attention: each rank passes its k and v chunk around the ring,
               forward and (with their gradients) backward, overlapped with attention
   pipeline    per micro-batch, each stage sends its output activation forward and the
@@ -84,6 +86,7 @@ from vramplan.planning.efficiency import (
     collective_calls,
     nccl_latency,
     nvlink_mesh_max_gpus,
+    nvls_all_reduce_speedup,
 )
 
 
@@ -96,11 +99,13 @@ class Collective:
     overlaps: str        # the phase it can hide behind: "backward", "forward", "" (none)
     link: str            # "interconnect", "network" or "host" (to CPU memory)
     group: int           # ranks in the collective
-    link_share: float = 1.0  # of the link's bandwidth the group reaches (NVLink mesh)
+    link_share: float = 1.0  # of the link's bandwidth the group reaches: a switchless NVLink
+    #                          mesh's share, x NVLS's speedup of an all-reduce (nvls_share)
     nics: int = 1        # network: the group's GPUs per node, whose NICs its rings share
     kind: str = "p2p"    # "all-reduce", "all-gather", "reduce-scatter", "p2p" (sends) or
     #                      "copy" (host)
     calls: int = 1       # NCCL calls it stands for, per occurrence (buckets, FSDP units)
+    nvls: bool = False   # its node runs NCCL's NVLS (switched Hopper / Blackwell: nvls_node)
 
 
 def ring_bytes(kind: str, buffer: float, n: int) -> float:
@@ -128,7 +133,7 @@ def collective_latency_s(c: Collective, gpu: GPU) -> float:
     else:
         steps, crossing = n - 1, nodes - 1
     ring = lat["ring_base"] + (steps - crossing) * hop + crossing * lat["net_hop"]
-    nvls = _has_nvls(gpu)
+    nvls = c.nvls
     if c.kind != "all-reduce":
         return min(ring, lat["nvls"]) if nvls and nodes == 1 else ring
     doublings = math.floor(math.log2(nodes))
@@ -138,10 +143,19 @@ def collective_latency_s(c: Collective, gpu: GPU) -> float:
     return min(options)
 
 
-def _has_nvls(gpu: GPU) -> bool:
-    """NCCL's NVLS (NVLink SHARP): Hopper and Blackwell GPUs behind an NVSwitch."""
-    switched = _nvlink(gpu) and gpu.gpus_per_node > nvlink_mesh_max_gpus()
+def nvls_node(gpu: GPU, per_node: int) -> bool:
+    """Whether NCCL runs NVLS (NVLink SHARP) in a node of `per_node` such GPUs: Hopper and
+    Blackwell GPUs behind an NVSwitch (more than a switchless mesh's GPUs)."""
+    switched = _nvlink(gpu) and per_node > nvlink_mesh_max_gpus()
     return architecture_of(gpu) in ("hopper", "blackwell") and switched and gpu.p2p
+
+
+def nvls_share(c: Collective, gpu: GPU) -> float:
+    """An all-reduce inside an NVLS node reaches [nvls_all_reduce]'s multiple of a ring's
+    bus bandwidth; every other collective the ring's."""
+    if c.nvls and c.kind == "all-reduce" and c.link == "interconnect":
+        return nvls_all_reduce_speedup(architecture_of(gpu))
+    return 1.0
 
 
 def _nvlink(gpu: GPU) -> bool:
@@ -306,11 +320,16 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
         activations = share * sum(per_block * s.num_layers * job.batch_size * seq * s.hidden_size
                                   * dt.compute for s, seq in zip(arch.stacks, shapes.stack_seq)
                                   ) / cp
-        out.append(Collective("activation all-reduces (tensor parallel)",
+        # with sequence parallelism each all-reduce is an all-gather and a reduce-scatter
+        # (the same bytes in two calls, and no NVLS all-reduce)
+        sp = par.sequence_parallel
+        out.append(Collective("activation all-gathers and reduce-scatters (tensor and "
+                              "sequence parallel)" if sp else
+                              "activation all-reduces (tensor parallel)",
                               ring_bytes("all-reduce", activations, tp), "micro-batch",
                               "both" if par.async_tp else "", link(tp, 1), tp,
-                              nics=in_node(tp, 1), kind="all-reduce",
-                              calls=per_block * blocks))
+                              nics=in_node(tp, 1), kind="all-gather" if sp else "all-reduce",
+                              calls=(2 if sp else 1) * per_block * blocks))
     if cp > 1:
         # each rank's k and v chunk goes round the ring (cp - 1 hops) forward; backward
         # sends k, v and their gradients: 3x the forward volume in all
@@ -330,8 +349,11 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
                               2 * chunks * boundary, "micro-batch", "", pp_link, pp,
                               mesh_share(gpu, per_node, 2) if pp_link == "interconnect"
                               else 1.0))
+    nvls = nvls_node(gpu, per_node)
     out = [dataclasses.replace(c, link_share=mesh_share(gpu, per_node, c.group))
            if c.link == "interconnect" and "pipeline" not in c.name else c for c in out]
+    out = [dataclasses.replace(c, nvls=nvls) for c in out]
+    out = [dataclasses.replace(c, link_share=c.link_share * nvls_share(c, gpu)) for c in out]
     return out + host_copies(job, arch, step)
 
 

@@ -128,6 +128,12 @@ def nccl_latency() -> dict[str, float]:
     return {k[:-3]: float(v) * 1e-6 for k, v in _data()["nccl"].items() if k.endswith("_us")}
 
 
+def nvls_all_reduce_speedup(architecture: str) -> float:
+    """How much faster than a ring an all-reduce runs under NCCL's NVLS inside a switched
+    node of `architecture` ([nvls_all_reduce]); 1 where none is known."""
+    return float(_data()["nvls_all_reduce"].get(architecture, 1.0))
+
+
 @functools.lru_cache(maxsize=1)
 def cpu_adam_loop_share() -> float:
     """torch's for-loop AdamW on CPU tensors, as a share of the vectorised CPU rate

@@ -376,6 +376,9 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         elif c.link_share < 1:
             notes.append(f"{c.name}: {c.group} GPUs of a switchless NVLink node reach "
                          f"{c.link_share:.2g} of its bandwidth")
+        elif c.link_share > 1:
+            notes.append(f"{c.name}: NCCL's NVLS (NVLink SHARP) inside the node, "
+                         f"{c.link_share:.3g}x a ring's bandwidth")
     reduced = [c.name for c in comms if c.reduces_gradients]
     if reduced and reduce_width(job) is not None:
         notes.append(f"{', '.join(reduced)}: {reduce_width(job)} bytes a gradient "
