@@ -6,16 +6,18 @@ named in the file's header).
 Each row is one collective of one message size on one machine. The model times it as
 training's collectives are timed (performance.step_terms): the bytes one rank sends in a
 ring (comm.ring_bytes) over the rate its link reaches (comm.link_bytes_s: the interconnect
-inside a node, the group's NICs across nodes) x the collective efficiency, plus the latency
-of one NCCL call (comm.collective_latency_s). nccl-tests' bus bandwidth is the same ratio
+inside a node, the group's NICs across nodes; x NVLS's speedup of an all-reduce inside a
+switched Hopper or Blackwell node, comm.nvls_share) x the collective efficiency, plus the
+latency of one NCCL call (comm.collective_latency_s). nccl-tests' bus bandwidth is the same ratio
 (ring bytes / time), so the efficiency is what a large message's bus bandwidth reaches of
 the link rate.
 
-Reported: the error of the predicted time per source and message-size band at the shipped
-efficiency; the efficiency each source reaches with large messages (its measured bus
-bandwidth over the model's link rate, the median over its sizes of at least LARGE bytes);
-and that efficiency fitted per kind of link (NVLink, PCIe, network) on the other sources'
-large messages and scored on each source in turn (leave one source out). Writes
+Reported: the error of the predicted time per setup (a source at one node count) and
+message-size band at the shipped efficiency; what the largest message reaches (its bus
+bandwidth over the model's link rate); and the efficiency fitted on the other publications'
+messages of at least LARGE bytes (an issue thread, a page or a README left out at a time),
+one for every link and one per kind of link, each scored on the setups left out. The
+8x RTX 4090 tables are shown, not fitted (NOT_FITTED). Writes
 benchmarks/results/nccl_vs_model.md and .json.
 
     PYTHONPATH=. python benchmarks/nccl_vs_model.py
