@@ -153,6 +153,19 @@ def _extra_rows():
                 f"{_pct(iv['held_out_rows']['coverage_nested'], 0)} nested, "
                 f"{_pct(iv['held_out_rows']['coverage_shipped'], 0)} shipped",
                 f"`published_accuracy.py` ({VM}; throughputs as published by their sources)"))
+    if (RESULTS / "nccl_vs_model.json").exists():
+        n = _load("nccl_vs_model.json")
+        fitted = [s for s in n["setups"] if s["fitted"]]
+        mib = n["large_bytes"] // 2**20
+        yield (f"time of one NCCL / RCCL collective call on published nccl-tests tables "
+               f"({len({s['source'] for s in fitted})} sources, {len(fitted)} setups: H100, "
+               "A100, B200, MI300X, MI325X; 1-8 nodes)",
+               (f"messages of {mib} MiB or more, the efficiency fitted leaving one "
+                f"publication out: median \\|error\\| "
+                f"{_pct(n['large_one_factor_out_of_sample']['median'], 0)}, p90 "
+                f"{_pct(n['large_one_factor_out_of_sample']['p90'], 0)}; in-sample fit "
+                f"{n['fitted_all']:.3f}, shipped {n['shipped_efficiency']:.2f}",
+                f"`nccl_vs_model.py` ({VM}; times as published by their sources)"))
     if (RESULTS / "plan_speed.json").exists():
         p = _load("plan_speed.json")
         cases = "; ".join(f"{c['case']}: {c['seconds_median']:.2f} s" for c in p["plan"])
