@@ -350,11 +350,14 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
                               mesh_share(gpu, per_node, 2) if pp_link == "interconnect"
                               else 1.0))
     nvls = nvls_node(gpu, per_node)
-    out = [dataclasses.replace(c, link_share=mesh_share(gpu, per_node, c.group))
-           if c.link == "interconnect" and "pipeline" not in c.name else c for c in out]
-    out = [dataclasses.replace(c, nvls=nvls) for c in out]
-    out = [dataclasses.replace(c, link_share=c.link_share * nvls_share(c, gpu)) for c in out]
-    return out + host_copies(job, arch, step)
+
+    def placed(c: Collective) -> Collective:
+        # the node's wiring: a switchless mesh's share, and NVLS where the node runs it
+        share = (mesh_share(gpu, per_node, c.group)
+                 if c.link == "interconnect" and "pipeline" not in c.name else c.link_share)
+        c = dataclasses.replace(c, nvls=nvls)
+        return dataclasses.replace(c, link_share=share * nvls_share(c, gpu))
+    return [placed(c) for c in out] + host_copies(job, arch, step)
 
 
 def zero_offload(job: Job) -> bool:
