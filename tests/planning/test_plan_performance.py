@@ -112,6 +112,25 @@ def test_nvls_speeds_up_an_all_reduce_inside_a_switched_hopper_or_blackwell_node
     assert any("NVLS" in n and "1.3x" in n for n in terms.notes)
 
 
+def test_bridged_pairs_exchange_over_their_bridge_and_everything_else_over_pcie():
+    # H100 NVL: NVLink-bridged pairs (300 GB/s one direction), PCIe 5.0 (63) to the rest
+    arch, nvl = load_architecture("llama-3.2-1b"), get_gpu("H100-NVL")
+    assert (nvl.pair_link_bytes_s, nvl.interconnect_bytes_s) == (300e9, 63e9)
+    tp2 = _job(batch_size=1, parallel=Parallel(tensor_parallel=2, num_gpus=2))
+    (c,) = collectives(tp2, arch, nvl)
+    terms = step_terms(tp2, nvl, arch)
+    assert terms.collectives[0].link_s == pytest.approx(c.bytes_per_gpu / 300e9)
+    assert any("bridged pair" in n for n in terms.notes)
+    # a ring of 4 crosses PCIe; so does a 2-way data-parallel group over TP 2 (stride 2)
+    tp4 = _job(batch_size=1, parallel=Parallel(tensor_parallel=4, num_gpus=4))
+    assert step_terms(tp4, nvl, arch).collectives[0].link_s == pytest.approx(
+        collectives(tp4, arch, nvl)[0].bytes_per_gpu / 63e9)
+    dp_over_tp = _job(batch_size=1, parallel=Parallel(strategy="ddp", tensor_parallel=2,
+                                                      num_gpus=4))
+    reduce = [c for c in collectives(dp_over_tp, arch, nvl) if "ddp" in c.name][0]
+    assert (reduce.stride, reduce.link_share, reduce.nvls) == (2, 1.0, False)
+
+
 def test_geforce_cards_exchange_through_host_memory():
     """No P2P between GeForce cards: NCCL's collectives run through host memory at the
     catalog's 5 GB/s (measured bus bandwidth 4 / the collective factor 0.8), not PCIe's 32."""

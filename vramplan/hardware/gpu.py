@@ -56,6 +56,10 @@ class GPU(BaseModel):
     # the link to CPU memory that offloading copies over (datasheet rate, one direction)
     host_link: str = "PCIe 4.0 x16"
     host_link_bytes_s: float = 31.5e9
+    # cards sold in NVLink-bridged pairs (H100 NVL): the bridge to the one partner, one
+    # direction; a group of two neighbouring GPUs exchanges over it, any larger group over
+    # interconnect_bytes_s (PCIe). None: no such bridge
+    pair_link_bytes_s: float | None = None
 
 
 class GpuEntry(BaseModel):
@@ -77,6 +81,7 @@ class GpuEntry(BaseModel):
     rentable_gpus: list[PositiveInt] = Field(default_factory=list)  # on-demand instance sizes
     host_link: NonEmpty = "PCIe 4.0 x16"  # the link to CPU memory
     host_link_gb_s: PositiveFloat = 31.5  # its datasheet rate, one direction
+    pair_link_gb_s: PositiveFloat | None = None  # NVLink bridge to a pair partner, one direction
     compute_capability: str = ""
     price_per_hour: PositiveFloat | None = None
     price_date: _dt.date
@@ -120,4 +125,5 @@ class GpuEntry(BaseModel):
             gpus_per_node=self.gpus_per_node, network_bytes_s=self.network_gb_s * 1e9,
             p2p=self.p2p, host_link=self.host_link,
             host_link_bytes_s=self.host_link_gb_s * 1e9,
+            pair_link_bytes_s=self.pair_link_gb_s * 1e9 if self.pair_link_gb_s else None,
             rentable_gpus=tuple(self.rentable_gpus))

@@ -106,6 +106,7 @@ class Collective:
     #                      "copy" (host)
     calls: int = 1       # NCCL calls it stands for, per occurrence (buckets, FSDP units)
     nvls: bool = False   # its node runs NCCL's NVLS (switched Hopper / Blackwell: nvls_node)
+    stride: int = 1      # ranks between two of its group's (1: neighbours; a bridged pair)
 
 
 def ring_bytes(kind: str, buffer: float, n: int) -> float:
@@ -148,6 +149,12 @@ def nvls_node(gpu: GPU, per_node: int) -> bool:
     Blackwell GPUs behind an NVSwitch (more than a switchless mesh's GPUs)."""
     switched = _nvlink(gpu) and per_node > nvlink_mesh_max_gpus()
     return architecture_of(gpu) in ("hopper", "blackwell") and switched and gpu.p2p
+
+
+def is_bridged_pair(gpu: GPU, group: int, stride: int) -> bool:
+    """Two neighbouring GPUs of a kind sold in NVLink-bridged pairs (gpus.toml
+    pair_link_gb_s): they exchange over the bridge, not PCIe."""
+    return gpu.pair_link_bytes_s is not None and group == 2 and stride == 1
 
 
 def nvls_share(c: Collective, gpu: GPU) -> float:
@@ -263,6 +270,7 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
             out.append(Collective("gradient all-reduce (ddp)", ring_bytes("all-reduce", grads, dp),
                                   "step", grad_phase, dp_link, dp,
                                   nics=in_node(dp, model_parallel), kind="all-reduce",
+                                  stride=model_parallel,
                                   # DDP's buckets hold the gradients as stored
                                   calls=max(1, math.ceil(stored / buckets["ddp_bucket_bytes"]))))
         elif strategy in ("zero1", "zero2"):
@@ -271,11 +279,11 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
             out.append(Collective(f"gradient reduce-scatter ({strategy})",
                                   ring_bytes("reduce-scatter", grads, dp), "step", grad_phase,
                                   dp_link, dp, nics=in_node(dp, model_parallel),
-                                  kind="reduce-scatter", calls=calls))
+                                  kind="reduce-scatter", calls=calls, stride=model_parallel))
             out.append(Collective(f"parameter all-gather ({strategy})",
                                   ring_bytes("all-gather", weights16, dp), "step", "", dp_link,
                                   dp, nics=in_node(dp, model_parallel), kind="all-gather",
-                                  calls=calls))
+                                  calls=calls, stride=model_parallel))
         else:  # zero3, fsdp, hybrid-shard: the whole model is gathered per micro-batch
             shard = par.shard_degree
             gathered = params.total * dtypes_for(job).compute / tp
@@ -297,7 +305,7 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
                                       else "micro-batch",
                                       phase, shard_link, shard,
                                       nics=in_node(shard, model_parallel), kind="all-gather",
-                                      calls=units))
+                                      calls=units, stride=model_parallel))
             # without gradient sync (fsdp_no_sync, a pipeline's schedule) only the last
             # micro-batch reduce-scatters
             out.append(Collective(f"gradient reduce-scatter ({strategy})",
@@ -305,14 +313,15 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
                                   once if par.defers_gradient_sync else "micro-batch",
                                   grad_phase, shard_link, shard,
                                   nics=in_node(shard, model_parallel), kind="reduce-scatter",
-                                  calls=units))
+                                  calls=units, stride=model_parallel))
             replicas = dp // shard
             if replicas > 1:
                 out.append(Collective("gradient all-reduce between replicas (hybrid)",
                                       ring_bytes("all-reduce", grads / shard, replicas), "step",
                                       grad_phase, "network", replicas,
                                       nics=in_node(replicas, shard * model_parallel),
-                                      kind="all-reduce", calls=units))
+                                      kind="all-reduce", calls=units,
+                                      stride=shard * model_parallel))
     if tp > 1:
         # 2 all-reduces (or all-gather + reduce-scatter with sequence parallelism) per block
         # forward, 2 backward; full checkpointing runs the forward's 2 again in recomputation
@@ -337,7 +346,7 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
                          * s.head_dim * dt.compute for s, seq in zip(arch.stacks,
                                                                      shapes.stack_seq))
         out.append(Collective("k/v ring exchange (context parallel)", 3 * (cp - 1) * kv / tp,
-                              "micro-batch", "both", link(cp, tp), cp))
+                              "micro-batch", "both", link(cp, tp), cp, stride=tp))
     if pp > 1:
         chunks = par.pipeline_chunks if par.pipeline_schedule == "interleaved" else 1
         boundary = job.batch_size * shapes.stack_seq[-1] * arch.stacks[-1].hidden_size * (
@@ -348,13 +357,16 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
         out.append(Collective("activation send / gradient receive (pipeline)",
                               2 * chunks * boundary, "micro-batch", "", pp_link, pp,
                               mesh_share(gpu, per_node, 2) if pp_link == "interconnect"
-                              else 1.0))
+                              else 1.0, stride=tp * cp * dp))
     nvls = nvls_node(gpu, per_node)
 
     def placed(c: Collective) -> Collective:
-        # the node's wiring: a switchless mesh's share, and NVLS where the node runs it
+        # the node's wiring: a switchless mesh's share, a bridged pair's link, and NVLS
+        # where the node runs it
         share = (mesh_share(gpu, per_node, c.group)
                  if c.link == "interconnect" and "pipeline" not in c.name else c.link_share)
+        if c.link == "interconnect" and is_bridged_pair(gpu, c.group, c.stride):
+            share = gpu.pair_link_bytes_s / gpu.interconnect_bytes_s
         c = dataclasses.replace(c, nvls=nvls)
         return dataclasses.replace(c, link_share=share * nvls_share(c, gpu))
     return [placed(c) for c in out] + host_copies(job, arch, step)

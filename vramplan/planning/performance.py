@@ -43,8 +43,10 @@ from vramplan.planning.amount import TrainingAmount
 from vramplan.planning.comm import (
     collective_latency_s,
     collectives,
+    is_bridged_pair,
     link_bytes_s,
     network_bytes_s,
+    nvls_share,
     reduce_width,
     zero_offload,
 )
@@ -373,12 +375,15 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
                             if c.nics > 1 else ""))
         elif not gpu.p2p:
             staged.append(c.name)
+        elif is_bridged_pair(gpu, c.group, c.stride):
+            notes.append(f"{c.name}: a bridged pair of {gpu.name}s, over its NVLink bridge "
+                         f"({gpu.pair_link_bytes_s / 1e9:g} GB/s)")
+        elif nvls_share(c, gpu) > 1:
+            notes.append(f"{c.name}: NCCL's NVLS (NVLink SHARP) inside the node, "
+                         f"{nvls_share(c, gpu):.3g}x a ring's bandwidth")
         elif c.link_share < 1:
             notes.append(f"{c.name}: {c.group} GPUs of a switchless NVLink node reach "
                          f"{c.link_share:.2g} of its bandwidth")
-        elif c.link_share > 1:
-            notes.append(f"{c.name}: NCCL's NVLS (NVLink SHARP) inside the node, "
-                         f"{c.link_share:.3g}x a ring's bandwidth")
     reduced = [c.name for c in comms if c.reduces_gradients]
     if reduced and reduce_width(job) is not None:
         notes.append(f"{', '.join(reduced)}: {reduce_width(job)} bytes a gradient "
