@@ -112,6 +112,18 @@ def test_nvls_speeds_up_an_all_reduce_inside_a_switched_hopper_or_blackwell_node
     assert any("NVLS" in n and "1.3x" in n for n in terms.notes)
 
 
+def test_an_infinity_fabric_mesh_gives_a_pair_one_link_of_seven():
+    # MI300X: 7 links of 64 GB/s one direction, one to each peer; TP 2 uses its one link
+    # to its partner (1/7 of 448 GB/s), TP 4 three of them, a ring of 8 every link
+    arch, mi = load_architecture("llama-3.2-1b"), get_gpu("MI300X")
+    for tp, share in ((2, 1 / 7), (4, 3 / 7), (8, 1.0)):
+        job = _job(batch_size=1, parallel=Parallel(tensor_parallel=tp, num_gpus=tp))
+        (c,) = collectives(job, arch, mi)
+        assert c.link_share == pytest.approx(share)
+        assert step_terms(job, mi, arch).collectives[0].link_s == pytest.approx(
+            c.bytes_per_gpu / (448e9 * share))
+
+
 def test_bridged_pairs_exchange_over_their_bridge_and_everything_else_over_pcie():
     # H100 NVL: NVLink-bridged pairs (300 GB/s one direction), PCIe 5.0 (63) to the rest
     arch, nvl = load_architecture("llama-3.2-1b"), get_gpu("H100-NVL")

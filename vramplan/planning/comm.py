@@ -17,9 +17,10 @@ tensor-parallel all-reduces of every block).
 
 The node is the job's `parallel.gpus_per_node` where the job sets it, else the GPU
 catalog's. An NVLink node of at most 4 GPUs has no NVSwitch (HGX 4-GPU boards, NVL 4-way
-bridges: a full mesh, each GPU's links split evenly among its peers), so a group of g of
-its m GPUs reaches only (g - 1) / (m - 1) of the GPU's NVLink bandwidth
-(efficiency.toml [topology]).
+bridges: a full mesh, each GPU's links split evenly among its peers), and AMD's MI300X and
+MI325X nodes are a full mesh of Infinity Fabric links, one to each of the 7 peers, so a
+group of g of its m GPUs reaches only (g - 1) / (m - 1) of the GPU's interconnect
+bandwidth (efficiency.toml [topology]).
 
   ddp         all-reduce of the gradients once per optimizer step (no_sync while
               accumulating), overlapped with the last micro-batch's backward (buckets)
@@ -183,11 +184,19 @@ def network_bytes_s(job: Job, gpu: GPU) -> float:
     return own * 1e9 if own is not None else gpu.network_bytes_s
 
 
+def _full_mesh(gpu: GPU, per_node: int) -> bool:
+    """A node whose GPUs are wired pairwise, without a switch: NVLink nodes of at most
+    [topology]'s GPUs, and a catalog interconnect that says "full mesh" (AMD's Infinity
+    Fabric on MI300X / MI325X: 7 links, one to each peer)."""
+    return (_nvlink(gpu) and per_node <= nvlink_mesh_max_gpus()) or (
+        "full mesh" in gpu.interconnect)
+
+
 def mesh_share(gpu: GPU, per_node: int, group: int) -> float:
-    """Of its NVLink bandwidth, what one GPU reaches in a group of `group` ranks inside a
-    node of `per_node`: 1 behind an NVSwitch (or over PCIe), (g - 1) / (m - 1) on a
+    """Of its interconnect bandwidth, what one GPU reaches in a group of `group` ranks
+    inside a node of `per_node`: 1 behind a switch (or over PCIe), (g - 1) / (m - 1) on a
     switchless full mesh, where only the links to the group's own peers carry its data."""
-    if not _nvlink(gpu) or per_node > nvlink_mesh_max_gpus():
+    if not _full_mesh(gpu, per_node):
         return 1.0
     if group >= per_node or per_node <= 1:
         return 1.0

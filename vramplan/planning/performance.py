@@ -382,8 +382,8 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
             notes.append(f"{c.name}: NCCL's NVLS (NVLink SHARP) inside the node, "
                          f"{nvls_share(c, gpu):.3g}x a ring's bandwidth")
         elif c.link_share < 1:
-            notes.append(f"{c.name}: {c.group} GPUs of a switchless NVLink node reach "
-                         f"{c.link_share:.2g} of its bandwidth")
+            notes.append(f"{c.name}: {c.group} GPUs of a switchless node (a full mesh of "
+                         f"links, one to each peer) reach {c.link_share:.2g} of its bandwidth")
     reduced = [c.name for c in comms if c.reduces_gradients]
     if reduced and reduce_width(job) is not None:
         notes.append(f"{', '.join(reduced)}: {reduce_width(job)} bytes a gradient "
