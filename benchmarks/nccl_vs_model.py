@@ -6,8 +6,8 @@ named in the file's header).
 Each row is one collective of one message size on one machine. The model times it as
 training's collectives are timed (performance.step_terms): the bytes one rank sends in a
 ring (comm.ring_bytes) over the rate its link reaches (comm.link_bytes_s: the interconnect
-inside a node, the group's NICs across nodes; x NVLS's speedup of an all-reduce inside a
-switched Hopper or Blackwell node, comm.nvls_share) x the collective efficiency, plus the
+inside a node, the group's NICs across nodes; in the node's wiring, comm.placed: a mesh's
+share, NVLS's speedup of an all-reduce) x the collective efficiency, plus the
 latency of one NCCL call (comm.collective_latency_s). nccl-tests' bus bandwidth is the same ratio
 (ring bytes / time), so the efficiency is what a large message's bus bandwidth reaches of
 the link rate.
@@ -26,7 +26,6 @@ benchmarks/results/nccl_vs_model.md and .json.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import math
 import statistics
 import sys
@@ -41,9 +40,7 @@ from vramplan.planning.comm import (  # noqa: E402
     Collective,
     collective_latency_s,
     link_bytes_s,
-    mesh_share,
-    nvls_node,
-    nvls_share,
+    placed,
     ring_bytes,
 )
 from vramplan.planning.efficiency import shipped_factors  # noqa: E402
@@ -104,9 +101,8 @@ def collective(row: dict, gpu: GPU) -> tuple[Collective, float]:
                else gpu.network_bytes_s)
     link = "network" if nodes > 1 else "interconnect"
     c = Collective(row["collective"], ring_bytes(kind, float(row["size_bytes"]), n), "step",
-                   "", link, n, link_share=mesh_share(gpu, per_node, n) if nodes == 1 else 1.0,
-                   nics=per_node if nodes > 1 else 1, kind=kind, nvls=nvls_node(gpu, per_node))
-    return dataclasses.replace(c, link_share=c.link_share * nvls_share(c, gpu)), network
+                   "", link, n, nics=per_node if nodes > 1 else 1, kind=kind)
+    return placed(c, gpu, per_node), network
 
 
 def predicted_s(row: dict, efficiency: float) -> float:

@@ -226,13 +226,17 @@ def reduce_share(job: Job, gradient_bytes: float, trainable: int) -> float:
 
 def link_bytes_s(c: Collective, gpu: GPU, network: float) -> float:
     """The rate one GPU moves its share of `c` at, before the collective efficiency: inside
-    a node the interconnect; across nodes `network` (bytes/s per GPU) times the group's GPUs
-    per node, whose NICs its rings share, at most the interconnect; x the group's mesh share.
-    A host copy runs at the GPU's link to CPU memory."""
+    a node the interconnect (a bridged pair's bridge); across nodes `network` (bytes/s per
+    GPU) times the group's GPUs per node, whose NICs its rings share, at most the
+    interconnect; x the group's link share (placed). A host copy runs at the GPU's link to
+    CPU memory."""
     if c.link == "host":
         return gpu.host_link_bytes_s
-    rate = gpu.interconnect_bytes_s if c.link == "interconnect" else min(
-        network * c.nics, gpu.interconnect_bytes_s)
+    if c.link == "interconnect":
+        rate = (gpu.pair_link_bytes_s if is_bridged_pair(gpu, c.group, c.stride)
+                else gpu.interconnect_bytes_s)
+    else:
+        rate = min(network * c.nics, gpu.interconnect_bytes_s)
     return rate * c.link_share
 
 
@@ -367,18 +371,18 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
                               2 * chunks * boundary, "micro-batch", "", pp_link, pp,
                               mesh_share(gpu, per_node, 2) if pp_link == "interconnect"
                               else 1.0, stride=tp * cp * dp))
-    nvls = nvls_node(gpu, per_node)
+    return [placed(c, gpu, per_node) for c in out] + host_copies(job, arch, step)
 
-    def placed(c: Collective) -> Collective:
-        # the node's wiring: a switchless mesh's share, a bridged pair's link, and NVLS
-        # where the node runs it
-        share = (mesh_share(gpu, per_node, c.group)
-                 if c.link == "interconnect" and "pipeline" not in c.name else c.link_share)
-        if c.link == "interconnect" and is_bridged_pair(gpu, c.group, c.stride):
-            share = gpu.pair_link_bytes_s / gpu.interconnect_bytes_s
-        c = dataclasses.replace(c, nvls=nvls)
-        return dataclasses.replace(c, link_share=share * nvls_share(c, gpu))
-    return [placed(c) for c in out] + host_copies(job, arch, step)
+
+def placed(c: Collective, gpu: GPU, per_node: int) -> Collective:
+    """`c` in its node's wiring (a node of `per_node` GPUs of kind `gpu`): a switchless
+    mesh's share of the interconnect (a pipeline send's was set for its one peer), whether
+    the node runs NVLS, and NVLS's speedup of an all-reduce. (A bridged pair's link is
+    link_bytes_s's: a rate, not a share.)"""
+    share = (mesh_share(gpu, per_node, c.group)
+             if c.link == "interconnect" and "pipeline" not in c.name else c.link_share)
+    c = dataclasses.replace(c, nvls=nvls_node(gpu, per_node))
+    return dataclasses.replace(c, link_share=share * nvls_share(c, gpu))
 
 
 def zero_offload(job: Job) -> bool:

@@ -378,9 +378,9 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         elif is_bridged_pair(gpu, c.group, c.stride):
             notes.append(f"{c.name}: a bridged pair of {gpu.name}s, over its NVLink bridge "
                          f"({gpu.pair_link_bytes_s / 1e9:g} GB/s)")
-        elif nvls_share(c, gpu) > 1:
+        elif (speedup := nvls_share(c, gpu)) > 1:
             notes.append(f"{c.name}: NCCL's NVLS (NVLink SHARP) inside the node, "
-                         f"{nvls_share(c, gpu):.3g}x a ring's bandwidth")
+                         f"{speedup:.3g}x a ring's bandwidth")
         elif c.link_share < 1:
             notes.append(f"{c.name}: {c.group} GPUs of a switchless node (a full mesh of "
                          f"links, one to each peer) reach {c.link_share:.2g} of its bandwidth")
