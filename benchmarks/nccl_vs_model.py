@@ -26,6 +26,7 @@ benchmarks/results/nccl_vs_model.md and .json.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import statistics
 import sys
@@ -40,6 +41,7 @@ from vramplan.planning.comm import (  # noqa: E402
     Collective,
     collective_latency_s,
     link_bytes_s,
+    nvls_share,
     placed,
     ring_bytes,
 )
@@ -56,6 +58,7 @@ GRID = [0.30 + 0.005 * i for i in range(241)]  # efficiencies 0.30 .. 1.50
 # interconnect rate, gpus.toml, derived from it and two others), S11 the same machine on a
 # patched driver (tinygrad's P2P kernel modules) that the catalog does not describe
 NOT_FITTED = ("S10", "S11")
+RING_FORCED = "NCCL_ALGO=Ring"  # a source's settings that pin NCCL's (RCCL's) ring algorithm
 
 
 def link_kind(row: dict) -> str:
@@ -75,6 +78,8 @@ def load() -> tuple[list[dict], dict[str, str]]:
             sources[key.strip()] = what.strip()
     rows = list(csv.DictReader(line for line in text if not line.startswith("#")))
     known = {g.name for g in list_gpus()}
+    for r in rows:
+        r["ring_forced"] = RING_FORCED in sources.get(r["source"], "")
     return [r for r in rows if r["gpu"] in known], sources
 
 
@@ -102,7 +107,11 @@ def collective(row: dict, gpu: GPU) -> tuple[Collective, float]:
     link = "network" if nodes > 1 else "interconnect"
     c = Collective(row["collective"], ring_bytes(kind, float(row["size_bytes"]), n), "step",
                    "", link, n, nics=per_node if nodes > 1 else 1, kind=kind)
-    return placed(c, gpu, per_node), network
+    c = placed(c, gpu, per_node)
+    # a run that forces NCCL's ring runs neither NVLS nor the NVLS tree
+    if row["ring_forced"]:
+        c = dataclasses.replace(c, nvls=False, link_share=c.link_share / nvls_share(c, gpu))
+    return c, network
 
 
 def predicted_s(row: dict, efficiency: float) -> float:

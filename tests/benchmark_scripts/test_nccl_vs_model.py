@@ -12,7 +12,7 @@ def _row(**changes):
     row = {"source": "S0", "gpu": "H100-SXM", "nodes": "1", "gpus_per_node": "8",
            "intra": "nvswitch", "network_gbps_per_gpu": "", "collective": "all_reduce",
            "dtype": "float", "size_bytes": str(2**30), "time_us": "5000.0",
-           "algbw_gb_s": "214.75", "busbw_gb_s": "375.81"}
+           "algbw_gb_s": "214.75", "busbw_gb_s": "375.81", "ring_forced": False}
     return {**row, **changes}
 
 
@@ -29,12 +29,17 @@ def test_a_one_node_all_reduce_is_its_ring_bytes_over_nvlink_plus_nccls_latency(
 
 
 def test_across_nodes_the_ring_moves_at_its_gpus_nics_per_node():
-    # 2 nodes x 8 H100 on 400 Gb/s per GPU: 8 x 50 GB/s = 400 GB/s (under NVLink's 450)
-    row = _row(nodes="2", network_gbps_per_gpu="400", busbw_gb_s="360")
+    # 4 nodes x 8 H100 on 400 Gb/s per GPU: 8 x 50 GB/s = 400 GB/s (under NVLink's 450)
+    row = _row(nodes="4", network_gbps_per_gpu="400", busbw_gb_s="360")
     assert nvm.reached(row) == pytest.approx(360 / 400)
     # a source that prints no NIC rate takes the catalog node's (50 GB/s per H100)
-    assert nvm.reached(_row(nodes="2", busbw_gb_s="360")) == pytest.approx(
+    assert nvm.reached(_row(nodes="4", busbw_gb_s="360")) == pytest.approx(
         360 / (8 * get_gpu("H100-SXM").network_bytes_s / 1e9))
+    # over two nodes NCCL's NVLS tree: twice the ring's 400, at most NVLS's 450 x 1.30;
+    # a run that forces the ring (NCCL_ALGO=Ring) gets the ring's
+    two = _row(nodes="2", network_gbps_per_gpu="400", busbw_gb_s="360")
+    assert nvm.reached(two) == pytest.approx(360 / (450 * 1.30))
+    assert nvm.reached({**two, "ring_forced": True}) == pytest.approx(360 / 400)
 
 
 def test_an_all_gather_sends_seven_eighths_of_the_gathered_buffer():
@@ -56,6 +61,8 @@ def test_the_published_tables_agree_with_nccl_tests_own_bandwidths():
     # (n-1)/n: a row typed in wrong, or with the wrong GPU count, fails here
     rows, sources = nvm.load()
     assert len(sources) >= 10 and len(rows) >= 200
+    # the sources that pin the ring (NCCL_ALGO=Ring in their settings) are found as such
+    assert {r["source"] for r in rows if r["ring_forced"]} == {"S3", "S14"}
     for r in rows:
         n = int(r["nodes"]) * int(r["gpus_per_node"])
         factor = 2 * (n - 1) / n if r["collective"] == "all_reduce" else (n - 1) / n

@@ -103,13 +103,34 @@ def test_nvls_speeds_up_an_all_reduce_inside_a_switched_hopper_or_blackwell_node
     assert shares(ddp, get_gpu("A100-80GB")) == {"all-reduce": 1.0}
     assert shares(fsdp, H100) == {"all-gather": 1.0, "reduce-scatter": 1.0}
     two_nodes = ddp.with_changes(parallel=Parallel(strategy="ddp", num_gpus=16))
-    assert shares(two_nodes, H100) == {"all-reduce": 1.0}
+    assert shares(two_nodes, H100) == {"all-reduce": 1.0}  # across nodes: runs_nvls_tree's
     boards = ddp.with_changes(parallel=Parallel(strategy="ddp", num_gpus=4, gpus_per_node=4))
     assert shares(boards, H100) == {"all-reduce": 1.0}
     terms = step_terms(ddp, H100, arch)
     (c,) = collectives(ddp, arch, H100)
     assert terms.collectives[0].link_s == pytest.approx(c.bytes_per_gpu / (450e9 * 1.30))
     assert any("NVLS" in n and "1.3x" in n for n in terms.notes)
+
+
+def test_an_all_reduce_over_two_nvls_nodes_runs_nccls_nvls_tree():
+    # 16 H100 in two nodes: a ring's 8 NICs x 50 GB/s = 400 GB/s; NCCL's NVLS tree twice
+    # that over the network (800), capped by NVLS inside the node (450 x 1.30 = 585)
+    arch = load_architecture("llama-3.2-1b")
+
+    def rate(gpus, gpu=H100, **parallel):
+        job = _job(parallel=Parallel(strategy="ddp", num_gpus=gpus, **parallel))
+        (c,) = collectives(job, arch, gpu)
+        (terms,) = step_terms(job, gpu, arch).collectives
+        return c.bytes_per_gpu / terms.link_s, terms, job
+    assert rate(16)[0] == pytest.approx(450e9 * 1.30)
+    # a slower network binds it at twice the ring's rate: 8 x 25 GB/s x 2
+    assert rate(16, network_gb_s=25)[0] == pytest.approx(2 * 8 * 25e9)
+    # four nodes keep the ring; so do two without NVLS (A100) and two nodes of one GPU each
+    assert rate(32)[0] == pytest.approx(8 * 50e9)
+    assert rate(16, get_gpu("A100-80GB"))[0] == pytest.approx(8 * 25e9)
+    assert rate(2, gpus_per_node=1)[0] == pytest.approx(50e9)
+    terms = step_terms(rate(16)[2], H100, arch)
+    assert any("NVLS tree over two nodes" in n for n in terms.notes)
 
 
 def test_an_infinity_fabric_mesh_gives_a_pair_one_link_of_seven():

@@ -10,7 +10,9 @@ the NICs of the node's GPUs (NCCL docs, NCCL_CROSS_NIC), and a collective's bus 
 that of its bottleneck link (nccl-tests doc/PERFORMANCE.md): so a group with k ranks in
 each node moves its ring traffic at k x one GPU's network share, at most the NVLink rate
 (our reading of both, checked on the published runs: benchmarks/published_accuracy.py);
-point-to-point sends (pipeline, the context-parallel ring) use one GPU's NIC. Each NCCL
+point-to-point sends (pipeline, the context-parallel ring) use one GPU's NIC. An
+all-reduce over exactly two NVLS nodes runs NCCL's NVLS tree instead, at up to twice the
+ring's network rate (runs_nvls_tree). Each NCCL
 call also pays a latency (collective_latency_s: NCCL's own tuning model, efficiency.toml
 [nccl]), and one collective here stands for `calls` of them (DDP buckets, FSDP units, the
 tensor-parallel all-reduces of every block).
@@ -228,8 +230,8 @@ def link_bytes_s(c: Collective, gpu: GPU, network: float) -> float:
     """The rate one GPU moves its share of `c` at, before the collective efficiency: inside
     a node the interconnect (a bridged pair's bridge); across nodes `network` (bytes/s per
     GPU) times the group's GPUs per node, whose NICs its rings share, at most the
-    interconnect; x the group's link share (placed). A host copy runs at the GPU's link to
-    CPU memory."""
+    interconnect (an NVLS tree's: runs_nvls_tree); x the group's link share (placed). A host
+    copy runs at the GPU's link to CPU memory."""
     if c.link == "host":
         return gpu.host_link_bytes_s
     if c.link == "interconnect":
@@ -237,7 +239,21 @@ def link_bytes_s(c: Collective, gpu: GPU, network: float) -> float:
                 else gpu.interconnect_bytes_s)
     else:
         rate = min(network * c.nics, gpu.interconnect_bytes_s)
+        if runs_nvls_tree(c):
+            inside = gpu.interconnect_bytes_s * nvls_all_reduce_speedup(architecture_of(gpu))
+            rate = max(rate, min(2 * network * c.nics, inside))
     return rate * c.link_share
+
+
+def runs_nvls_tree(c: Collective) -> bool:
+    """An all-reduce over exactly two NVLS nodes, several of its GPUs in each: NCCL runs its
+    NVLS tree. Of a double binary tree over two nodes each node roots one tree and is the
+    other's leaf (src/graph/trees.cc), so each node sends the buffer across once each way,
+    where a ring sends it almost twice; NCCL's tuning model gives it twice the ring's
+    network rate, at most NVLS's inside the node (src/graph/tuning.cc, "2 node case of
+    NVLSTree"). Over more nodes the trees carry as much as the ring, which NCCL keeps."""
+    return (c.nvls and c.kind == "all-reduce" and c.link == "network" and c.nics > 1
+            and c.group == 2 * c.nics)
 
 
 def _block_linear_params(arch: Architecture) -> int:

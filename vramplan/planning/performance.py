@@ -48,6 +48,7 @@ from vramplan.planning.comm import (
     network_bytes_s,
     nvls_share,
     reduce_width,
+    runs_nvls_tree,
     zero_offload,
 )
 from vramplan.planning.efficiency import (
@@ -372,7 +373,8 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
             notes.append(f"{c.name} crosses nodes: {network / 1e9:g} GB/s per GPU"
                          + ("" if job.parallel.network_gb_s is None else " (parallel.network_gb_s)")
                          + (f", {rate / 1e9:g} GB/s over its {c.nics} GPUs' NICs per node"
-                            if c.nics > 1 else ""))
+                            if c.nics > 1 else "")
+                         + (" (NCCL's NVLS tree over two nodes)" if runs_nvls_tree(c) else ""))
         elif not gpu.p2p:
             staged.append(c.name)
         elif is_bridged_pair(gpu, c.group, c.stride):
