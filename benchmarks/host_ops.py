@@ -14,6 +14,13 @@ an upper bound of the host time per op here.
 
 The ratio of dispatched ops to traffic.py's kernels shows whether one kernel_us can serve
 every family: views, casts and autograd's own ops are dispatched but are not kernels.
+
+It also times the host cost of selective activation checkpointing (torch's
+create_selective_checkpoint_contexts, as vramplan's `selective` and `selective:torchtitan-op`
+and torchtitan's op-level AC run it): a Python policy called for every op of each
+checkpointed block's forward and recompute. Per block (from 2- and 6-block models), full
+checkpointing runs the forward's host work twice; the policy's extra over that, as a share
+of those two passes, is efficiency.toml [selective_checkpointing] host_scale - 1.
 """
 
 from __future__ import annotations
@@ -69,14 +76,7 @@ def _step_ops(job: Job, depth: int) -> tuple[int, int, float, float]:
     """(forward ops, backward ops, seconds per step untimed by the counter, the same with
     `vramplan measure`'s hooks on: saved-tensor recording and a per-parameter gradient hook)
     at `depth`."""
-    config = dict(load_model_config(job.model))
-    config.update({k: v for k, v in SHRUNK.items() if k in config})
-    config.update({k: depth for k in DEPTH_KEYS if k in config})
-    for i, k in enumerate(("pad_token_id", "bos_token_id", "eos_token_id",
-                           "decoder_start_token_id")):  # inside the shrunk vocabulary
-        if isinstance(config.get(k), int):
-            config[k] = i
-    setup = build_training_setup(job, "cpu", model_config=config)
+    setup = _shrunk_setup(job, depth)
 
     def step(forward=None, backward=None):
         batch = setup.make_batch()
@@ -109,6 +109,64 @@ def _step_ops(job: Job, depth: int) -> tuple[int, int, float, float]:
     return forward.ops, backward.ops, plain, timed(True)
 
 
+SAC_MODELS = ("llama-3.2-1b", "qwen2.5-0.5b")
+SAC_POLICIES = ("selective", "selective:torchtitan-op")
+SAC_DEPTHS = (2, 6)
+
+
+def _shrunk_setup(job: Job, depth: int):
+    """The job's training setup (training/setup.py) on the CPU, its model shrunk (SHRUNK)
+    to `depth` blocks."""
+    config = dict(load_model_config(job.model))
+    config.update({k: v for k, v in SHRUNK.items() if k in config})
+    config.update({k: depth for k in DEPTH_KEYS if k in config})
+    for i, k in enumerate(("pad_token_id", "bos_token_id", "eos_token_id",
+                           "decoder_start_token_id")):  # inside the shrunk vocabulary
+        if isinstance(config.get(k), int):
+            config[k] = i
+    return build_training_setup(job, "cpu", model_config=config)
+
+
+def _step_seconds(setup, repeats: int) -> float:
+    """Median seconds of one forward + backward of the setup's own batch."""
+    def step():
+        with setup.autocast():
+            loss = setup.compute_loss(setup.model, setup.make_batch())
+        loss.backward()
+        setup.model.zero_grad(set_to_none=True)
+    for _ in range(3):  # warm-up
+        step()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _block_host_ms(model: str, checkpointing: str) -> float:
+    """Host milliseconds per block of a tiny-tensor step (the 6-block step less the 2-block
+    one, over the 4 blocks between)."""
+    job = Job(model=model, batch_size=1, seq_len=64, checkpointing=checkpointing)
+    small, large = (_step_seconds(_shrunk_setup(job, d), 5 if QUICK else 15)
+                    for d in SAC_DEPTHS)
+    return 1e3 * (large - small) / (SAC_DEPTHS[1] - SAC_DEPTHS[0])
+
+
+def sac_host_scale() -> dict:
+    """Per model: each policy's host time per block, and the scale of the forward's host work
+    under it: full checkpointing adds one plain forward (full - none); the policy's step
+    runs forward and recompute under it, so scale = 1 + (policy - full) / (2 (full - none))."""
+    rows = []
+    for model in SAC_MODELS[:1] if QUICK else SAC_MODELS:
+        ms = {c: _block_host_ms(model, c) for c in ("none", "full", *SAC_POLICIES)}
+        forward = ms["full"] - ms["none"]
+        rows.append({"model": model, "block_host_ms": ms, "scale": {
+            c: 1 + (ms[c] - ms["full"]) / (2 * forward) for c in SAC_POLICIES}})
+    return {"rows": rows, "median": statistics.median(
+        r["scale"][c] for r in rows for c in SAC_POLICIES)}
+
+
 def main() -> None:
     torch.manual_seed(0)
     shares = shipped_factors("hopper")
@@ -135,6 +193,7 @@ def main() -> None:
               "cpu_us_per_op_median": statistics.median(r["cpu_us_per_op"] for r in rows),
               "measure_hooks_extra_median": statistics.median(r["measure_hooks_extra"]
                                                               for r in rows),
+              "selective_checkpointing": sac_host_scale(),
               "quick": QUICK}
     lines = ["# Host work of an eager step: dispatched aten ops vs traffic.py's kernels", "",
              f"Counted on {result['machine']} (the counts do not depend on the device). "
@@ -158,7 +217,21 @@ def main() -> None:
               "(its kernels included). `vramplan measure`'s hooks (saved-tensor recording, "
               "a hook per parameter's gradient), which were on when our H200 runs were "
               f"timed, add {100 * result['measure_hooks_extra_median']:.0f}% (median) to "
-              "this host-bound tiny step."]
+              "this host-bound tiny step.", "",
+              "Selective activation checkpointing's policy (torch's "
+              "create_selective_checkpoint_contexts), host milliseconds per block of a "
+              f"tiny-tensor step ({SAC_DEPTHS[1]} blocks less {SAC_DEPTHS[0]}):", "",
+              "| model | none | full | selective | selective:torchtitan-op | forward host "
+              "scale: selective / torchtitan-op |", "|---|---:|---:|---:|---:|---:|"]
+    sac = result["selective_checkpointing"]
+    for r in sac["rows"]:
+        ms, sc = r["block_host_ms"], r["scale"]
+        lines.append(f"| {r['model']} | {ms['none']:.2f} | {ms['full']:.2f} | "
+                     f"{ms['selective']:.2f} | {ms['selective:torchtitan-op']:.2f} | "
+                     f"{sc['selective']:.2f} / {sc['selective:torchtitan-op']:.2f} |")
+    lines += ["", f"Median scale {sac['median']:.2f}: under the policy a block's forward and "
+              "its recompute take that many times a plain forward's host work "
+              "(efficiency.toml [selective_checkpointing] host_scale)."]
     write_results("host_ops", result, "\n".join(lines) + "\n")
     print("\n".join(lines))
 

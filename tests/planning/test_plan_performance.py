@@ -439,3 +439,34 @@ def test_a_host_bound_step_says_its_time_is_the_cpus():
     own = factors_for(gpu, num_gpus=1).model_copy(update={"calibrated": True})
     (mine,) = [n for n in predict(small, gpu, factors=own).notes if n.startswith("host-bound")]
     assert "calibrated on your runs" in mine and "slower CPU" not in mine
+
+
+def test_a_selective_checkpointing_policy_scales_the_host_time_of_forward_and_recompute():
+    # torch's SAC policy runs in Python on every op of the forward and the recompute
+    # (efficiency.toml [selective_checkpointing], measured by benchmarks/host_ops.py)
+    from vramplan.planning.efficiency import sac_host_scale
+
+    arch, scale = load_architecture("llama-3.2-1b"), sac_host_scale()
+    assert scale == 1.67
+
+    def host_scales(**changes):
+        terms = step_terms(_job(**changes), H100, arch)
+        return {p.phase: p.host_scale for p in terms.phases}, terms.notes
+    for policy in ("selective", "selective:torchtitan-op"):
+        scales, notes = host_scales(checkpointing=policy)
+        assert scales == {"forward": scale, "backward": 1.0, "recompute": scale,
+                          "optimizer": 1.0}
+        assert any("policy runs in Python" in n for n in notes)
+    # full checkpointing, every second block fully checkpointed, and compiled blocks: none
+    for changes in ({"checkpointing": "full"}, {"checkpointing": "selective:every-2nd-layer"},
+                    {"checkpointing": "selective", "compile": True}):
+        scales, notes = host_scales(**changes)
+        assert set(scales.values()) == {1.0}
+        assert not any("policy runs in Python" in n for n in notes)
+    # a host-bound phase takes the scale: its launches x kernel_us x 1.67
+    terms = step_terms(_job(batch_size=1, seq_len=64, checkpointing="selective"), H100, arch)
+    factors = factors_for(H100, num_gpus=1)
+    forward = next(p for p in terms.phases if p.phase == "forward")
+    (timed, *_), _ = phase_times(terms, factors)
+    assert timed.bound == "host"
+    assert timed.time_s == pytest.approx(forward.kernels * factors.kernel_us * 1e-6 * scale)

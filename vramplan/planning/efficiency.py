@@ -128,6 +128,12 @@ def nccl_latency() -> dict[str, float]:
     return {k[:-3]: float(v) * 1e-6 for k, v in _data()["nccl"].items() if k.endswith("_us")}
 
 
+def sac_host_scale() -> float:
+    """How many times a plain eager forward's host time a block's forward and recompute take
+    under torch's selective activation checkpointing policy ([selective_checkpointing])."""
+    return float(_data()["selective_checkpointing"]["host_scale"])
+
+
 def nvls_all_reduce_speedup(architecture: str) -> float:
     """How much faster than a ring an all-reduce runs under NCCL's NVLS inside a switched
     node of `architecture` ([nvls_all_reduce]); 1 where none is known."""

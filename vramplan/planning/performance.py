@@ -61,6 +61,7 @@ from vramplan.planning.efficiency import (
     gemm_model,
     interval,
     interval_bucket,
+    sac_host_scale,
     sm_count,
 )
 from vramplan.planning.flops import check_timed, step_flops
@@ -76,6 +77,8 @@ from vramplan.planning.traffic import (
 from vramplan.units import format_bytes
 
 MICRO_PHASES = ("forward", "backward", "recompute")
+# the checkpointing modes run by torch's selective activation checkpointing (a Python policy)
+SAC_POLICIES = ("selective", "selective:torchtitan-op")
 # a step that waits this much on its kernel launches gets a note: its time is the CPU's
 HOST_BOUND_SHARE = 0.5
 # a step whose collectives' NCCL latency is this much of it gets a note
@@ -127,6 +130,8 @@ class PhaseTerms:
     #                              (planning/paging.py: the kernels wait on them)
     synchronised: bool = False   # the host waits for each kernel (bitsandbytes' optimizers,
     #                              torch's Adafactor): host and device time add
+    host_scale: float = 1.0      # its launches' host time over a plain eager step's (a
+    #                              selective checkpointing policy's forward and recompute)
 
 
 @dataclass(frozen=True)
@@ -322,13 +327,23 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
     # float8/config.py Float8LinearConfig.from_recipe_name: its grad_weight cast is
     # disabled); Transformer Engine's recipes run all three in fp8
     sixteen_bit_wgrad = dtype == "fp8" and job.fp8.recipe == "rowwise_with_gw_hp"
+    # torch's selective checkpointing policy runs in Python on every op of each block's
+    # forward and recompute (the head's few are left in); compiled blocks trace it away
+    policy = sac_host_scale() if job.checkpointing in SAC_POLICIES and not (
+        job.compiles_blocks) else 1.0
+    if policy > 1:
+        notes.append(f"{job.checkpointing} checkpointing: torch's policy runs in Python on "
+                     "every op of each block's forward and recompute, whose host time it "
+                     f"makes {policy:.3g}x a plain step's (--set compile=true traces it away)")
     phases = []
     for phase, mm, attention, moved, kernels, modules, head_mm, wgrad_mm in unit["phases"]:
         sixteen_mm = head_mm + (wgrad_mm if sixteen_bit_wgrad else 0.0)
         phases.append(PhaseTerms(phase, job.grad_accum,
                                  (mm - sixteen_mm) / (peak * shape) + sixteen_mm / head_rate,
                                  attention / attention_peak, moved / bandwidth,
-                                 kernels, mm + attention, moved, modules=modules))
+                                 kernels, mm + attention, moved, modules=modules,
+                                 host_scale=policy if phase in ("forward", "recompute")
+                                 else 1.0))
     if job.offload.optimizer:
         # the update on the CPU, then the updated weights up in their dtype on the GPU (a
         # master copy stays with the optimizer on the CPU; the gradients came down in the
@@ -421,7 +436,8 @@ def phase_times(terms: StepTerms, factors: Factors) -> tuple[list[PhaseTime], fl
         attention_eff = factors.attention if terms.fused_attention else factors.matmul
         compute = p.matmul_s / factors.matmul + p.attention_s / attention_eff
         memory = p.memory_s / factors.memory
-        host = (p.kernels * factors.kernel_us + p.modules * factors.module_us) * 1e-6
+        host = (p.kernels * factors.kernel_us + p.modules * factors.module_us) * 1e-6 * (
+            p.host_scale)
         if p.offload_params:
             copy = p.offload_s / factors.host_link
             update = p.offload_params / (factors.cpu_adam_params_per_s * p.cpu_rate_share)
