@@ -154,13 +154,18 @@ def activation_dtypes(job: Job) -> Dtypes:
     return dt
 
 
-def dora_linears(job: Job, stack: Stack) -> list[Linear]:
-    """The linears of `stack` that carry DoRA adapters (none without DoRA): the memory
-    (engines/formula/dora.py) and the time (planning/flops.py, traffic.py) both read it."""
-    if job.peft is None or not job.peft.dora:
+def lora_linears(job: Job, stack: Stack) -> list[Linear]:
+    """The linears of `stack` that carry the job's LoRA adapters (none without PEFT)."""
+    if job.peft is None:
         return []
     targets = set(job.peft.target_modules)
     return [ln for ln in stack.linears if "all-linear" in targets or ln.name in targets]
+
+
+def dora_linears(job: Job, stack: Stack) -> list[Linear]:
+    """The linears of `stack` that carry DoRA adapters (none without DoRA): the memory
+    (engines/formula/dora.py) and the time (planning/flops.py, traffic.py) both read it."""
+    return lora_linears(job, stack) if job.peft is not None and job.peft.dora else []
 
 
 def check_dora(job: Job, arch: Architecture) -> None:

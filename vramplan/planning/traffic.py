@@ -48,7 +48,7 @@ from vramplan.engines.precision import (
     eager_torchao_nf4,
     frozen_base_bytes,
 )
-from vramplan.engines.step import Step, describe_step, dora_linears
+from vramplan.engines.step import Step, describe_step, dora_linears, lora_linears
 from vramplan.job import Job
 from vramplan.models import Architecture, Stack, load_architecture
 
@@ -386,15 +386,12 @@ def _lora(job: Job, stack: Stack, tokens: int, c: int, add, *, compiled: bool = 
     """Each adapted linear's adapter path. Compiled, the scale and the add to the base
     output fuse into one kernel (read both outputs, write the sum); the dropout's output
     and the two matmuls' stay in memory, as the matmuls read and write them."""
-    targets = set(job.peft.target_modules)
     r = job.peft.rank
     # kernels: A, B, then scale and add (fused when compiled), and the dropout (eager counts
     # its launch whatever the rate)
     dropout = job.peft.dropout > 0
     out_passes, launches = (1 + 3, 3 + (1 if dropout else 0)) if compiled else (1 + 2 + 3, 5)
-    for ln in stack.linears:
-        if "all-linear" not in targets and ln.name not in targets:
-            continue
+    for ln in lora_linears(job, stack):
         n_in, n_out = tokens * ln.in_features, tokens * ln.out_features
         drop = n_in * (2 * c + 1) if dropout else 0.0
         # x @ A reads x, writes x A; @ B reads x A, writes out; scale and add to the base
