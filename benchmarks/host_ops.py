@@ -39,6 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from vramplan.job import Job  # noqa: E402
 from vramplan.models import load_architecture  # noqa: E402
 from vramplan.planning.efficiency import shipped_factors  # noqa: E402
+from vramplan.planning.performance import SAC_POLICIES  # noqa: E402
 from vramplan.planning.traffic import step_traffic  # noqa: E402
 from vramplan.training.hf_model import load_model_config  # noqa: E402
 from vramplan.training.saved import SavedTensorBytes  # noqa: E402
@@ -110,7 +111,6 @@ def _step_ops(job: Job, depth: int) -> tuple[int, int, float, float]:
 
 
 SAC_MODELS = ("llama-3.2-1b", "qwen2.5-0.5b")
-SAC_POLICIES = ("selective", "selective:torchtitan-op")
 SAC_DEPTHS = (2, 6)
 
 

@@ -120,7 +120,7 @@ OWN_HOST = "own_runs_kernel_us"
 SHARES = ("matmul_share", "attention_share", "memory", "kernel_us", "overlap")
 # A tie-breaker for the attention share: the loss adds PRIOR_WEIGHT x log(share / prior)^2.
 # Fitted without llm-foundry (on KempnerForge and our H200 runs) the loss hardly moves with it
-# (within 0.001 of 0.075 from 0.8 to 1.5), so the search ended wherever its path took it, and
+# (within 0.0013 of 0.075 from 0.8 to 1.5), so the search ended wherever its path took it, and
 # llm-foundry's out-of-sample error swung from 3.7% to 6.6% with changes elsewhere that left
 # its own rows alone. 0.01 charges a share 25% off the prior 0.0005, the size of that
 # flatness: the prior, "training reaches the kernel's measured rate", settles ties only.
