@@ -387,9 +387,11 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         if c.link == "network":
             notes.append(f"{c.name} crosses nodes: {network / 1e9:g} GB/s per GPU"
                          + ("" if job.parallel.network_gb_s is None else " (parallel.network_gb_s)")
-                         + (f", {rate / 1e9:g} GB/s over its {c.nics} GPUs' NICs per node"
-                            if c.nics > 1 else "")
-                         + (" (NCCL's NVLS tree over two nodes)" if runs_nvls_tree(c) else ""))
+                         + (f", {rate / 1e9:g} GB/s as NCCL's NVLS tree over two nodes (twice "
+                            f"a ring over its {c.nics} GPUs' NICs per node, at most NVLS's "
+                            "inside the node)" if runs_nvls_tree(c) else
+                            f", {rate / 1e9:g} GB/s over its {c.nics} GPUs' NICs per node"
+                            if c.nics > 1 else ""))
         elif not gpu.p2p:
             staged.append(c.name)
         elif is_bridged_pair(gpu, c.group, c.stride):
