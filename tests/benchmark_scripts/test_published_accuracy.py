@@ -109,3 +109,17 @@ def test_megatron_loss_moves_the_bytes_of_its_unfused_cross_entropy():
     assert after["backward"] - before["backward"] == pytest.approx(
         -8 / 22 * loss["loss", "backward"])
     assert after["optimizer"] == before["optimizer"]
+
+
+def test_the_fits_loss_breaks_ties_in_the_attention_share_toward_one(monkeypatch):
+    # rows predicted exactly (no error): the loss is the tie-breaker alone, 0.01 x log(a)^2,
+    # so a share the rows cannot tell apart settles at 1.0
+    runs = [{"source": s, "measured_tps_gpu": 100.0} for s in ("a", "a", "b")]
+    monkeypatch.setattr(pa, "predicted_tps_gpu", lambda run, shares: 100.0)
+    base = {"matmul_share": 0.8, "memory": 0.7, "kernel_us": 20.0, "overlap": 0.3}
+    assert pa._loss(runs, {**base, "attention_share": 1.0}) == 0.0
+    assert pa._loss(runs, {**base, "attention_share": 1.25}) == pytest.approx(
+        0.01 * 0.22314355 ** 2)
+    fitted = pa.fit(runs, start={**base, "attention_share": 1.5},
+                    fixed={"kernel_us": 20.0})
+    assert fitted["attention_share"] == pytest.approx(1.0, abs=0.02)
