@@ -36,10 +36,10 @@ import torch  # noqa: E402
 from common import QUICK, machine_line, write_results  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+from vramplan.job import OP_LEVEL_CHECKPOINTING as SAC_POLICIES  # noqa: E402
 from vramplan.job import Job  # noqa: E402
 from vramplan.models import load_architecture  # noqa: E402
 from vramplan.planning.efficiency import shipped_factors  # noqa: E402
-from vramplan.planning.performance import SAC_POLICIES  # noqa: E402
 from vramplan.planning.traffic import step_traffic  # noqa: E402
 from vramplan.training.hf_model import load_model_config  # noqa: E402
 from vramplan.training.saved import SavedTensorBytes  # noqa: E402
@@ -73,23 +73,25 @@ class _Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _step(setup, forward=None, backward=None) -> None:
+    """One forward (under `forward`, a context) and backward (under `backward`) of the
+    setup's own batch."""
+    batch = setup.make_batch()
+    with forward or contextlib.nullcontext(), setup.autocast():
+        loss = setup.compute_loss(setup.model, batch)
+    with backward or contextlib.nullcontext():
+        loss.backward()
+    setup.model.zero_grad(set_to_none=True)
+
+
 def _step_ops(job: Job, depth: int) -> tuple[int, int, float, float]:
     """(forward ops, backward ops, seconds per step untimed by the counter, the same with
     `vramplan measure`'s hooks on: saved-tensor recording and a per-parameter gradient hook)
     at `depth`."""
     setup = _shrunk_setup(job, depth)
-
-    def step(forward=None, backward=None):
-        batch = setup.make_batch()
-        with forward or contextlib.nullcontext(), setup.autocast():
-            loss = setup.compute_loss(setup.model, batch)
-        with backward or contextlib.nullcontext():
-            loss.backward()
-        setup.model.zero_grad(set_to_none=True)
-
-    step()  # warm-up
+    _step(setup)  # warm-up
     forward, backward = _Count(), _Count()
-    step(forward, backward)
+    _step(setup, forward, backward)
 
     def timed(hooked: bool) -> float:
         saved = SavedTensorBytes([*setup.model.parameters()])
@@ -100,7 +102,7 @@ def _step_ops(job: Job, depth: int) -> tuple[int, int, float, float]:
             start = time.perf_counter()
             if hooked:
                 saved.reset()
-            step(saved.recording() if hooked else None)
+            _step(setup, saved.recording() if hooked else None)
             times.append(time.perf_counter() - start)
         for hook in hooks:
             hook.remove()
@@ -129,17 +131,12 @@ def _shrunk_setup(job: Job, depth: int):
 
 def _step_seconds(setup, repeats: int) -> float:
     """Median seconds of one forward + backward of the setup's own batch."""
-    def step():
-        with setup.autocast():
-            loss = setup.compute_loss(setup.model, setup.make_batch())
-        loss.backward()
-        setup.model.zero_grad(set_to_none=True)
     for _ in range(3):  # warm-up
-        step()
+        _step(setup)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        step()
+        _step(setup)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

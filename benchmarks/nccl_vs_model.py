@@ -26,7 +26,6 @@ benchmarks/results/nccl_vs_model.md and .json.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import math
 import statistics
 import sys
@@ -41,7 +40,6 @@ from vramplan.planning.comm import (  # noqa: E402
     Collective,
     collective_latency_s,
     link_bytes_s,
-    nvls_share,
     placed,
     ring_bytes,
 )
@@ -107,11 +105,8 @@ def collective(row: dict, gpu: GPU) -> tuple[Collective, float]:
     link = "network" if nodes > 1 else "interconnect"
     c = Collective(row["collective"], ring_bytes(kind, float(row["size_bytes"]), n), "step",
                    "", link, n, nics=per_node if nodes > 1 else 1, kind=kind)
-    c = placed(c, gpu, per_node)
     # a run that forces NCCL's ring runs neither NVLS nor the NVLS tree
-    if row["ring_forced"]:
-        c = dataclasses.replace(c, nvls=False, link_share=c.link_share / nvls_share(c, gpu))
-    return c, network
+    return placed(c, gpu, per_node, nvls=False if row["ring_forced"] else None), network
 
 
 def predicted_s(row: dict, efficiency: float) -> float:

@@ -46,6 +46,8 @@ OptimizerImpl = Literal["foreach", "fused", "loop"]
 # per-layer SAC with N = 2), the other blocks keep everything.
 Checkpointing = Literal["none", "selective", "full", "selective:torchtitan-op",
                         "selective:every-2nd-layer"]
+# the modes torch's selective activation checkpointing runs (a policy called on every op)
+OP_LEVEL_CHECKPOINTING = ("selective", "selective:torchtitan-op")
 # eager: the scores are materialised (matmul, softmax, dropout, matmul). The others are
 # fused kernels that keep q, k, v, the output and the softmax statistics only (the same
 # memory); they differ in speed. sdpa: torch's scaled_dot_product_attention, which picks

@@ -390,14 +390,14 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
     return [placed(c, gpu, per_node) for c in out] + host_copies(job, arch, step)
 
 
-def placed(c: Collective, gpu: GPU, per_node: int) -> Collective:
+def placed(c: Collective, gpu: GPU, per_node: int, *, nvls: bool | None = None) -> Collective:
     """`c` in its node's wiring (a node of `per_node` GPUs of kind `gpu`): a switchless
     mesh's share of the interconnect (a pipeline send's was set for its one peer), whether
-    the node runs NVLS, and NVLS's speedup of an all-reduce. (A bridged pair's link is
-    link_bytes_s's: a rate, not a share.)"""
+    the node runs NVLS (`nvls`, else NCCL's default there: nvls_node), and NVLS's speedup
+    of an all-reduce. (A bridged pair's link is link_bytes_s's: a rate, not a share.)"""
     share = (mesh_share(gpu, per_node, c.group)
              if c.link == "interconnect" and "pipeline" not in c.name else c.link_share)
-    c = dataclasses.replace(c, nvls=nvls_node(gpu, per_node))
+    c = dataclasses.replace(c, nvls=nvls_node(gpu, per_node) if nvls is None else nvls)
     return dataclasses.replace(c, link_share=share * nvls_share(c, gpu))
 
 

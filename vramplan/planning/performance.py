@@ -37,7 +37,7 @@ from vramplan.engines.precision import eager_torchao_nf4
 from vramplan.engines.step import describe_step
 from vramplan.fit import PRECISION_MATMUL_DTYPE
 from vramplan.hardware.gpu import GPU
-from vramplan.job import Job
+from vramplan.job import OP_LEVEL_CHECKPOINTING, Job
 from vramplan.models import Architecture, load_architecture
 from vramplan.planning.amount import TrainingAmount
 from vramplan.planning.comm import (
@@ -77,8 +77,6 @@ from vramplan.planning.traffic import (
 from vramplan.units import format_bytes
 
 MICRO_PHASES = ("forward", "backward", "recompute")
-# the checkpointing modes run by torch's selective activation checkpointing (a Python policy)
-SAC_POLICIES = ("selective", "selective:torchtitan-op")
 # a step that waits this much on its kernel launches gets a note: its time is the CPU's
 HOST_BOUND_SHARE = 0.5
 # a step whose collectives' NCCL latency is this much of it gets a note
@@ -329,7 +327,7 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
     sixteen_bit_wgrad = dtype == "fp8" and job.fp8.recipe == "rowwise_with_gw_hp"
     # torch's selective checkpointing policy runs in Python on every op of each block's
     # forward and recompute (the head's few are left in); compiled blocks trace it away
-    policy = sac_host_scale() if job.checkpointing in SAC_POLICIES and not (
+    policy = sac_host_scale() if job.checkpointing in OP_LEVEL_CHECKPOINTING and not (
         job.compiles_blocks) else 1.0
     if policy > 1:
         notes.append(f"{job.checkpointing} checkpointing: torch's policy runs in Python on "
@@ -385,13 +383,16 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
                                      c.overlaps, c.link == "network",
                                      c.calls * collective_latency_s(c, gpu)))
         if c.link == "network":
+            via = ""
+            if runs_nvls_tree(c):
+                via = (f", {rate / 1e9:g} GB/s as NCCL's NVLS tree over two nodes (twice a "
+                       f"ring over its {c.nics} GPUs' NICs per node, at most NVLS's inside "
+                       "the node)")
+            elif c.nics > 1:
+                via = f", {rate / 1e9:g} GB/s over its {c.nics} GPUs' NICs per node"
             notes.append(f"{c.name} crosses nodes: {network / 1e9:g} GB/s per GPU"
                          + ("" if job.parallel.network_gb_s is None else " (parallel.network_gb_s)")
-                         + (f", {rate / 1e9:g} GB/s as NCCL's NVLS tree over two nodes (twice "
-                            f"a ring over its {c.nics} GPUs' NICs per node, at most NVLS's "
-                            "inside the node)" if runs_nvls_tree(c) else
-                            f", {rate / 1e9:g} GB/s over its {c.nics} GPUs' NICs per node"
-                            if c.nics > 1 else ""))
+                         + via)
         elif not gpu.p2p:
             staged.append(c.name)
         elif is_bridged_pair(gpu, c.group, c.stride):

@@ -8,7 +8,7 @@ from vramplan.engines import pipeline
 from vramplan.engines.formula import dora
 from vramplan.engines.precision import Dtypes, adapter_bytes, dtypes_for
 from vramplan.engines.step import Shapes, attention_impl
-from vramplan.job import Job
+from vramplan.job import OP_LEVEL_CHECKPOINTING, Job
 from vramplan.models import Architecture
 
 
@@ -59,7 +59,7 @@ def stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
         if job.checkpointing == "full":
             # each block keeps only its input; one block is recomputed at a time in backward
             total += stack.num_layers * dt.residual * job.batch_size * seq * stack.hidden_size
-        elif job.checkpointing in ("selective", "selective:torchtitan-op"):
+        elif job.checkpointing in OP_LEVEL_CHECKPOINTING:
             policy = (act.block_matmul_outputs if job.checkpointing == "selective"
                       else act.block_op_sac_outputs)
             kept = policy(stack, act.BlockShape(job.batch_size, seq, encoder_seq), dt,
@@ -80,7 +80,7 @@ def stack_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes):
             total += checkpointed * block_input + (stack.num_layers - checkpointed) * block
         else:
             total += stack.num_layers * block
-    if job.checkpointing in ("selective", "selective:torchtitan-op") \
+    if job.checkpointing in OP_LEVEL_CHECKPOINTING \
             and not job.activation_offload:
         return total, recomputed
     return total, largest
@@ -191,7 +191,7 @@ def offloaded_activations(job: Job, arch: Architecture, shapes: Shapes, dt: Dtyp
     no offloaded tensor late enough to push it out of the stash."""
     on_gpu = 0.0
     block_inputs = _block_inputs(job, arch, shapes, dt)
-    if job.checkpointing in ("selective", "selective:torchtitan-op"):
+    if job.checkpointing in OP_LEVEL_CHECKPOINTING:
         inputs = sum(st.num_layers * b for st, b in zip(arch.stacks, block_inputs))
         on_gpu = max(0.0, layer_acts - inputs * stage.layer_share * stage.in_flight)
     if job.checkpointing != "none" and job.peft is not None:
@@ -216,7 +216,7 @@ def offloaded_bytes(job: Job, arch: Architecture, shapes: Shapes, dt: Dtypes) ->
     if not arch.stacks:
         return 0.0
     inputs = _block_inputs(job, arch, shapes, dt)
-    if job.checkpointing in ("full", "selective", "selective:torchtitan-op"):
+    if job.checkpointing in ("full", *OP_LEVEL_CHECKPOINTING):
         return sum(st.num_layers * b for st, b in zip(arch.stacks, inputs))
     saved, _ = stack_activations(job, arch, shapes, dt)
     if job.compiles_blocks or (job.peft and job.peft.method == "qlora"):
