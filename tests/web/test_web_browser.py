@@ -341,6 +341,30 @@ def test_a_bad_gpu_in_the_sweep_list_shows_beside_that_list(page, server):
     assert page.inner_text("#err-gpu") == ""
 
 
+def test_the_live_estimate_answering_late_keeps_the_sweeps_refusal(page, server):
+    """CI once saw the page's own estimate answer after the sweep's refusal and wipe it: hold
+    the estimate until the sweep has answered, then let it through."""
+    held, released = [], []
+
+    def hold_until_released(route):
+        if released:
+            route.continue_()
+        else:
+            held.append(route)
+    page.route("**/api/v1/estimate", hold_until_released)
+    page.goto(server.url + "?view=sweep&sweep_gpus=L4%2CH9000")
+    page.wait_for_function("() => document.getElementById('err-gpus').textContent"
+                           ".includes('H9000')")
+    while not held:
+        page.wait_for_timeout(20)
+    released.append(True)
+    for route in held:
+        route.continue_()
+    page.wait_for_selector("#kpi-peak_allocated[data-bytes]", state="attached")
+    assert "H9000" in page.inner_text("#err-gpus")
+    assert "bad" in page.get_attribute("#f-gpus", "class")
+
+
 def test_plan_never_plans_an_uploaded_configs_file_name(page, server, tmp_path):
     """The link's own plan (the default job) answers after the uploaded file's refusal: the
     page keeps the refusal (CI once saw the late answer fill the table)."""
