@@ -365,6 +365,20 @@ def test_the_live_estimate_answering_late_keeps_the_sweeps_refusal(page, server)
     assert "bad" in page.get_attribute("#f-gpus", "class")
 
 
+def test_the_live_estimate_keeps_a_views_general_message_and_clears_its_own(page, server):
+    page.goto(server.url)
+    page.wait_for_selector("#kpi-peak_allocated[data-bytes]", state="attached")
+    says = page.evaluate("""() => {
+        const view = {errors: [{field: "", message: "the view's refusal"}]};
+        const own = {errors: [{field: "", message: "the estimate's refusal"}]};
+        const general = () => document.getElementById("err-general").textContent;
+        showErrors(view); clearErrors(VIEW_ERRORS); const afterView = general();
+        clearErrors(); showErrors(own, {}, "estimate"); clearErrors(VIEW_ERRORS);
+        return [afterView, general()];
+    }""")
+    assert says == ["the view's refusal ", ""]
+
+
 def test_plan_never_plans_an_uploaded_configs_file_name(page, server, tmp_path):
     """The link's own plan (the default job) answers after the uploaded file's refusal: the
     page keeps the refusal (CI once saw the late answer fill the table)."""
