@@ -340,3 +340,13 @@ def test_sweep_chart_legend_shows_its_lines_in_their_colours():
     for line in legend.get_lines():  # white on a white box was invisible
         assert to_rgba(line.get_color()) != background
     assert background != to_rgba("white")
+
+
+def test_the_terminal_shows_the_reports_cost_of_a_million_tokens(run_cli):
+    """Without --tokens the terminal prints the figure the JSON (and the web page) carry."""
+    _, out, _ = run_cli("estimate", "llama-3.2-1b", "--gpu", "H100-SXM", "--json")
+    perf = _strict_json(out)["performance"]
+    code, out, _ = run_cli("estimate", "llama-3.2-1b", "--gpu", "H100-SXM")
+    assert code == 0
+    assert f"cost: ${perf['cost_per_million_tokens_usd']:.3f} per million tokens" in \
+        " ".join(out.split())

@@ -390,6 +390,17 @@ def test_training_time_and_cost_follow_from_the_step():
     assert predict(job, H100).training_time_s is None
 
 
+def test_a_million_tokens_cost_follows_from_the_price_and_speed():
+    """Without an amount the cost of a million tokens, one figure every surface shows: two
+    GPUs at 1 USD an hour each, 2 x 4 x 2048 tokens a step."""
+    job = _job(parallel=Parallel(strategy="ddp", num_gpus=2))
+    perf = predict(job, H100, TrainingAmount(price_per_hour=1.0))
+    seconds = perf.step_time_s * 10**6 / (2 * 4 * 2048)
+    assert perf.cost_per_million_tokens_usd == pytest.approx(2 * 1.0 * seconds / 3600)
+    assert perf.cost_usd is None
+    assert predict(job, get_gpu("MI250X")).cost_per_million_tokens_usd is None
+
+
 @pytest.mark.parametrize("amount,message", [
     (dict(tokens=0), "greater than 0"),
     (dict(tokens=10, samples=10), "not tokens and samples"),

@@ -291,8 +291,7 @@ def test_the_page_shows_the_one_estimates_verdict_time_cost_and_fixes(page, serv
     lo, hi = perf.step_time_range_s
     assert page.inner_text("#kpi-step_time") == (
         f"{perf.step_time_s:.3f} s (80%: {lo:.3f}–{hi:.3f} s)")
-    per_million = perf.price_per_hour * perf.num_gpus / 3600 / perf.tokens_per_s * 1e6
-    assert page.inner_text("#kpi-cost") == f"${per_million:.3f} / M tokens"
+    assert page.inner_text("#kpi-cost") == f"${perf.cost_per_million_tokens_usd:.3f} / M tokens"
     shown = [li.inner_text() for li in page.query_selector_all("#fixes li")]
     assert [s.split(" — ")[0] for s in shown] == [f"To fit: {f.flags}" for f in expected.to_fit]
     assert page.problems == []

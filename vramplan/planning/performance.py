@@ -635,7 +635,8 @@ def _training(amount: TrainingAmount | None, gpu: GPU, step: float, tokens_per_s
               samples_per_step: int, num_gpus: int) -> dict:
     """Training time, GPU-hours and cost for `amount`; None where not computable."""
     price = (amount.price_per_hour if amount and amount.price_per_hour else gpu.price_per_hour)
-    out: dict = {"price_per_hour": price}
+    out: dict = {"price_per_hour": price, "cost_per_million_tokens_usd": (
+        price * num_gpus / 3600 * step / tokens_per_step * 1e6 if price is not None else None)}
     steps = amount.steps(tokens_per_step, samples_per_step) if amount else None
     if steps is None:
         return out
@@ -673,8 +674,8 @@ def per_gpu(job: Job, fits: list, amount: TrainingAmount | None = None,
         if perf is None:
             return (not fit.fits, float("inf"))
         if sort == "cost":
-            value = perf.cost_usd if perf.cost_usd is not None else (
-                perf.price_per_hour / perf.tokens_per_s if perf.price_per_hour else None)
+            value = (perf.cost_usd if perf.cost_usd is not None
+                     else perf.cost_per_million_tokens_usd)
             return (not fit.fits, value if value is not None else float("inf"))
         return (not fit.fits, perf.step_time_s / perf.tokens_per_step)
 

@@ -333,9 +333,6 @@ class _Search:
                                price_per_hour=self.amount.price_per_hour)
         report = self.memory(job, (gpu,))
         fit = report.fits[0]
-        price = perf.price_per_hour
-        per_million = (price * job.parallel.num_gpus / 3600 / perf.tokens_per_s * 1e6
-                       if price else None)
         changes, flags = describe_changes(self.job, job)
         owned = hardware(gpu, job.parallel.num_gpus)
         if owned == "owned":
@@ -347,7 +344,7 @@ class _Search:
                          training_time_s=perf.training_time_s,
                          training_time_range_s=perf.training_time_range_s,
                          gpu_hours=perf.gpu_hours, cost_usd=perf.cost_usd,
-                         cost_range_usd=perf.cost_range_usd, cost_per_million_tokens=per_million,
+                         cost_range_usd=perf.cost_range_usd, cost_per_million_tokens=perf.cost_per_million_tokens_usd,
                          device_total_bytes=fit.required_bytes, usable_bytes=fit.usable_bytes)
 
     def answer(self, max_cost: float | None, deadline_s: float | None, top: int) -> Plan:

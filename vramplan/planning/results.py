@@ -62,6 +62,9 @@ class Performance(_Frozen):
     gpu_hours: float | None = Field(None, description="training time x GPUs")
     price_per_hour: float | None = Field(None, description="USD per GPU-hour used for the cost")
     cost_usd: float | None = Field(None, description="gpu_hours x price_per_hour")
+    cost_per_million_tokens_usd: float | None = Field(
+        None, description="USD for a million tokens (samples for vision) at this speed: "
+        "price_per_hour x num_gpus / tokens_per_s, per million; null without a price")
     factors: str = Field("", description="where the efficiency factors come from")
     step_time_range_s: tuple[float, float] | None = Field(
         None, description="80% interval of the step time, from the model's out-of-sample "

@@ -208,7 +208,7 @@ def measured_section(report: MemoryReport) -> Section:
 
 def performance_section(report: MemoryReport) -> Section:
     """Predicted step time, throughput and (with an amount of training) time and cost."""
-    from vramplan.views.plan_view import duration, money
+    from vramplan.views.plan_view import cost_words, duration
 
     perf = report.performance
     kpis = kpis_html([
@@ -219,9 +219,7 @@ def performance_section(report: MemoryReport) -> Section:
         ("MFU", f"{100 * perf.mfu:.0f}%"),
         ("bound by", perf.bound),
         ("training time", duration(perf.training_time_s)),
-        ("cost", money(perf.cost_usd) + (
-            f" (80%: {money(perf.cost_range_usd[0])}-{money(perf.cost_range_usd[1])})"
-            if perf.cost_range_usd else "")),
+        ("cost", cost_words(perf)),
     ])
     rows = [(p.phase, duration(p.time_s), p.per_step, p.bound) for p in perf.phases]
     body = kpis + table_html(("phase", "time", "x per step", "bound"), rows, numeric=(1, 2))

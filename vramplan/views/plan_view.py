@@ -26,6 +26,16 @@ def money(usd: float | None) -> str:
     return "-" if usd is None else f"${usd:,.0f}" if usd >= 100 else f"${usd:,.2f}"
 
 
+def cost_words(perf: Performance) -> str:
+    """The training's cost with its 80% interval; without an amount (--tokens ...), the cost
+    of a million tokens; '-' without a price."""
+    if perf.cost_usd is not None:
+        return money(perf.cost_usd) + _ranges((perf.cost_range_usd, money))
+    if perf.cost_per_million_tokens_usd is not None:
+        return f"${perf.cost_per_million_tokens_usd:.3f} / M tokens"
+    return "-"
+
+
 def print_performance(perf: Performance, console: Console) -> None:
     console.print(f"\n[bold]Performance[/bold] on {perf.num_gpus} x {perf.gpu} "
                   f"({perf.compute_dtype} {perf.cores}; factors: {escape(perf.factors)})")
@@ -50,6 +60,9 @@ def print_performance(perf: Performance, console: Console) -> None:
                       f"{t_span}, {perf.gpu_hours:,.1f} GPU-hours, "
                       + (f"{money(perf.cost_usd)}{c_span} at ${perf.price_per_hour:g}/GPU-hour"
                          if perf.cost_usd is not None else "no price known (--price-per-hour)"))
+    elif perf.cost_per_million_tokens_usd is not None:
+        console.print(f"cost: ${perf.cost_per_million_tokens_usd:.3f} per million tokens at "
+                      f"${perf.price_per_hour:g}/GPU-hour (--tokens for a training's cost)")
     for note in perf.notes:
         console.print(f"  note: {escape(note)}")
 
@@ -129,7 +142,6 @@ def _cost_cell(perf: Performance | None) -> str:
         return "-"
     if perf.cost_usd is not None:
         return money(perf.cost_usd)
-    if not perf.price_per_hour or not perf.tokens_per_s:
+    if perf.cost_per_million_tokens_usd is None:
         return "-"
-    per_million = perf.price_per_hour * perf.num_gpus / perf.tokens_per_s / 3600 * 1e6
-    return money(per_million)
+    return money(perf.cost_per_million_tokens_usd)
