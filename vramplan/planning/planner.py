@@ -344,7 +344,8 @@ class _Search:
                          training_time_s=perf.training_time_s,
                          training_time_range_s=perf.training_time_range_s,
                          gpu_hours=perf.gpu_hours, cost_usd=perf.cost_usd,
-                         cost_range_usd=perf.cost_range_usd, cost_per_million_tokens=perf.cost_per_million_tokens_usd,
+                         cost_range_usd=perf.cost_range_usd,
+                         cost_per_million_tokens=perf.cost_per_million_tokens_usd,
                          device_total_bytes=fit.required_bytes, usable_bytes=fit.usable_bytes)
 
     def answer(self, max_cost: float | None, deadline_s: float | None, top: int) -> Plan:
