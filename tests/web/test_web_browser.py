@@ -66,6 +66,30 @@ def api(server, path: str, body: dict) -> dict:
     return r.json()
 
 
+class Held:
+    """Requests to `pattern` wait here until release() (with first_only, the first one only;
+    the later ones go through), so a test can order the page's answers."""
+
+    def __init__(self, page, pattern: str, first_only: bool = False):
+        self.page, self.routes, self.released = page, [], False
+
+        def hold(route):
+            if self.released or (first_only and self.routes):
+                route.continue_()
+            else:
+                self.routes.append(route)
+        page.route(pattern, hold)
+
+    def wait(self) -> None:
+        while not self.routes:
+            self.page.wait_for_timeout(20)
+
+    def release(self) -> None:
+        self.released = True
+        for route in self.routes:
+            route.continue_()
+
+
 def shown_bytes(page, kpi: str = "kpi-peak_allocated") -> int | None:
     value = page.get_attribute(f"#{kpi}", "data-bytes")
     return int(value) if value else None
@@ -343,22 +367,12 @@ def test_a_bad_gpu_in_the_sweep_list_shows_beside_that_list(page, server):
 def test_the_live_estimate_answering_late_keeps_the_sweeps_refusal(page, server):
     """CI once saw the page's own estimate answer after the sweep's refusal and wipe it: hold
     the estimate until the sweep has answered, then let it through."""
-    held, released = [], []
-
-    def hold_until_released(route):
-        if released:
-            route.continue_()
-        else:
-            held.append(route)
-    page.route("**/api/v1/estimate", hold_until_released)
+    estimate = Held(page, "**/api/v1/estimate")
     page.goto(server.url + "?view=sweep&sweep_gpus=L4%2CH9000")
     page.wait_for_function("() => document.getElementById('err-gpus').textContent"
                            ".includes('H9000')")
-    while not held:
-        page.wait_for_timeout(20)
-    released.append(True)
-    for route in held:
-        route.continue_()
+    estimate.wait()
+    estimate.release()
     page.wait_for_selector("#kpi-peak_allocated[data-bytes]", state="attached")
     assert "H9000" in page.inner_text("#err-gpus")
     assert "bad" in page.get_attribute("#f-gpus", "class")
@@ -383,17 +397,9 @@ def test_plan_never_plans_an_uploaded_configs_file_name(page, server, tmp_path):
     page keeps the refusal (CI once saw the late answer fill the table)."""
     path = tmp_path / "gpt2.json"  # named like a catalog model
     path.write_text(json.dumps(TINY_LLAMA))
-    held = []
-
-    def hold_the_first(route):  # the plan the link starts waits; later ones go through
-        if held:
-            route.continue_()
-        else:
-            held.append(route)
-    page.route("**/api/v1/plan", hold_the_first)
+    plan = Held(page, "**/api/v1/plan", first_only=True)  # the plan the link starts
     page.goto(server.url + "?view=plan")
-    while not held:
-        page.wait_for_timeout(20)
+    plan.wait()
     page.wait_for_selector("#kpi-peak_allocated[data-bytes]", state="attached")
     default = page.get_attribute("#kpi-peak_allocated", "data-bytes")
     page.set_input_files("#config-file", str(path))
@@ -404,7 +410,7 @@ def test_plan_never_plans_an_uploaded_configs_file_name(page, server, tmp_path):
     page.wait_for_function("() => document.getElementById('err-general').textContent"
                            ".includes('catalog models only')")
     with page.expect_response("**/api/v1/plan"):
-        held[0].continue_()
+        plan.release()
     page.wait_for_timeout(300)  # time for the page to handle the late answer
     assert page.query_selector_all("#plan-table tbody tr") == []
     assert "catalog models only" in page.inner_text("#err-general")
