@@ -16,6 +16,7 @@ from vramplan.planning.amount import TrainingAmount
 from vramplan.planning.comm import collectives, ring_bytes
 from vramplan.planning.efficiency import factors_for
 from vramplan.planning.flops import step_flops
+from vramplan.planning.options import PlanOptions
 from vramplan.planning.performance import phase_times, predict, step_terms
 
 LLAMA_1B_PARAMS = 1_235_814_400  # llama-3.2-1b with its tied head (tests/models/test_models.py)
@@ -401,8 +402,16 @@ def test_a_million_tokens_cost_follows_from_the_price_and_speed():
     assert predict(job, get_gpu("MI250X")).cost_per_million_tokens_usd is None
 
 
+def test_a_count_may_be_written_as_the_cli_takes_it():
+    """The Python API, the web API and the planner read '2B' as `--tokens 2B` does."""
+    assert TrainingAmount(tokens="2B").tokens == 2 * 10**9
+    assert TrainingAmount(samples="1.5k", dataset_tokens="1e9").samples == 1500
+    assert PlanOptions(tokens="500M", global_batch_tokens="4M").global_batch_tokens == 4 * 10**6
+
+
 @pytest.mark.parametrize("amount,message", [
-    (dict(tokens=0), "greater than 0"),
+    (dict(tokens=0), "tokens: .*greater than or equal to 1"),
+    (dict(tokens="2x"), "tokens: '2x' is not a positive count; write e.g. 2B"),
     (dict(tokens=10, samples=10), "not tokens and samples"),
     (dict(epochs=1), "dataset_samples"),
     # a price this large made every cost inf; the bound is the API's and the planner's

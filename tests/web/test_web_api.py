@@ -312,6 +312,11 @@ def test_plan_equals_the_library(client):
     expected = plan(Job(model="llama-3.2-1b", seq_len=1024), tokens=10**9,
                     gpus=["L4", "A100-80GB"], max_gpus=8, allow=("lora",))
     assert r.json()["plan"] == expected.model_dump(mode="json")
+    as_typed = client.post("/api/v1/plan", json={**body, "tokens": "1B"})  # as the CLI reads it
+    assert as_typed.json()["plan"] == r.json()["plan"]
+    typo = client.post("/api/v1/plan", json={**body, "tokens": "1 billion"})
+    assert typo.status_code == 422 and typo.json()["errors"][0]["field"] == "tokens"
+    assert "write e.g. 2B, 500M" in typo.json()["errors"][0]["message"]
     page = client.post("/api/v1/plan?format=html", json=body).text
     assert ("vramplan plan llama-3.2-1b --seq-len 1024 --tokens 1B --gpus "
             "L4,A100-80GB --max-gpus 8 --allow lora") in page  # the defaults left out

@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
 # The most of each amount: far beyond any training run (2026's largest: ~4e13 tokens), and
 # they keep every time and cost finite (a price of 1e308 made the cost inf). The API's and
@@ -15,16 +17,37 @@ MOST = {"tokens": 10**15, "samples": 10**13, "epochs": 10_000, "dataset_samples"
         "dataset_tokens": 10**15, "price_per_hour": 10_000}
 
 
+def count_type(most: int) -> Any:
+    """The type of a count field (tokens, samples, a global batch): a whole number from 1 to
+    `most`, or text as the CLI reads it ('2B', '500M', '10k', '1e9': parse_count), so the
+    Python API, the web API and the page read a count as the CLI does."""
+    return Annotated[int, BeforeValidator(_count_from_text), Field(ge=1, le=most),
+                     WithJsonSchema({"anyOf": [
+                         {"type": "integer", "minimum": 1, "maximum": most},
+                         {"type": "string", "examples": ["2B", "500M", "10k", "1e9"]}]})]
+
+
+def _count_from_text(value: object) -> object:
+    if not isinstance(value, str):
+        return value  # the field's own checks judge it
+    from vramplan.errors import JobError
+
+    try:
+        return parse_count(value, "count")
+    except JobError as error:
+        raise ValueError(str(error).removeprefix("count: ")) from None
+
+
 class TrainingAmount(BaseModel):
     """One of tokens, samples, or epochs (with the dataset's size); an optional price."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tokens: int | None = Field(None, gt=0, le=MOST["tokens"])  # tokens to train on, all GPUs
-    samples: int | None = Field(None, gt=0, le=MOST["samples"])  # sequences, images, clips
+    tokens: count_type(MOST["tokens"]) | None = None  # tokens to train on, all GPUs
+    samples: count_type(MOST["samples"]) | None = None  # sequences, images, clips
     epochs: float | None = Field(None, gt=0, le=MOST["epochs"])  # passes over the dataset
-    dataset_samples: int | None = Field(None, gt=0, le=MOST["dataset_samples"])  # per epoch
-    dataset_tokens: int | None = Field(None, gt=0, le=MOST["dataset_tokens"])  # or tokens
+    dataset_samples: count_type(MOST["dataset_samples"]) | None = None  # per epoch
+    dataset_tokens: count_type(MOST["dataset_tokens"]) | None = None  # or tokens
     # USD per GPU-hour (overrides catalog); inf or NaN would make every cost inf or NaN
     price_per_hour: float | None = Field(None, gt=0, le=MOST["price_per_hour"],
                                          allow_inf_nan=False)

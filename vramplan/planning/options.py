@@ -22,7 +22,7 @@ from pydantic import (
 
 from vramplan.errors import JobError
 from vramplan.fit import MAX_MARGIN, SAFETY_MARGIN
-from vramplan.planning.amount import MOST
+from vramplan.planning.amount import MOST, count_type
 from vramplan.planning.techniques import ALLOW_NAMES, PLANNER_ALLOW, TECHNIQUES
 
 DEFAULT_MAX_GPUS = 512
@@ -48,8 +48,8 @@ AllowName = Annotated[str, AfterValidator(_known), WithJsonSchema(
     {"type": "string", "enum": list(ALLOW)})]
 
 
-def _count(most: int, what: str):
-    return Field(None, ge=1, le=most, description=what)
+def _count(what: str):
+    return Field(None, description=what)
 
 
 def _amount(most: float, what: str):
@@ -62,10 +62,10 @@ class PlanOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tokens: int | None = _count(MOST["tokens"], "tokens to train on")
-    samples: int | None = _count(MOST["samples"], "samples to train on")
+    tokens: count_type(MOST["tokens"]) | None = _count("tokens to train on")
+    samples: count_type(MOST["samples"]) | None = _count("samples to train on")
     epochs: float | None = _amount(MOST["epochs"], "passes over the dataset")
-    dataset_samples: int | None = _count(MOST["dataset_samples"], "samples per epoch")
+    dataset_samples: count_type(MOST["dataset_samples"]) | None = _count("samples per epoch")
     price_per_hour: float | None = _amount(MOST["price_per_hour"], "USD per GPU-hour "
                                            "(default: the catalog's)")
     gpus: tuple[str, ...] = Field((), max_length=64, description="GPU types to consider "
@@ -76,10 +76,10 @@ class PlanOptions(BaseModel):
     deadline_s: float | None = _amount(1e10, "longest training time, seconds")
     allow: tuple[AllowName, ...] = Field((), description="changes to the maths of training "
                                          f"you accept: {', '.join(ALLOW)}")
-    global_batch: int | None = _count(10**8, "samples per optimizer step every "
-                                      "configuration keeps (default: the job's own)")
-    global_batch_tokens: int | None = _count(10**13, "the global batch in tokens (rounded "
-                                             "to whole samples)")
+    global_batch: count_type(10**8) | None = _count("samples per optimizer step every "
+                                                    "configuration keeps (default: the job's own)")
+    global_batch_tokens: count_type(10**13) | None = _count("the global batch in tokens "
+                                                            "(rounded to whole samples)")
     top: int = Field(10, ge=1, le=1000, description="candidates to return")
     margin: float = Field(SAFETY_MARGIN, description="memory to keep free, a fraction of "
                           f"the usable memory (0 to {MAX_MARGIN:g})")

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from vramplan.fit import SAFETY_MARGIN, Margin
 from vramplan.job import Job
-from vramplan.planning.amount import MOST
+from vramplan.planning.amount import MOST, count_type
 from vramplan.planning.options import PlanOptions
 
 MAX_REQUEST_BYTES = 2 * 1024**2   # whole request body
@@ -108,13 +108,12 @@ def _check_values(value: Any, depth: int) -> None:
 class AmountFields(BaseModel):
     """How much training, for time and cost (vramplan.planning.amount.TrainingAmount)."""
 
-    tokens: int | None = Field(None, ge=1, le=MOST["tokens"], description="tokens to train on")
-    samples: int | None = Field(None, ge=1, le=MOST["samples"],
-                                description="samples to train on")
+    tokens: count_type(MOST["tokens"]) | None = Field(None, description="tokens to train on")
+    samples: count_type(MOST["samples"]) | None = Field(None, description="samples to train on")
     epochs: float | None = Field(None, gt=0, le=MOST["epochs"],
                                  description="passes over the dataset")
-    dataset_samples: int | None = Field(None, ge=1, le=MOST["dataset_samples"],
-                                        description="samples per epoch")
+    dataset_samples: count_type(MOST["dataset_samples"]) | None = Field(
+        None, description="samples per epoch")
     price_per_hour: float | None = Field(None, gt=0, le=MOST["price_per_hour"],
                                          description="USD per GPU-hour")
 
