@@ -38,19 +38,30 @@ def _count_from_text(value: object) -> object:
         raise ValueError(str(error).removeprefix("count: ")) from None
 
 
-class TrainingAmount(BaseModel):
-    """One of tokens, samples, or epochs (with the dataset's size); an optional price."""
+class AmountFields(BaseModel):
+    """How much training and at what price: the fields TrainingAmount, the web API's
+    estimate and the planner's options share (one place for their bounds)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tokens: count_type(MOST["tokens"]) | None = None  # tokens to train on, all GPUs
-    samples: count_type(MOST["samples"]) | None = None  # sequences, images, clips
-    epochs: float | None = Field(None, gt=0, le=MOST["epochs"])  # passes over the dataset
-    dataset_samples: count_type(MOST["dataset_samples"]) | None = None  # per epoch
-    dataset_tokens: count_type(MOST["dataset_tokens"]) | None = None  # or tokens
-    # USD per GPU-hour (overrides catalog); inf or NaN would make every cost inf or NaN
+    tokens: count_type(MOST["tokens"]) | None = Field(
+        None, description="tokens to train on, all GPUs")
+    samples: count_type(MOST["samples"]) | None = Field(
+        None, description="samples (sequences, images, clips) to train on")
+    epochs: float | None = Field(None, gt=0, le=MOST["epochs"], allow_inf_nan=False,
+                                 description="passes over the dataset")
+    dataset_samples: count_type(MOST["dataset_samples"]) | None = Field(
+        None, description="samples per epoch")
+    # inf or NaN would make every cost inf or NaN
     price_per_hour: float | None = Field(None, gt=0, le=MOST["price_per_hour"],
-                                         allow_inf_nan=False)
+                                         allow_inf_nan=False, description="USD per GPU-hour "
+                                         "(default: the catalog's)")
+
+
+class TrainingAmount(AmountFields):
+    """One of tokens, samples, or epochs (with the dataset's size); an optional price."""
+
+    dataset_tokens: count_type(MOST["dataset_tokens"]) | None = None  # or its size in tokens
 
     @model_validator(mode="after")
     def _one_amount(self) -> TrainingAmount:

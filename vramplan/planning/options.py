@@ -11,8 +11,6 @@ from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     WithJsonSchema,
@@ -22,7 +20,7 @@ from pydantic import (
 
 from vramplan.errors import JobError
 from vramplan.fit import MAX_MARGIN, SAFETY_MARGIN
-from vramplan.planning.amount import MOST, count_type
+from vramplan.planning.amount import AmountFields, count_type
 from vramplan.planning.techniques import ALLOW_NAMES, PLANNER_ALLOW, TECHNIQUES
 
 DEFAULT_MAX_GPUS = 512
@@ -56,18 +54,10 @@ def _amount(most: float, what: str):
     return Field(None, gt=0, le=most, allow_inf_nan=False, description=what)
 
 
-class PlanOptions(BaseModel):
+class PlanOptions(AmountFields):
     """An amount of training (for time and cost), the GPUs to consider, limits, and the
     changes to the maths of training the user accepts. Bounds keep every figure finite."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    tokens: count_type(MOST["tokens"]) | None = _count("tokens to train on")
-    samples: count_type(MOST["samples"]) | None = _count("samples to train on")
-    epochs: float | None = _amount(MOST["epochs"], "passes over the dataset")
-    dataset_samples: count_type(MOST["dataset_samples"]) | None = _count("samples per epoch")
-    price_per_hour: float | None = _amount(MOST["price_per_hour"], "USD per GPU-hour "
-                                           "(default: the catalog's)")
     gpus: tuple[str, ...] = Field((), max_length=64, description="GPU types to consider "
                                   "(default: the whole catalog)")
     max_gpus: int = Field(DEFAULT_MAX_GPUS, ge=1, le=MAX_GPUS, description="most GPUs in "

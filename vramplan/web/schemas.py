@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from vramplan.fit import SAFETY_MARGIN, Margin
 from vramplan.job import Job
-from vramplan.planning.amount import MOST, count_type
+from vramplan.planning.amount import AmountFields
 from vramplan.planning.options import PlanOptions
 
 MAX_REQUEST_BYTES = 2 * 1024**2   # whole request body
@@ -105,22 +105,10 @@ def _check_values(value: Any, depth: int) -> None:
                              f"numbers are at most {MAX_CONFIG_NUMBER}")
 
 
-class AmountFields(BaseModel):
-    """How much training, for time and cost (vramplan.planning.amount.TrainingAmount)."""
-
-    tokens: count_type(MOST["tokens"]) | None = Field(None, description="tokens to train on")
-    samples: count_type(MOST["samples"]) | None = Field(None, description="samples to train on")
-    epochs: float | None = Field(None, gt=0, le=MOST["epochs"],
-                                 description="passes over the dataset")
-    dataset_samples: count_type(MOST["dataset_samples"]) | None = Field(
-        None, description="samples per epoch")
-    price_per_hour: float | None = Field(None, gt=0, le=MOST["price_per_hour"],
-                                         description="USD per GPU-hour")
-
-
 class EstimateRequest(JobRequest, AmountFields):
     """The estimate: memory, fit; with job.gpu also step time, cost and fixes."""
 
+    model_config = ConfigDict(extra="forbid", frozen=False)
     margin: Margin = SAFETY_MARGIN
     charts: bool = Field(False, description="also return the figures as inline SVG")
 
