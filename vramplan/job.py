@@ -84,6 +84,7 @@ SAVED_MODULE_NAMES = {"embed_tokens": "embed_tokens", "wte": "embed_tokens",
 # every micro-batch's forward, then every backward (torch.distributed.pipelining's
 # ScheduleGPipe, torchtitan's "GPipe"): 1F1B's bubble, all micro-batches in flight
 PipelineSchedule = Literal["1f1b", "interleaved", "gpipe"]
+CHUNKED_SCHEDULES = ("interleaved",)  # the schedules that read pipeline_chunks
 # the dtype data parallelism's gradient collectives move: grad, the gradients' own (fp32
 # under autocast over fp32 weights, 16-bit in a 16-bit model); compute, the 16-bit compute
 # dtype (FSDP's MixedPrecision reduce_dtype = param_dtype, as Accelerate sets it; DDP's
@@ -701,7 +702,8 @@ def choices() -> dict[str, list[str]]:
     values, the default first, keyed by its path ("precision", "parallel.strategy"): what
     the web page's selects offer, so a value added to the Job reaches them; and under
     "fsdp_strategies" the strategies that have FSDP's gradient-sync switch, under
-    "sharded_strategies" those that shard the parameters (reshard_after_forward)."""
+    "sharded_strategies" those that shard the parameters (reshard_after_forward), under
+    "chunked_schedules" the pipeline schedules that read pipeline_chunks."""
     out = {}
     for prefix, model in (("", Job), ("parallel.", Parallel)):
         for name, field in model.model_fields.items():
@@ -710,4 +712,5 @@ def choices() -> dict[str, list[str]]:
                 out[prefix + name] = [field.default] + [v for v in values if v != field.default]
     out["fsdp_strategies"] = list(FSDP_STRATEGIES)  # where parallel.fsdp_no_sync applies
     out["sharded_strategies"] = list(SHARDED_STRATEGIES)
+    out["chunked_schedules"] = list(CHUNKED_SCHEDULES)  # where parallel.pipeline_chunks applies
     return out

@@ -359,7 +359,9 @@ def test_the_pages_choices_are_the_jobs_own(client):
     assert "<option>" not in page  # no select restates a Job value
     assert offered["fsdp_strategies"] == list(job_module.FSDP_STRATEGIES)
     assert offered["sharded_strategies"] == list(job_module.SHARDED_STRATEGIES)
+    assert offered["chunked_schedules"] == list(job_module.CHUNKED_SCHEDULES)
     assert '"fsdp", "hybrid-shard"' not in page  # nor the strategies with FSDP's switch
+    assert '"interleaved"' not in page  # nor the schedules that take chunks
 
 
 def test_a_refused_pipeline_names_its_field(client):

@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 
 from vramplan.errors import JobError
-from vramplan.job import Job
+from vramplan.job import CHUNKED_SCHEDULES, Job
 from vramplan.models import Architecture
 
 
@@ -102,7 +102,7 @@ def micro_batches(job: Job) -> int:
 def chunks(job: Job) -> int:
     """Model chunks per rank: pipeline_chunks for the interleaved schedule, else 1."""
     par = job.parallel
-    return par.pipeline_chunks if par.pipeline_schedule == "interleaved" else 1
+    return par.pipeline_chunks if par.pipeline_schedule in CHUNKED_SCHEDULES else 1
 
 
 def stage_blocks(job: Job, arch: Architecture) -> list[int]:

@@ -78,6 +78,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from vramplan.engines import pipeline
 from vramplan.engines.formula.saved import offloaded_bytes
 from vramplan.engines.precision import dtypes_for
 from vramplan.engines.step import Step, describe_step
@@ -377,7 +378,7 @@ def collectives(job: Job, arch: Architecture, gpu: GPU, *,
         out.append(Collective("k/v ring exchange (context parallel)", 3 * (cp - 1) * kv / tp,
                               "micro-batch", "both", link(cp, tp), cp, stride=tp))
     if pp > 1:
-        chunks = par.pipeline_chunks if par.pipeline_schedule == "interleaved" else 1
+        chunks = pipeline.chunks(job)
         boundary = job.batch_size * shapes.stack_seq[-1] * arch.stacks[-1].hidden_size * (
             dt.compute) / (tp * cp)
         # point to point: one neighbour's links carry it, whatever the number of stages
