@@ -102,6 +102,8 @@ def wait_for_bytes(page, expected: int, kpi: str = "kpi-peak_allocated", seconds
 
 
 def test_page_loads_and_shows_the_apis_numbers(page, server):
+    from vramplan.engines.memory_report import CATEGORY_HELP
+
     requested = []
     page.on("request", lambda request: requested.append(request.url))
     page.goto(server.url)
@@ -112,6 +114,10 @@ def test_page_loads_and_shows_the_apis_numbers(page, server):
     wait_for_bytes(page, expected["peak_allocated"])
     assert shown_bytes(page, "kpi-device_total") == expected["device_total"]
     assert page.inner_text("#kpi-device_total") == f"{expected['device_total'] / 2**30:.2f} GiB"
+    # each category's words are the terminal's and the HTML report's (CATEGORY_HELP)
+    shown = {row.get_attribute("data-name"): row.query_selector_all("td")[3].inner_text()
+             for row in page.query_selector_all("#categories tbody tr")}
+    assert shown == {name: CATEGORY_HELP[name] for name in expected["categories"]}
     page.wait_for_selector("#chart-breakdown svg")
     assert page.problems == []
     assert requested and all(u.startswith(server.url) for u in requested)  # nothing else

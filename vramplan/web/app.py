@@ -90,6 +90,14 @@ def create_app(*, max_queued_traces: int = 3, trace_grace_s: float = 30.0) -> Fa
 
         return allow_choices()
 
+    @app.get(f"{API}/categories")
+    def categories() -> dict[str, str]:
+        """The report's memory categories, in order, and what each holds (the words the
+        terminal and the HTML report print beside them)."""
+        from vramplan.engines.memory_report import CATEGORIES, CATEGORY_HELP
+
+        return {name: CATEGORY_HELP[name] for name in CATEGORIES}
+
     @app.post(f"{API}/estimate", responses=errors)
     def estimate(body: schemas.EstimateRequest, format: Format = "json") -> Response:
         """The formula engine's MemoryReport (instant), with the command that reproduces it;
