@@ -128,7 +128,7 @@ def test_uploaded_config_is_data(client):
     ({**TINY_LLAMA, "hidden_size": 10**40}, "number out of range"),
     ({k: v for k, v in TINY_LLAMA.items() if k != "num_hidden_layers"}, "num_hidden_layers"),
     ({**TINY_LLAMA, "auto_map": {"AutoModel": "evil.py--Model"}, "pad": "x" * MAX_CONFIG_BYTES},
-     "larger than 1024 KiB"),
+     "larger than 1 MiB"),
 ])
 def test_bad_uploads_are_refused(client, config, words):
     r = client.post("/api/v1/estimate", json={"job": {"model": "tiny"}, "config": config})

@@ -208,6 +208,17 @@ def test_uploaded_config_works(page, server, tmp_path):
     assert "is not supported" in page.inner_text("#err-config")
 
 
+def test_a_too_large_upload_gets_the_servers_refusal_beside_its_field(page, server, tmp_path):
+    """The page keeps no size limit of its own: the API's (MAX_CONFIG_BYTES) speaks."""
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({**TINY_LLAMA, "pad": "x" * (1024**2 + 1)}))
+    page.goto(server.url)
+    page.wait_for_selector("#kpi-peak_allocated[data-bytes]", state="attached")
+    page.set_input_files("#config-file", str(path))
+    page.wait_for_function("() => document.getElementById('err-config').textContent !== ''")
+    assert page.inner_text("#err-config") == "config.json is larger than 1 MiB"
+
+
 def test_downloads(page, server):
     page.goto(server.url + "?model=gpt2&batch_size=2")
     page.wait_for_selector("#kpi-peak_allocated[data-bytes]", state="attached")

@@ -45,7 +45,7 @@ class JobRequest(_Request):
         from vramplan.models import SUPPORTED_MODEL_TYPES
 
         if len(json.dumps(config)) > MAX_CONFIG_BYTES:
-            raise ValueError(f"config.json is larger than {MAX_CONFIG_BYTES // 1024} KiB")
+            raise ValueError(f"config.json is larger than {MAX_CONFIG_BYTES / 2**20:g} MiB")
         _check_values(config, 0)
         model_type = config.get("model_type")
         if model_type is None:
