@@ -32,8 +32,13 @@ def cost_words(perf: Performance) -> str:
     if perf.cost_usd is not None:
         return money(perf.cost_usd) + _ranges((perf.cost_range_usd, money))
     if perf.cost_per_million_tokens_usd is not None:
-        return f"${perf.cost_per_million_tokens_usd:.3f} / M tokens"
+        return per_million(perf.cost_per_million_tokens_usd) + " / M tokens"
     return "-"
+
+
+def per_million(usd: float) -> str:
+    """A million tokens' cost: cents matter (an L4's is about $0.05), so three decimals."""
+    return f"${usd:.3f}"
 
 
 def print_performance(perf: Performance, console: Console) -> None:
@@ -61,8 +66,9 @@ def print_performance(perf: Performance, console: Console) -> None:
                       + (f"{money(perf.cost_usd)}{c_span} at ${perf.price_per_hour:g}/GPU-hour"
                          if perf.cost_usd is not None else "no price known (--price-per-hour)"))
     elif perf.cost_per_million_tokens_usd is not None:
-        console.print(f"cost: ${perf.cost_per_million_tokens_usd:.3f} per million tokens at "
-                      f"${perf.price_per_hour:g}/GPU-hour (--tokens for a training's cost)")
+        console.print(f"cost: {per_million(perf.cost_per_million_tokens_usd)} per million "
+                      f"tokens at ${perf.price_per_hour:g}/GPU-hour (--tokens for a training's "
+                      "cost)")
     for note in perf.notes:
         console.print(f"  note: {escape(note)}")
 
@@ -92,7 +98,7 @@ def print_plan(plan, console: Console) -> None:
             owned = " (owned)" if c.hardware == "owned" else ""
             table.add_row(str(i), f"{c.num_gpus} x {c.gpu}{owned}", duration(c.training_time_s),
                           money(c.cost_usd) if c.cost_usd is not None else (
-                              f"${c.cost_per_million_tokens:.3f}/Mtok"
+                              per_million(c.cost_per_million_tokens) + "/Mtok"
                               if c.cost_per_million_tokens else "-"),
                           f"{c.tokens_per_s:,.0f}", f"{100 * c.mfu:.0f}%", c.bound,
                           f"{c.device_total_bytes / GiB:.0f}/{c.usable_bytes / GiB:.0f}G",
@@ -144,4 +150,4 @@ def _cost_cell(perf: Performance | None) -> str:
         return money(perf.cost_usd)
     if perf.cost_per_million_tokens_usd is None:
         return "-"
-    return money(perf.cost_per_million_tokens_usd)
+    return per_million(perf.cost_per_million_tokens_usd)
