@@ -63,6 +63,13 @@ JOBS = [
       "paged-adamw", "--gpu", "RTX-4070-Ti-SUPER"],
      Job(model="llama-3.2-1b", seq_len=2048, precision="bf16-pure", checkpointing="full",
          optimizer="paged-adamw", gpu="RTX-4070-Ti-SUPER"), {}),
+    # an interleaved pipeline (its chunks per GPU), and an amount written as the CLI takes it
+    (["llama-3.1-70b", "-s", "4096", "--grad-accum", "8", "--gpu", "H100-SXM", "--num-gpus",
+      "32", "--strategy", "fsdp", "--pp", "4", "--pp-schedule", "interleaved", "--set",
+      "parallel.pipeline_chunks=4", "--tokens", "2B"],
+     Job(model="llama-3.1-70b", seq_len=4096, grad_accum=8, gpu="H100-SXM", parallel={
+         "num_gpus": 32, "strategy": "fsdp", "pipeline_parallel": 4,
+         "pipeline_schedule": "interleaved", "pipeline_chunks": 4}), {"tokens": "2B"}),
 ]
 
 
