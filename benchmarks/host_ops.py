@@ -36,8 +36,7 @@ import torch  # noqa: E402
 from common import QUICK, machine_line, write_results  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from vramplan.job import OP_LEVEL_CHECKPOINTING as SAC_POLICIES  # noqa: E402
-from vramplan.job import Job  # noqa: E402
+from vramplan.job import OP_LEVEL_CHECKPOINTING, Job  # noqa: E402
 from vramplan.models import load_architecture  # noqa: E402
 from vramplan.planning.efficiency import shipped_factors  # noqa: E402
 from vramplan.planning.traffic import step_traffic  # noqa: E402
@@ -156,12 +155,12 @@ def sac_host_scale() -> dict:
     runs forward and recompute under it, so scale = 1 + (policy - full) / (2 (full - none))."""
     rows = []
     for model in SAC_MODELS[:1] if QUICK else SAC_MODELS:
-        ms = {c: _block_host_ms(model, c) for c in ("none", "full", *SAC_POLICIES)}
+        ms = {c: _block_host_ms(model, c) for c in ("none", "full", *OP_LEVEL_CHECKPOINTING)}
         forward = ms["full"] - ms["none"]
         rows.append({"model": model, "block_host_ms": ms, "scale": {
-            c: 1 + (ms[c] - ms["full"]) / (2 * forward) for c in SAC_POLICIES}})
+            c: 1 + (ms[c] - ms["full"]) / (2 * forward) for c in OP_LEVEL_CHECKPOINTING}})
     return {"rows": rows, "median": statistics.median(
-        r["scale"][c] for r in rows for c in SAC_POLICIES)}
+        r["scale"][c] for r in rows for c in OP_LEVEL_CHECKPOINTING)}
 
 
 def main() -> None:

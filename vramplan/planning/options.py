@@ -46,10 +46,6 @@ AllowName = Annotated[str, AfterValidator(_known), WithJsonSchema(
     {"type": "string", "enum": list(ALLOW)})]
 
 
-def _count(what: str):
-    return Field(None, description=what)
-
-
 def _amount(most: float, what: str):
     return Field(None, gt=0, le=most, allow_inf_nan=False, description=what)
 
@@ -66,10 +62,11 @@ class PlanOptions(AmountFields):
     deadline_s: float | None = _amount(1e10, "longest training time, seconds")
     allow: tuple[AllowName, ...] = Field((), description="changes to the maths of training "
                                          f"you accept: {', '.join(ALLOW)}")
-    global_batch: count_type(10**8) | None = _count("samples per optimizer step every "
-                                                    "configuration keeps (default: the job's own)")
-    global_batch_tokens: count_type(10**13) | None = _count("the global batch in tokens "
-                                                            "(rounded to whole samples)")
+    global_batch: count_type(10**8) | None = Field(None, description="samples per optimizer "
+                                                   "step every configuration keeps (default: "
+                                                   "the job's own)")
+    global_batch_tokens: count_type(10**13) | None = Field(
+        None, description="the global batch in tokens (rounded to whole samples)")
     top: int = Field(10, ge=1, le=1000, description="candidates to return")
     margin: float = Field(SAFETY_MARGIN, description="memory to keep free, a fraction of "
                           f"the usable memory (0 to {MAX_MARGIN:g})")

@@ -439,8 +439,8 @@ def phase_times(terms: StepTerms, factors: Factors) -> tuple[list[PhaseTime], fl
         attention_eff = factors.attention if terms.fused_attention else factors.matmul
         compute = p.matmul_s / factors.matmul + p.attention_s / attention_eff
         memory = p.memory_s / factors.memory
-        host = (p.kernels * factors.kernel_us + p.modules * factors.module_us) * 1e-6 * (
-            p.host_scale)
+        host = (p.kernels * factors.kernel_us + p.modules * factors.module_us) * 1e-6 \
+            * p.host_scale
         if p.offload_params:
             copy = p.offload_s / factors.host_link
             update = p.offload_params / (factors.cpu_adam_params_per_s * p.cpu_rate_share)
