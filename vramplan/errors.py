@@ -22,6 +22,22 @@ from collections.abc import Iterable
 MAX_MESSAGE = 2000
 
 
+def validation_message(errors: Iterable[dict], examples: dict[str, object] | None = None) -> str:
+    """pydantic's errors (ValidationError.errors()) as one line: each field, its problem,
+    what was given and, where `examples` has the field, an example of a good value."""
+    out = []
+    for error in errors:
+        where = ".".join(str(part) for part in error["loc"])
+        got = error.get("input")
+        message = (f"{where}: " if where else "") + error["msg"].replace("Value error, ", "")
+        if where and isinstance(got, (int, float, str)) and not isinstance(got, bool):
+            message += f" (got {got!r})"
+        if where in (examples or {}):
+            message += f"; e.g. {examples[where]}"
+        out.append(message)
+    return "; ".join(out)
+
+
 class VramplanError(Exception):
     """Base class of the errors vramplan raises on purpose."""
 

@@ -423,6 +423,26 @@ def test_bad_amounts_are_refused_clearly(amount, message):
         estimate(_job(), gpu="H100-SXM", **amount)
 
 
+@pytest.mark.parametrize("amount,message", [
+    (dict(price_per_hour=-3.0), "price_per_hour: Input should be greater than 0 (got -3.0); "
+                                "e.g. 2.49"),
+    (dict(epochs=float("inf"), dataset_samples=10),
+     "epochs: Input should be a finite number (got inf); e.g. 3"),
+    (dict(epochs=2), "epochs needs the dataset's size: dataset_samples (--dataset-samples) or "
+                     "dataset_tokens"),
+])
+def test_the_estimate_and_the_planner_refuse_a_bad_amount_in_the_same_words(amount, message):
+    """One wording of a bad amount (errors.validation_message): the value given and a good
+    one. Before, the estimate's message left out the value and the planner's was its own."""
+    from vramplan.planning.planner import plan
+
+    with pytest.raises(JobError) as by_estimate:
+        estimate(_job(), gpu="H100-SXM", **amount)
+    with pytest.raises(JobError) as by_plan:
+        plan(_job(), **amount)
+    assert str(by_estimate.value) == str(by_plan.value) == message
+
+
 def test_estimate_fills_performance_only_with_a_gpu():
     assert estimate(_job()).performance is None
     report = estimate(_job(peft=Peft(rank=8)), gpu="L4", tokens=10**8)

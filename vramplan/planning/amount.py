@@ -45,23 +45,24 @@ class AmountFields(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     tokens: count_type(MOST["tokens"]) | None = Field(
-        None, description="tokens to train on, all GPUs")
+        None, description="tokens to train on, all GPUs", examples=["2B"])
     samples: count_type(MOST["samples"]) | None = Field(
-        None, description="samples (sequences, images, clips) to train on")
+        None, description="samples (sequences, images, clips) to train on", examples=["100k"])
     epochs: float | None = Field(None, gt=0, le=MOST["epochs"], allow_inf_nan=False,
-                                 description="passes over the dataset")
+                                 description="passes over the dataset", examples=[3])
     dataset_samples: count_type(MOST["dataset_samples"]) | None = Field(
-        None, description="samples per epoch")
+        None, description="samples per epoch", examples=["50k"])
     # inf or NaN would make every cost inf or NaN
     price_per_hour: float | None = Field(None, gt=0, le=MOST["price_per_hour"],
                                          allow_inf_nan=False, description="USD per GPU-hour "
-                                         "(default: the catalog's)")
+                                         "(default: the catalog's)", examples=[2.49])
 
 
 class TrainingAmount(AmountFields):
     """One of tokens, samples, or epochs (with the dataset's size); an optional price."""
 
-    dataset_tokens: count_type(MOST["dataset_tokens"]) | None = None  # or its size in tokens
+    dataset_tokens: count_type(MOST["dataset_tokens"]) | None = Field(
+        None, examples=["1B"])  # or its size in tokens
 
     @model_validator(mode="after")
     def _one_amount(self) -> TrainingAmount:
@@ -69,7 +70,8 @@ class TrainingAmount(AmountFields):
         if len(given) > 1:
             raise ValueError(f"give one of tokens, samples or epochs, not {' and '.join(given)}")
         if self.epochs is not None and not (self.dataset_samples or self.dataset_tokens):
-            raise ValueError("epochs needs the dataset's size: dataset_samples or dataset_tokens")
+            raise ValueError("epochs needs the dataset's size: dataset_samples "
+                             "(--dataset-samples) or dataset_tokens")
         return self
 
     @property
@@ -87,6 +89,25 @@ class TrainingAmount(AmountFields):
                 return self.epochs * self.dataset_samples / samples_per_step
             return self.epochs * self.dataset_tokens / tokens_per_step
         return None
+
+
+def field_examples(model: type[BaseModel]) -> dict[str, object]:
+    """Each field's first example (its Field(examples=...)), for the error messages."""
+    return {name: f.examples[0] for name, f in model.model_fields.items() if f.examples}
+
+
+def training_amount(**fields: Any) -> TrainingAmount:
+    """TrainingAmount(**fields), or one JobError naming each bad field, what was given and
+    a good value: the API's, the CLI's and the planner's one way to read an amount."""
+    from pydantic import ValidationError
+
+    from vramplan.errors import JobError, validation_message
+
+    try:
+        return TrainingAmount(**fields)
+    except ValidationError as error:
+        raise JobError(validation_message(error.errors(), field_examples(TrainingAmount))) \
+            from None
 
 
 _COUNT_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}

@@ -18,9 +18,9 @@ from pydantic import (
     model_validator,
 )
 
-from vramplan.errors import JobError
+from vramplan.errors import JobError, validation_message
 from vramplan.fit import MAX_MARGIN, SAFETY_MARGIN
-from vramplan.planning.amount import AmountFields, count_type
+from vramplan.planning.amount import AmountFields, count_type, field_examples
 from vramplan.planning.techniques import ALLOW_NAMES, PLANNER_ALLOW, TECHNIQUES
 
 DEFAULT_MAX_GPUS = 512
@@ -92,14 +92,8 @@ def plan_options(**given: Any) -> PlanOptions:
     try:
         return PlanOptions(**given)
     except ValidationError as error:
-        raise JobError("; ".join(_problem(e) for e in error.errors())) from None
-
-
-def _problem(error: dict) -> str:
-    where = ".".join(str(part) for part in error["loc"])
-    got = error.get("input")
-    shown = f" (got {got!r})" if isinstance(got, (int, float, str)) and where else ""
-    return (f"{where}: " if where else "") + error["msg"].replace("Value error, ", "") + shown
+        raise JobError(validation_message(error.errors(), field_examples(PlanOptions))) \
+            from None
 
 
 # PlanOptions field -> the `vramplan plan` option that sets it (the rest: --NAME)

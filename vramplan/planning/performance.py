@@ -39,7 +39,7 @@ from vramplan.fit import PRECISION_MATMUL_DTYPE
 from vramplan.hardware.gpu import GPU
 from vramplan.job import OP_LEVEL_CHECKPOINTING, Job
 from vramplan.models import Architecture, load_architecture
-from vramplan.planning.amount import TrainingAmount
+from vramplan.planning.amount import TrainingAmount, training_amount
 from vramplan.planning.comm import (
     collective_latency_s,
     collectives,
@@ -613,18 +613,10 @@ def performance_for(job: Job, gpu: str | GPU, *, tokens: int | None = None,
                     price_per_hour: float | None = None) -> Performance | None:
     """predict() from plain arguments (the API's and CLI's); None for models whose step
     time is not modelled (CNNs). Bad amounts raise JobError."""
-    from pydantic import ValidationError
-
-    from vramplan.errors import JobError
     from vramplan.hardware import get_gpu
 
-    try:
-        amount = TrainingAmount(tokens=tokens, samples=samples, epochs=epochs,
-                                dataset_samples=dataset_samples, price_per_hour=price_per_hour)
-    except ValidationError as error:
-        raise JobError("training amount: " + "; ".join(
-            f"{'.'.join(map(str, e['loc']))}: {e['msg']}".lstrip(": ").replace(
-                "Value error, ", "") for e in error.errors())) from None
+    amount = training_amount(tokens=tokens, samples=samples, epochs=epochs,
+                             dataset_samples=dataset_samples, price_per_hour=price_per_hour)
     arch = load_architecture(job.model)
     if arch.kind == "cnn":
         return None

@@ -32,7 +32,7 @@ from vramplan.hardware.gpu import GPU
 from vramplan.job import Job, Parallel
 from vramplan.models import load_architecture
 from vramplan.planning import techniques
-from vramplan.planning.amount import TrainingAmount
+from vramplan.planning.amount import TrainingAmount, training_amount
 from vramplan.planning.changes import describe_changes
 from vramplan.planning.efficiency import Factors
 from vramplan.planning.layouts import fused_optimizer, gpu_counts, parallel_layouts
@@ -130,7 +130,8 @@ def plan(job: Job, options: PlanOptions | None = None, **given) -> Plan:
     elif given:
         raise JobError("give plan options as a PlanOptions or as keywords, not both")
     o = options
-    amount = _amount(o.tokens, o.samples, o.epochs, o.dataset_samples, o.price_per_hour)
+    amount = training_amount(tokens=o.tokens, samples=o.samples, epochs=o.epochs,
+                             dataset_samples=o.dataset_samples, price_per_hour=o.price_per_hour)
     catalog = [get_gpu(name) for name in o.gpus] if o.gpus else list_gpus()
     arch = load_architecture(job.model)
     if arch.kind == "cnn":
@@ -186,17 +187,6 @@ def target_global_batch(job: Job, arch, global_batch: int | None,
             "--global-batch N or --global-batch-tokens N (e.g. 1M) to plan for the batch "
             f"you will train with, or --allow {PLANNER_ALLOW} to let the planner choose")
     return own, notes
-
-
-def _amount(tokens, samples, epochs, dataset_samples, price_per_hour) -> TrainingAmount:
-    from pydantic import ValidationError
-    try:
-        return TrainingAmount(tokens=tokens, samples=samples, epochs=epochs,
-                              dataset_samples=dataset_samples, price_per_hour=price_per_hour)
-    except ValidationError as error:
-        raise JobError("training amount: " + "; ".join(
-            (f"{e['loc'][0]}: " if e["loc"] else "") + e["msg"].replace("Value error, ", "")
-            for e in error.errors())) from None
 
 
 def _round_samples(exact: float, tolerance: float = 0.05) -> int:
