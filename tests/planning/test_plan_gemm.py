@@ -251,6 +251,31 @@ def test_each_stack_multiplies_its_own_tokens():
     assert ms == [3 * 512] * encoder + [3 * 64] * decoder + [3 * 64]  # + the head
 
 
+
+def test_each_expert_reached_runs_a_gemm_over_its_share_of_the_tokens():
+    """Mixtral (8 experts, top 2), 3 x 16 tokens: 96 assignments reach
+    8 x (1 - (7/8)^96) experts, each GEMM over 96 / that many tokens."""
+    job = Job(model="mixtral-8x7b", batch_size=3, seq_len=16)
+    arch = load_architecture(job.model)
+    reached = 8 * (1 - (7 / 8) ** 96)
+    assert gemm.experts_reached(96, 8) == pytest.approx(reached)
+    assert gemm.experts_reached(1, 256) == pytest.approx(1.0)
+    stack = arch.stacks[0]
+    experts = [(m, copies) for (m, _, _, copies), ln in zip(gemm.shapes(job, arch),
+                                                             stack.linears) if ln.count > 1]
+    assert experts and all(m == pytest.approx(96 / reached) for m, _ in experts)
+    assert all(c == pytest.approx(stack.num_layers * reached) for _, c in experts)
+
+
+def test_more_tokens_never_time_an_moe_step_faster():
+    """DeepSeek-V3 on one A6000: 48 tokens gave each of its 256 experts floor(48 x 8 / 256)
+    = 1 token, 96 tokens 3, so the shape model timed the smaller step slower (120.3 s
+    against 119.6 s)."""
+    gpu = get_gpu("RTX-A6000")
+    times = [predict(Job(model="deepseek-v3", batch_size=3, seq_len=s), gpu).step_time_s
+             for s in (16, 32, 64, 128)]
+    assert times == sorted(times)
+
 def test_single_gpu_jobs_take_their_own_shares_everywhere():
     """One GPU: [training_single_gpu]'s shares (fitted on single-GPU runs); several: [training]'s.
     The planner times a candidate with the same factors as predict()."""

@@ -54,7 +54,7 @@ SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)  # the K splits tried (cuBLAS's split-K heur
 SPLIT_MIN_K = 128                     # no part shorter than one 128-deep K block chain
 
 
-def _filled(m: int, n: int, splits: int, sms: int | None, tile: tuple[int, int]) -> float:
+def _filled(m: float, n: float, splits: int, sms: int | None, tile: tuple[int, int]) -> float:
     """The share of the waves' SM slots the tiles (x the K splits) fill."""
     if not sms:
         return 1.0
@@ -62,7 +62,7 @@ def _filled(m: int, n: int, splits: int, sms: int | None, tile: tuple[int, int])
     return tiles / (math.ceil(tiles / sms) * sms)
 
 
-def gemm_seconds(m: int, n: int, k: int, rate: float, model: GemmModel,
+def gemm_seconds(m: float, n: float, k: float, rate: float, model: GemmModel,
                  sms: int | None) -> float:
     """Time of one m x k @ k x n GEMM at `rate` FLOP/s for the reference shape: the best
     tile shape and K split (each part's reduction ramp its own; a split adds the launch
@@ -84,8 +84,16 @@ def gemm_seconds(m: int, n: int, k: int, rate: float, model: GemmModel,
     return best
 
 
+def experts_reached(routed: int, experts: int) -> float:
+    """How many of `experts` receive at least one of `routed` token-to-expert assignments,
+    expected under balanced routing: experts x (1 - (1 - 1/experts)^routed). 48 tokens of
+    DeepSeek-V3 (8 of 256 experts each) reach 199 experts with 1.9 tokens each; before, every
+    expert was given floor(48 x 8 / 256) = 1 token, so twice the tokens timed faster."""
+    return experts * -math.expm1(routed * math.log1p(-1 / experts))
+
+
 def shapes(job: Job, arch: Architecture, step: Step | None = None
-           ) -> list[tuple[int, int, int, float]]:
+           ) -> list[tuple[float, int, int, float]]:
     """(m, n, k, copies per step per GPU) of every linear GEMM of one micro-batch's forward;
     the backward's input- and weight-gradient GEMMs are derived from them. Each stack's
     tokens are the step description's (an encoder's, a decoder's target, a ViT's patches)."""
@@ -99,15 +107,18 @@ def shapes(job: Job, arch: Architecture, step: Step | None = None
     for stack, seq in zip(arch.stacks, stack_seq):
         tokens = max(1, job.batch_size * seq // par.context_parallel)
         for ln in stack.linears:
-            m = tokens
+            m, runs = float(tokens), float(ln.count)
             if ln.count > 1 and stack.num_experts > 1:
-                m = max(1, tokens * stack.experts_per_token // stack.num_experts)
+                # each expert that gets tokens runs its own GEMM over its share of them
+                routed = tokens * stack.experts_per_token
+                runs = experts_reached(routed, ln.count)
+                m = routed / runs
             n, k = ln.out_features, ln.in_features
             if ln.role in COLUMN_PARALLEL:
                 n = max(1, n // tp)
             elif ln.role in ROW_PARALLEL:
                 k = max(1, k // tp)
-            copies = float(stack.num_layers * ln.count)
+            copies = stack.num_layers * runs
             out.append((m, n, k, copies))
             if lora and ln.name in targets:
                 out.append((m, lora, k, copies))   # x @ A
@@ -126,7 +137,7 @@ def shape_efficiency(job: Job, arch: Architecture, model: GemmModel, sms: int | 
 
 
 @functools.lru_cache(maxsize=4096)
-def _efficiency(gemms: tuple[tuple[int, int, int, float], ...], trains_weights: bool,
+def _efficiency(gemms: tuple[tuple[float, int, int, float], ...], trains_weights: bool,
                 model: GemmModel, sms: int | None, rate: float) -> float:
     """shape_efficiency of a list of GEMMs, memoised: the planner's jobs that differ only in
     checkpointing or accumulation share their shapes on every GPU type."""
