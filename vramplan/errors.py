@@ -18,24 +18,61 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import Any
 
 MAX_MESSAGE = 2000
 
 
-def validation_message(errors: Iterable[dict], examples: dict[str, object] | None = None) -> str:
-    """pydantic's errors (ValidationError.errors()) as one line: each field, its problem,
-    what was given and, where `examples` has the field, an example of a good value."""
-    out = []
-    for error in errors:
-        where = ".".join(str(part) for part in error["loc"])
-        got = error.get("input")
-        message = (f"{where}: " if where else "") + error["msg"].replace("Value error, ", "")
-        if where and isinstance(got, (int, float, str)) and not isinstance(got, bool):
-            message += f" (got {got!r})"
-        if where in (examples or {}):
-            message += f"; e.g. {examples[where]}"
-        out.append(message)
-    return "; ".join(out)
+# Values are quoted in messages up to this length: a 50 MB job file must not give a 50 MB
+# message.
+MAX_QUOTED = 80
+
+
+def validation_message(errors: Iterable[dict[str, Any]], root: type | None = None,
+                       examples: dict[str, object] | None = None) -> str:
+    """pydantic's errors (ValidationError.errors()) of a `root` model as one line: each
+    field, its problem, what was given and, where `examples` has the field, a good value.
+    The one wording of a bad field for the Job, the plan options and the training amount."""
+    return "; ".join(_describe(e, root, examples or {}) for e in errors)
+
+
+def _describe(error: dict[str, Any], root: type | None, examples: dict[str, object]) -> str:
+    where = ".".join(str(p) for p in error["loc"])
+    if len(where) > MAX_QUOTED:
+        where = where[:MAX_QUOTED - 3] + "..."
+    if error["type"] == "extra_forbidden":
+        parent = _model_at(error["loc"][:-1], root) if root else None
+        known = list(parent.model_fields) if parent else []
+        close = difflib.get_close_matches(str(error["loc"][-1]), known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"unknown key {where!r}{hint}; allowed: {', '.join(known)}"
+    message = error["msg"]
+    if error["type"] == "literal_error":
+        message = "must be one of " + message.removeprefix("Input should be ")
+    message = message.removeprefix("Value error, ")
+    got = error.get("input")
+    if where and got is not None and not isinstance(got, dict):
+        quoted = repr(got)
+        if len(quoted) > MAX_QUOTED:
+            quoted = quoted[:MAX_QUOTED - 3] + "..."
+        message += f" (got {quoted})"
+    if where in examples:
+        message += f"; e.g. {examples[where]}"
+    return f"{where}: {message}" if where else message
+
+
+def _model_at(path: tuple, root: type) -> type | None:
+    """The pydantic model of the field at `path` below `root` (None if it is not one)."""
+    model = root
+    for part in path:
+        field = model.model_fields.get(str(part))
+        annotation = getattr(field, "annotation", None)
+        inner = [a for a in getattr(annotation, "__args__", (annotation,))
+                 if isinstance(a, type) and hasattr(a, "model_fields")]
+        if not inner:
+            return None
+        model = inner[0]
+    return model
 
 
 class VramplanError(Exception):

@@ -6,13 +6,12 @@ Validation collects every problem and reports them together, each saying what is
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from vramplan.errors import JobError, JobFileError
+from vramplan.errors import JobError, JobFileError, validation_message
 from vramplan.files import parse_mapping, read_capped_text
 from vramplan.units import parse_bytes
 
@@ -630,51 +629,8 @@ def job_from_dict(data: dict[str, Any], origin: str = "job") -> Job:
         raise JobError(f"{origin}: {error}") from None
 
 
-# Values are quoted in messages up to this length: a 50 MB job file must not give a 50 MB
-# message.
-MAX_QUOTED = 80
-
-
 def _job_error(model: type[BaseModel], error: ValidationError) -> JobError:
-    return JobError("; ".join(_describe(e, model) for e in error.errors()))
-
-
-def _describe(error: dict[str, Any], root: type[BaseModel] | None = None) -> str:
-    where = ".".join(str(p) for p in error["loc"])
-    if len(where) > MAX_QUOTED:
-        where = where[:MAX_QUOTED - 3] + "..."
-    if error["type"] == "extra_forbidden":
-        parent = _model_at(error["loc"][:-1], root or Job)
-        known = list(parent.model_fields) if parent else []
-        close = difflib.get_close_matches(str(error["loc"][-1]), known, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        return f"unknown key {where!r}{hint}; allowed: {', '.join(known)}"
-    message = error["msg"]
-    if error["type"] == "literal_error":
-        message = "must be one of " + message.removeprefix("Input should be ")
-    elif message.startswith("Value error, "):
-        message = message.removeprefix("Value error, ")
-    got = error.get("input")
-    got_text = ""
-    if got is not None and not isinstance(got, dict):
-        quoted = repr(got)
-        if len(quoted) > MAX_QUOTED:
-            quoted = quoted[:MAX_QUOTED - 3] + "..."
-        got_text = f" (got {quoted})"
-    return f"{where}: {message}{got_text}" if where else message
-
-
-def _model_at(path: tuple, root: type[BaseModel]) -> type[BaseModel] | None:
-    model = root
-    for part in path:
-        field = model.model_fields.get(str(part))
-        annotation = getattr(field, "annotation", None)
-        inner = [a for a in getattr(annotation, "__args__", (annotation,))
-                 if isinstance(a, type) and issubclass(a, BaseModel)]
-        if not inner:
-            return None
-        model = inner[0]
-    return model
+    return JobError(validation_message(error.errors(), model))
 
 
 def load_job_file(path: str | Path) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Properties of the step-time model over random jobs on catalog GPUs (hypothesis).
 
 Each is one a user relies on when comparing two plans: more work per step never takes less
-time, recomputation never saves time, a step's time lies inside its own range, and the
-training time and cost are the step time's multiples. Three relations a user might expect
+time, recomputation never saves time, compiling or a fused optimizer never costs time, a
+step's time lies inside its own range, and the training time and cost are the step time's
+multiples. Three relations a user might expect
 hold only where the physics allows, on purpose:
   * selective checkpointing can be slower than full checkpointing on a host-bound step:
     torch's op-level policy (SAC) dispatches every op of the forward and the recomputation
@@ -98,6 +99,21 @@ def test_a_prediction_is_finite_inside_its_range_and_adds_up(case):
     assert perf.training_time_s == pytest.approx(perf.steps * perf.step_time_s)
     assert perf.cost_usd == pytest.approx(perf.gpu_hours * AMOUNT.price_per_hour)
     assert perf.gpu_hours == pytest.approx(perf.training_time_s * perf.num_gpus / 3600)
+    assert perf.training_time_range_s == pytest.approx(
+        (perf.steps * low, perf.steps * high))
+
+
+@FAST
+@given(jobs(), st.sampled_from([("compile", True), ("optimizer_impl", "fused")]))
+def test_compiling_or_a_fused_optimizer_never_costs_time(case, change):
+    """torch.compile fuses memory-bound work (fewer bytes, fewer launches); a fused
+    optimizer step launches fewer kernels than foreach's or a loop's, for the same bytes."""
+    fields, gpu = case
+    key, value = change
+    perf = first({**fields, key: {"compile": False, "optimizer_impl": "loop"}[key]}, gpu)
+    faster = timed({**fields, key: value}, gpu)
+    assume(faster is not None)
+    assert faster.step_time_s <= perf.step_time_s * (1 + 1e-9)
 
 
 @FAST

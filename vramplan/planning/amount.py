@@ -106,7 +106,8 @@ def training_amount(**fields: Any) -> TrainingAmount:
     try:
         return TrainingAmount(**fields)
     except ValidationError as error:
-        raise JobError(validation_message(error.errors(), field_examples(TrainingAmount))) \
+        raise JobError(validation_message(error.errors(), TrainingAmount,
+                                          field_examples(TrainingAmount))) \
             from None
 
 

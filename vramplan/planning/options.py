@@ -92,7 +92,8 @@ def plan_options(**given: Any) -> PlanOptions:
     try:
         return PlanOptions(**given)
     except ValidationError as error:
-        raise JobError(validation_message(error.errors(), field_examples(PlanOptions))) \
+        raise JobError(validation_message(error.errors(), PlanOptions,
+                                          field_examples(PlanOptions))) \
             from None
 
 
