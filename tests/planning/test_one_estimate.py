@@ -97,3 +97,17 @@ def test_cli_api_and_web_give_the_same_estimate(run_cli, client, words, job, amo
         assert api["to_fit"]  # fixes on every surface
     if amount:
         assert api["performance"]["cost_usd"] > 0
+
+
+def test_a_gpu_given_beside_the_job_is_the_gpu_it_runs_on(run_cli):
+    """vramplan.estimate(job, gpu=X) reports the job on X, as `--gpu X` does: before, the
+    report's own total kept the default (Hopper's) cuBLAS workspaces and context while its
+    fit on X moved them (llama-3.2-1b on an L4: 25.0 against 24.5 GiB), and a bf16 job on a
+    T4 got a time where the CLI refused it."""
+    report = vramplan.estimate(Job(model="llama-3.2-1b"), gpu="L4")
+    assert report.job.gpu == "L4" and report.runtime_gpu == "L4"
+    assert report.device_total == report.fits[0].required_bytes
+    code, out, _ = run_cli("estimate", "llama-3.2-1b", "--gpu", "L4", "--json")
+    assert code == 1 and json.loads(out)["device_total"] == report.device_total  # no fit
+    with pytest.raises(vramplan.VramplanError, match="T4 .* has no bf16 tensor cores"):
+        vramplan.estimate(Job(model="llama-3.2-1b"), gpu="T4")
