@@ -87,6 +87,14 @@ def first(fields: dict, gpu: str) -> Performance:
     return perf
 
 
+def both(fields: dict, gpu: str, **changes) -> tuple[Performance, Performance]:
+    """The job's prediction and that of the job with `changes`, both timed (else the
+    example is discarded)."""
+    changed = timed({**fields, **changes}, gpu)
+    assume(changed is not None)
+    return first(fields, gpu), changed
+
+
 @FAST
 @given(jobs())
 def test_a_prediction_is_finite_inside_its_range_and_adds_up(case):
@@ -110,9 +118,8 @@ def test_compiling_or_a_fused_optimizer_never_costs_time(case, change):
     optimizer step launches fewer kernels than foreach's or a loop's, for the same bytes."""
     fields, gpu = case
     key, value = change
-    perf = first({**fields, key: {"compile": False, "optimizer_impl": "loop"}[key]}, gpu)
-    faster = timed({**fields, key: value}, gpu)
-    assume(faster is not None)
+    perf, faster = both({**fields, key: {"compile": False, "optimizer_impl": "loop"}[key]},
+                        gpu, **{key: value})
     assert faster.step_time_s <= perf.step_time_s * (1 + 1e-9)
 
 
@@ -120,9 +127,7 @@ def test_compiling_or_a_fused_optimizer_never_costs_time(case, change):
 @given(jobs(), st.sampled_from(["batch_size", "seq_len"]))
 def test_a_larger_micro_batch_never_takes_less_time(case, key):
     fields, gpu = case
-    perf = first(fields, gpu)
-    larger = timed({**fields, key: fields[key] * 2}, gpu)
-    assume(larger is not None)
+    perf, larger = both(fields, gpu, **{key: fields[key] * 2})
     assert larger.step_time_s >= perf.step_time_s * (1 - 1e-9)
 
 
@@ -131,9 +136,7 @@ def test_a_larger_micro_batch_never_takes_less_time(case, key):
 def test_twice_the_micro_batches_take_between_one_and_two_steps(case):
     fields, gpu = case
     assume("paged" not in fields["optimizer"])
-    perf = first(fields, gpu)
-    more = timed({**fields, "grad_accum": fields["grad_accum"] * 2}, gpu)
-    assume(more is not None)
+    perf, more = both(fields, gpu, grad_accum=fields["grad_accum"] * 2)
     assert perf.step_time_s * (1 - 1e-9) <= more.step_time_s <= 2 * perf.step_time_s * (1 + 1e-9)
 
 
@@ -142,9 +145,7 @@ def test_twice_the_micro_batches_take_between_one_and_two_steps(case):
 def test_full_checkpointing_never_saves_time(case):
     fields, gpu = case
     assume("paged" not in fields["optimizer"])
-    plain = first({**fields, "checkpointing": "none"}, gpu)
-    recomputed = timed({**fields, "checkpointing": "full"}, gpu)
-    assume(recomputed is not None)
+    plain, recomputed = both({**fields, "checkpointing": "none"}, gpu, checkpointing="full")
     assert recomputed.step_time_s >= plain.step_time_s * (1 - 1e-9)
 
 
@@ -156,7 +157,5 @@ def test_more_ddp_replicas_never_raise_the_rate_per_gpu(case):
     assume(mesh_share(catalog, catalog.gpus_per_node, 2) == 1.0)  # behind a switch
     n = (fields.get("parallel") or {}).get("num_gpus", 1)
     fields = {**fields, "parallel": {"strategy": "ddp", "num_gpus": n}}
-    perf = first(fields, gpu)
-    more = timed({**fields, "parallel": {"strategy": "ddp", "num_gpus": 2 * n}}, gpu)
-    assume(more is not None)
+    perf, more = both(fields, gpu, parallel={"strategy": "ddp", "num_gpus": 2 * n})
     assert more.tokens_per_s_per_gpu <= perf.tokens_per_s_per_gpu * (1 + DDP_LATENCY_SLACK)

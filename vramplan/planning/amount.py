@@ -91,24 +91,26 @@ class TrainingAmount(AmountFields):
         return None
 
 
-def field_examples(model: type[BaseModel]) -> dict[str, object]:
-    """Each field's first example (its Field(examples=...)), for the error messages."""
-    return {name: f.examples[0] for name, f in model.model_fields.items() if f.examples}
-
-
-def training_amount(**fields: Any) -> TrainingAmount:
-    """TrainingAmount(**fields), or one JobError naming each bad field, what was given and
-    a good value: the API's, the CLI's and the planner's one way to read an amount."""
+def validated(model: type[BaseModel], **fields: Any) -> Any:
+    """model(**fields), or one JobError naming each bad field, what was given and a good
+    value (the field's own Field(examples=...)): how the amount and the plan options read
+    what the API, the CLI and the web give them."""
     from pydantic import ValidationError
 
     from vramplan.errors import JobError, validation_message
 
     try:
-        return TrainingAmount(**fields)
+        return model(**fields)
     except ValidationError as error:
-        raise JobError(validation_message(error.errors(), TrainingAmount,
-                                          field_examples(TrainingAmount))) \
-            from None
+        examples = {name: f.examples[0] for name, f in model.model_fields.items()
+                    if f.examples}
+        raise JobError(validation_message(error.errors(), model, examples)) from None
+
+
+def training_amount(**fields: Any) -> TrainingAmount:
+    """TrainingAmount(**fields), or one JobError (validated): the API's, the CLI's and the
+    planner's one way to read an amount."""
+    return validated(TrainingAmount, **fields)
 
 
 _COUNT_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}

@@ -35,7 +35,7 @@ def compose(job: Job, *, engine: str = "formula", gpu: str | None = None,
         from vramplan.hardware import get_gpu
 
         chosen = get_gpu(name)
-        if gpu is not None and (job.gpu is None or get_gpu(job.gpu).name != chosen.name):
+        if gpu is not None and gpu != job.gpu:
             # the report's own total is for the GPU it runs on (its cuBLAS workspace and
             # context): the one asked about, as the fit and the CLI's --gpu have it
             job = job.with_changes(gpu=gpu)

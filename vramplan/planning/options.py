@@ -12,15 +12,13 @@ from typing import Annotated, Any
 from pydantic import (
     AfterValidator,
     Field,
-    ValidationError,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 
-from vramplan.errors import JobError, validation_message
 from vramplan.fit import MAX_MARGIN, SAFETY_MARGIN
-from vramplan.planning.amount import AmountFields, count_type, field_examples
+from vramplan.planning.amount import AmountFields, count_type, validated
 from vramplan.planning.techniques import ALLOW_NAMES, PLANNER_ALLOW, TECHNIQUES
 
 DEFAULT_MAX_GPUS = 512
@@ -89,12 +87,7 @@ def plan_options(**given: Any) -> PlanOptions:
     """PlanOptions from keywords (None: the default), or one JobError naming every problem."""
     given = {k: (tuple(v) if isinstance(v, list) else v) for k, v in given.items()
              if v is not None}
-    try:
-        return PlanOptions(**given)
-    except ValidationError as error:
-        raise JobError(validation_message(error.errors(), PlanOptions,
-                                          field_examples(PlanOptions))) \
-            from None
+    return validated(PlanOptions, **given)
 
 
 # PlanOptions field -> the `vramplan plan` option that sets it (the rest: --NAME)
