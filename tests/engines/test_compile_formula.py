@@ -141,7 +141,7 @@ def test_compiled_block_streams_each_tensor_once():
     arch = load_architecture("llama-3.2-1b")
     stack = arch.stacks[0]
     job = Job(model="llama-3.2-1b", batch_size=2, seq_len=512, compile=True)
-    ops, kernels = _block_forward(job, arch, stack, 512, dtypes_for(job), "sdpa")
+    ops, _, kernels = _block_forward(job, arch, stack, 512, dtypes_for(job), "sdpa")
     tokens, h, q, kv, f = 1024, 2048, 2048, 512, 8192
     # 2 norms: read the fp32 residual, write bf16; rotary: read and write q and k in bf16;
     # sdpa: read q, k, v, write o; 2 residual adds: read 2, write 1 in fp32; act(gate) *
@@ -150,7 +150,7 @@ def test_compiled_block_streams_each_tensor_once():
                    "attention io": 2 * tokens * (2 * q + 2 * kv),
                    "residual": 2 * 3 * 4 * tokens * h, "activation": 3 * 2 * tokens * f}
     assert kernels == 2 + 1 + 1 + 2 + 1
-    eager, _ = _block_forward(job.model_copy(update={"compile": False}), arch, stack, 512,
+    eager, _, _ = _block_forward(job.model_copy(update={"compile": False}), arch, stack, 512,
                               dtypes_for(job), "sdpa")
     assert sum(ops.values()) < sum(eager.values())
 

@@ -58,8 +58,45 @@ def test_compiled_lora_streams_its_adapters_with_scale_and_add_fused():
     # kernel reads that and the base output and writes the sum (3 passes): c (h + 2r + 4 q)
     per_token = c * (h + 2 * 16 + 4 * q_out)
     assert _forward(job)["lora"] == stack.num_layers * SEQ * per_token
-    eager = _forward(job.with_changes(compile=False))["lora"]
-    assert eager == stack.num_layers * SEQ * c * (h + 2 * 16 + 6 * q_out)
+
+
+def _lora_bytes(job: Job) -> tuple[float, float]:
+    t = step_traffic(job, load_architecture(job.model))
+    return t.by_op_phase["lora", "forward"], t.by_op_phase["lora", "backward"]
+
+
+def test_eager_lora_counts_peft_casts_to_fp32_adapters():
+    """peft's eager LoRA Linear (benchmarks/traffic_vs_dispatch.py counts it from a dispatched
+    step): bf16 autocast with fp32 adapters casts x to fp32 and autocast casts it back for
+    x @ A; in the model's dtype nothing is cast; fp32 adapters without autocast add in fp32
+    and cast the sum back."""
+    peft = {"rank": 16, "dropout": 0.0, "target_modules": ("q_proj",)}
+    job = Job(model="llama-3.2-1b", batch_size=1, seq_len=SEQ, peft=peft)
+    (stack,) = load_architecture(job.model).stacks
+    c, h, r, n = 2, stack.hidden_size, 16, stack.num_layers * SEQ
+    q = stack.num_heads * stack.head_dim
+    # forward: A reads x (c h) and writes x A, B reads it (2 c r), B writes q, the scale reads
+    # and writes it, the add reads both and writes the sum (6 c q); the two casts r and w h
+    casts = 2 * (c + 4) * h
+    fwd, bwd = _lora_bytes(job)
+    assert fwd == n * (c * h + 2 * c * r + 6 * c * q + casts)
+    # backward: the scale's gradient (r, w) and B's two matmuls reading it (4 c q); x A's
+    # gradient written and read (2 c r each way); A's input gradient written and its input
+    # read, the add into x's gradient (2 c h + 3 c h); each cast once more
+    assert bwd == n * (4 * c * q + 4 * c * r + 5 * c * h + casts)
+
+    model_dtype = job.with_changes(peft={**peft, "adapter_dtype": "model"})
+    assert _lora_bytes(model_dtype) == (n * (c * h + 2 * c * r + 6 * c * q),
+                                        n * (4 * c * q + 4 * c * r + 5 * c * h))
+    # no autocast: A and B run in fp32; the add (r 2, r 4, w 4) and the sum's cast back to
+    # 16-bit (r 4, w 2), both again in backward
+    pure = job.with_changes(precision="bf16-pure", peft={**peft, "adapter_dtype": "fp32"})
+    a = 4
+    fwd, bwd = _lora_bytes(pure)
+    assert fwd == n * ((c + a) * h + a * h + 2 * a * r + (a + 2 * a + c + a + a) * q
+                       + 2 * (a + c) * q)
+    assert bwd == n * (4 * a * q + 4 * a * r + (2 * a + 3 * c) * h + (c + a) * h
+                       + 2 * (a + c) * q)
 
 
 def test_float8_linears_cast_their_inputs_gradients_and_weights():

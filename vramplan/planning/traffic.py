@@ -187,11 +187,11 @@ def step_traffic(job: Job, arch: Architecture | None = None, *,
     attention = step.attention
     recompute = job.checkpointing != "none"
     for stack, seq in zip(arch.stacks, shapes.stack_seq):
-        fwd, kernels = _block_forward(job, arch, stack, seq, dt, attention)
+        fwd, bwd, kernels = _block_forward(job, arch, stack, seq, dt, attention)
         for op, nbytes in fwd.items():
             n = stack.num_layers
             t.add(op, "forward", n * nbytes, 0)
-            t.add(op, "backward", n * BACKWARD_OVER_FORWARD * nbytes, 0)
+            t.add(op, "backward", n * bwd[op], 0)
             if recompute:
                 t.add(op, "recompute", n * nbytes, 0)
         linear_fwd, linear_bwd = _linear_kernels(job, arch, stack, dt)
@@ -266,7 +266,7 @@ def eager_norm_bytes(norm: str, r: int, c: int) -> int:
 
 
 def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, attention: str):
-    """Forward bytes per op of one block, and its kernel count."""
+    """Forward and backward bytes per op of one block, and its forward kernel count."""
     b, c, r = job.batch_size, dt.compute, dt.residual
     tokens = b * seq
     h, a, k, d = stack.hidden_size, stack.num_heads, stack.num_kv_heads, stack.head_dim
@@ -274,11 +274,16 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
     n_h, n_q, n_kv = tokens * h, tokens * a * d, tokens * k * d
     n_f = tokens * stack.intermediate_size * routed
     ops: dict[str, float] = {}
+    back: dict[str, float] = {}
     kernels = 0.0
 
-    def add(op: str, nbytes: float, launches: float) -> None:
+    def add(op: str, nbytes: float, launches: float, backward: float | None = None) -> None:
+        """`backward`: the op's gradient bytes where they are not BACKWARD_OVER_FORWARD
+        times its forward's."""
         nonlocal kernels
         ops[op] = ops.get(op, 0.0) + nbytes
+        back[op] = back.get(op, 0.0) + (BACKWARD_OVER_FORWARD * nbytes if backward is None
+                                        else backward)
         kernels += launches
 
     norms = arch.norms_per_block(stack)
@@ -303,8 +308,8 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
         add("residual", residuals * (3 * r + mask) * n_h, residuals)
         add("activation", (3 if stack.mlp == "gated" else 2) * c * n_f, 1)
         if job.peft is not None:
-            _lora(job, stack, tokens, c, add, compiled=True)
-        return ops, kernels
+            _lora_compiled(job, stack, tokens, c, add)
+        return ops, back, kernels
     if stack.norm == "rmsnorm":
         add("norm", norms * n_h * eager_norm_bytes("rmsnorm", r, c), norms * 6)
     else:
@@ -343,8 +348,8 @@ def _block_forward(job: Job, arch: Architecture, stack: Stack, seq: int, dt, att
         add("moe routing", 4 * c * tokens * routed * h + 8 * tokens * stack.num_experts,
             launches)
     if job.peft is not None:
-        _lora(job, stack, tokens, c, add)
-    return ops, kernels
+        _lora(job, stack, tokens, dt, add)
+    return ops, back, kernels
 
 
 def _linear_kernels(job: Job, arch: Architecture, stack: Stack, dt) -> tuple[float, float]:
@@ -382,20 +387,53 @@ def _calls(arch: Architecture, ln) -> int:
     return 1 if ln.count == 1 or arch.traits.stacked_experts else ln.count
 
 
-def _lora(job: Job, stack: Stack, tokens: int, c: int, add, *, compiled: bool = False) -> None:
-    """Each adapted linear's adapter path. Compiled, the scale and the add to the base
-    output fuse into one kernel (read both outputs, write the sum); the dropout's output
-    and the two matmuls' stay in memory, as the matmuls read and write them."""
+def _lora_compiled(job: Job, stack: Stack, tokens: int, c: int, add) -> None:
+    """Each adapted linear's adapter path in a compiled block: the scale and the add to the
+    base output fuse into one kernel (read both outputs, write the sum); the dropout's
+    output and the two matmuls' stay in memory, as the matmuls read and write them."""
     r = job.peft.rank
-    # kernels: A, B, then scale and add (fused when compiled), and the dropout (eager counts
-    # its launch whatever the rate)
     dropout = job.peft.dropout > 0
-    out_passes, launches = (1 + 3, 3 + (1 if dropout else 0)) if compiled else (1 + 2 + 3, 5)
     for ln in lora_linears(job, stack):
         n_in, n_out = tokens * ln.in_features, tokens * ln.out_features
         drop = n_in * (2 * c + 1) if dropout else 0.0
-        # x @ A reads x, writes x A; @ B reads x A, writes out; scale and add to the base
-        add("lora", drop + c * (n_in + 2 * tokens * r) + c * n_out * out_passes, launches)
+        add("lora", drop + c * (n_in + 2 * tokens * r) + c * n_out * 4, 3 + dropout)
+    _dora(job, stack, tokens, c, add)
+
+
+def _lora(job: Job, stack: Stack, tokens: int, dt, add) -> None:
+    """Each adapted linear's adapter path as peft's eager Linear runs it, forward and
+    backward (benchmarks/traffic_vs_dispatch.py counts both from a dispatched step):
+    x cast to the adapters' dtype (peft's _cast_input_dtype), dropout in that dtype, x @ A
+    (autocast casts its input back to 16-bit first), @ B, the scale, and the add to the base
+    output (in the promoted dtype, cast back when the adapters are fp32 without autocast).
+    Backward: the scale's gradient, B's and A's input- and weight-gradient matmuls (each
+    reads the output's gradient or the input once), every cast and the dropout once more,
+    and the add of the adapter's input gradient into x's."""
+    r, c, a = job.peft.rank, dt.compute, adapter_bytes(job)
+    m = c if dt.autocast else a  # the adapter matmuls' dtype, and their output's
+    promoted = max(c, m)  # the base output (16-bit) plus the adapter output
+    for ln in lora_linears(job, stack):
+        n_in, n_out = tokens * ln.in_features, tokens * ln.out_features
+        small = 2 * tokens * r * m  # x A written, read by B
+        # A reads its input; B writes; scale (r, w); add (r both, w the sum)
+        fwd = n_in * m + small + n_out * (m + 2 * m + c + m + promoted)
+        # scale's gradient (r, w); B's two matmuls read it; A's write its input gradient
+        # and read its input; the add into x's gradient (r 2, w 1)
+        bwd = n_out * 4 * m + 2 * small + n_in * (2 * m + 3 * c)
+        # (taken, bytes forward and again backward); the launches stay the five the host
+        # time per kernel was fitted with (A, B, scale, add, dropout: host_ops.py)
+        steps = [(c != a, n_in * (c + a)),                    # x to the adapters' dtype
+                 (job.peft.dropout > 0, n_in * (2 * a + 1)),  # dropout's output and mask
+                 (dt.autocast and a != c, n_in * (a + c)),    # autocast's cast for x @ A
+                 (promoted != c, 2 * n_out * (promoted + c))]  # the sum back to 16-bit
+        for taken, nbytes in steps:
+            if taken:
+                fwd, bwd = fwd + nbytes, bwd + nbytes
+        add("lora", fwd, 5, backward=bwd)
+    _dora(job, stack, tokens, c, add)
+
+
+def _dora(job: Job, stack: Stack, tokens: int, c: int, add) -> None:
     for ln in dora_linears(job, stack):
         # (m / norm - 1) base, (m / norm) lora_out, x scaling, their sum, + result: 5 kernels
         # of one read or two and one write over tokens x out
