@@ -103,6 +103,7 @@ class _Bytes(TorchDispatchMode):
         self.bytes: dict = defaultdict(float)
         self.by_op: dict = defaultdict(float)
         self.flops: dict = defaultdict(float)
+        self.ops: dict = defaultdict(int)
         self.paused = False  # inside a stand-in kernel, charged as the real one (_dequantise)
 
     def charge(self, name: str, nbytes: float) -> None:
@@ -113,6 +114,7 @@ class _Bytes(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if self.paused:
             return out
+        self.ops[self.phase] += 1  # every dispatched op, views too (host_ops.py's count)
         name = func._schema.name.split("::")[-1]
         returns = func._schema.returns
         if any(r.alias_info is not None and not r.alias_info.is_write for r in returns):
@@ -206,7 +208,14 @@ def compare(label: str, changes: dict) -> dict:
             key = f"{'forward' if phase == 'forward' else 'backward'} {name}"
             modelled_ops[key] = modelled_ops.get(key, 0.0) + nbytes - m1.by_op_phase.get(
                 (name, phase), 0.0)
+    # host work: dispatched ops per block against the kernels traffic.py counts (whose host
+    # time per kernel, kernel_us, is fitted: only the ratio's steadiness matters)
+    launches = {p: {"dispatched_ops": two.ops[p] - one.ops[p],
+                    "traffic_kernels": m2.kernels[p] - m1.kernels[p]
+                    + (m2.kernels["recompute"] - m1.kernels["recompute"] if p == "backward"
+                       else 0)} for p in dispatched}
     return {"job": label, "changes": changes, "dispatched": dispatched, "modelled": modelled,
+            "launches": launches,
             "ratio": {p: modelled[p] / dispatched[p] for p in dispatched},
             "dispatched_by_op": {k: v for k, v in sorted(ops.items()) if abs(v) > 0},
             "modelled_by_op": {k: v for k, v in sorted(modelled_ops.items()) if abs(v) > 0}}
@@ -227,12 +236,16 @@ def main() -> None:
              "block = the 2-block step less the 1-block one; backward includes the "
              "recomputation.", "",
              "| job | forward MB: dispatched / traffic.py | backward MB: dispatched / "
-             "traffic.py |", "|---|---:|---:|"]
+             "traffic.py | ops per block fwd / bwd: dispatched / traffic.py's kernels |",
+             "|---|---:|---:|---:|"]
     for r in rows:
-        d, m = r["dispatched"], r["modelled"]
+        d, m, k = r["dispatched"], r["modelled"], r["launches"]
+        per = " / ".join(f"{k[p]['dispatched_ops']} / {k[p]['traffic_kernels']:g} "
+                         f"({k[p]['dispatched_ops'] / k[p]['traffic_kernels']:.1f})"
+                         for p in ("forward", "backward"))
         lines.append(f"| {r['job']} | {d['forward'] / 1e6:.1f} / {m['forward'] / 1e6:.1f} "
                      f"({r['ratio']['forward']:.2f}) | {d['backward'] / 1e6:.1f} / "
-                     f"{m['backward'] / 1e6:.1f} ({r['ratio']['backward']:.2f}) |")
+                     f"{m['backward'] / 1e6:.1f} ({r['ratio']['backward']:.2f}) | {per} |")
     write_results("traffic_vs_dispatch", result, "\n".join(lines) + "\n")
     print("\n".join(lines))
 

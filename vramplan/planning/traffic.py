@@ -420,16 +420,16 @@ def _lora(job: Job, stack: Stack, tokens: int, dt, add) -> None:
         # scale's gradient (r, w); B's two matmuls read it; A's write its input gradient
         # and read its input; the add into x's gradient (r 2, w 1)
         bwd = n_out * 4 * m + 2 * small + n_in * (2 * m + 3 * c)
-        # (taken, bytes forward and again backward); the launches stay the five the host
-        # time per kernel was fitted with (A, B, scale, add, dropout: host_ops.py)
-        steps = [(c != a, n_in * (c + a)),                    # x to the adapters' dtype
-                 (job.peft.dropout > 0, n_in * (2 * a + 1)),  # dropout's output and mask
-                 (dt.autocast and a != c, n_in * (a + c)),    # autocast's cast for x @ A
-                 (promoted != c, 2 * n_out * (promoted + c))]  # the sum back to 16-bit
-        for taken, nbytes in steps:
+        launches = 5  # A, B, scale, add, and the dropout (eager counts its launch anyway)
+        # (taken, bytes forward and again backward, launches beyond those five)
+        steps = [(c != a, n_in * (c + a), 1),                    # x to the adapters' dtype
+                 (job.peft.dropout > 0, n_in * (2 * a + 1), 0),  # dropout's output and mask
+                 (dt.autocast and a != c, n_in * (a + c), 1),    # autocast's cast for x @ A
+                 (promoted != c, 2 * n_out * (promoted + c), 1)]  # the sum back to 16-bit
+        for taken, nbytes, extra in steps:
             if taken:
-                fwd, bwd = fwd + nbytes, bwd + nbytes
-        add("lora", fwd, 5, backward=bwd)
+                fwd, bwd, launches = fwd + nbytes, bwd + nbytes, launches + extra
+        add("lora", fwd, launches, backward=bwd)
     _dora(job, stack, tokens, c, add)
 
 
