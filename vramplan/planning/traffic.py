@@ -396,7 +396,8 @@ def _lora_compiled(job: Job, stack: Stack, tokens: int, c: int, add) -> None:
     for ln in lora_linears(job, stack):
         n_in, n_out = tokens * ln.in_features, tokens * ln.out_features
         drop = n_in * (2 * c + 1) if dropout else 0.0
-        add("lora", drop + c * (n_in + 2 * tokens * r) + c * n_out * 4, 3 + dropout)
+        add("lora", drop + c * (n_in + 2 * tokens * r) + c * n_out * 4,
+            3 + (1 if dropout else 0))
     _dora(job, stack, tokens, c, add)
 
 
@@ -421,19 +422,22 @@ def _lora(job: Job, stack: Stack, tokens: int, dt, add) -> None:
         # and read its input; the add into x's gradient (r 2, w 1)
         bwd = n_out * 4 * m + 2 * small + n_in * (2 * m + 3 * c)
         launches = 5  # A, B, scale, add, and the dropout (eager counts its launch anyway)
-        # (taken, bytes forward and again backward, launches beyond those five)
-        steps = [(c != a, n_in * (c + a), 1),                    # x to the adapters' dtype
-                 (job.peft.dropout > 0, n_in * (2 * a + 1), 0),  # dropout's output and mask
-                 (dt.autocast and a != c, n_in * (a + c), 1),    # autocast's cast for x @ A
-                 (promoted != c, 2 * n_out * (promoted + c), 1)]  # the sum back to 16-bit
-        for taken, nbytes, extra in steps:
+        cast_sum = n_out * (promoted + c)  # the sum back to 16-bit; backward, two casts:
+        # the sum's gradient to fp32, and the base branch's back to 16-bit
+        # (taken, forward bytes, backward bytes, launches beyond those five)
+        steps = [(c != a, n_in * (c + a), n_in * (c + a), 1),  # x to the adapters' dtype
+                 (job.peft.dropout > 0, n_in * (2 * a + 1), n_in * (2 * a + 1), 0),
+                 (dt.autocast and a != c, n_in * (a + c), n_in * (a + c), 1),  # for x @ A
+                 (promoted != c, cast_sum, 2 * cast_sum, 1)]
+        for taken, forward, backward, extra in steps:
             if taken:
-                fwd, bwd, launches = fwd + nbytes, bwd + nbytes, launches + extra
+                fwd, bwd, launches = fwd + forward, bwd + backward, launches + extra
         add("lora", fwd, launches, backward=bwd)
     _dora(job, stack, tokens, c, add)
 
 
 def _dora(job: Job, stack: Stack, tokens: int, c: int, add) -> None:
+    """DoRA's output-side work in each adapted linear, beside its LoRA path."""
     for ln in dora_linears(job, stack):
         # (m / norm - 1) base, (m / norm) lora_out, x scaling, their sum, + result: 5 kernels
         # of one read or two and one write over tokens x out
