@@ -1,18 +1,18 @@
-"""The memory-bound bytes of an eager step, as traffic.py counts them and as a real step
-dispatches them.
+"""The memory-bound bytes and the linears' FLOPs of an eager step, as traffic.py and flops.py
+count them and as a real step dispatches them.
 
 The step-time model times everything that is not a matmul or attention from the bytes it
 moves (planning/traffic.py: a count of the passes the eager code makes over each tensor,
-never fitted). This benchmark checks those counts against what transformers' and peft's own
-code dispatches: one training micro-batch of the job (training/setup.py's train_step, with
-CUDA's autocast and dropout kernels, as the trace runs it) on the CPU, its model shrunk to
-1 and 2 blocks, each aten op charged one read of every tensor it takes and one write of
-every tensor it returns (views move nothing; a broadcast input counts its distinct
-elements). The difference of the two depths is one block, set beside traffic.py's bytes
-per block at the same shapes. The counts do not depend on the device; the model's shapes
-are shrunk so that the CPU runs them in seconds, with the adapters' rank below every other
-width (their matmuls stream their inputs and outputs and are counted here as traffic.py
-counts them: memory-bound).
+never fitted), and the matmuls from their FLOPs (planning/flops.py). This benchmark checks
+both against what transformers' and peft's own code dispatches: one training micro-batch of
+the job (training/setup.py's train_step, with CUDA's autocast and dropout kernels, as the
+trace runs it) on the CPU, its model shrunk to 1 and 2 blocks, each aten op charged one read
+of every tensor it takes and one write of every tensor it returns (views move nothing; a
+broadcast input counts its distinct elements). The difference of the two depths is one
+block, set beside traffic.py's bytes per block at the same shapes. The counts do not depend
+on the device; the model's shapes are shrunk so that the CPU runs them in seconds, with the
+adapters' rank below every other width (their matmuls stream their inputs and outputs and
+are counted here as traffic.py counts them: memory-bound).
 
     PYTHONPATH=. python benchmarks/traffic_vs_dispatch.py   # writes results/traffic_vs_dispatch.*
 """
@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from vramplan.job import Job  # noqa: E402
 from vramplan.models.derive import architecture_from_config  # noqa: E402
+from vramplan.planning.flops import step_flops  # noqa: E402
 from vramplan.planning.traffic import step_traffic  # noqa: E402
 from vramplan.training.emulate.lowbit import Packed4bitLinear  # noqa: E402
 from vramplan.training.hf_model import load_model_config  # noqa: E402
@@ -126,9 +127,10 @@ class _Bytes(TorchDispatchMode):
             name = "attention io"       # stream through HBM as traffic.py's "attention io"
         if name in MATMULS:
             dims = {d for t in ins for d in t.shape[-2:]}
-            if RANK not in dims:  # a compute-bound matmul: its FLOPs
+            if RANK not in dims:  # a compute-bound matmul: its FLOPs (bmm: eager attention's)
                 a, b = ins[-2], ins[-1]
-                self.flops[self.phase] += 2 * math.prod(a.shape) * b.shape[-1]
+                kind = "attention" if name in ("bmm", "baddbmm") else "linear"
+                self.flops[self.phase, kind] += 2 * math.prod(a.shape) * b.shape[-1]
                 return out
             name = "adapter matmul"
         written = [] if name in NO_WRITE else _tensors(out)
@@ -183,9 +185,12 @@ def _dispatched(job: Job, depth: int) -> _Bytes:
     return counter
 
 
+def _arch(job: Job, depth: int):
+    return architecture_from_config(_config(job.model, depth), f"shrunk-{depth}")
+
+
 def _modelled(job: Job, depth: int):
-    return step_traffic(job, architecture_from_config(_config(job.model, depth),
-                                                      f"shrunk-{depth}"))
+    return step_traffic(job, _arch(job, depth))
 
 
 def compare(label: str, changes: dict) -> dict:
@@ -208,6 +213,13 @@ def compare(label: str, changes: dict) -> dict:
             key = f"{'forward' if phase == 'forward' else 'backward'} {name}"
             modelled_ops[key] = modelled_ops.get(key, 0.0) + nbytes - m1.by_op_phase.get(
                 (name, phase), 0.0)
+    # the linears' matmul FLOPs per block, against flops.py's (its "linear" class)
+    f1, f2 = step_flops(job, _arch(job, 1)).by_class["linear"], step_flops(
+        job, _arch(job, 2)).by_class["linear"]
+    flops = {p: {"dispatched": two.flops[p, "linear"] - one.flops[p, "linear"],
+                 "modelled": getattr(f2, p) - getattr(f1, p) + (
+                     f2.recompute - f1.recompute if p == "backward" else 0)}
+             for p in dispatched}
     # host work: dispatched ops per block against the kernels traffic.py counts (whose host
     # time per kernel, kernel_us, is fitted: only the ratio's steadiness matters)
     launches = {p: {"dispatched_ops": two.ops[p] - one.ops[p],
@@ -215,7 +227,7 @@ def compare(label: str, changes: dict) -> dict:
                     + (m2.kernels["recompute"] - m1.kernels["recompute"] if p == "backward"
                        else 0)} for p in dispatched}
     return {"job": label, "changes": changes, "dispatched": dispatched, "modelled": modelled,
-            "launches": launches,
+            "launches": launches, "linear_flops": flops,
             "ratio": {p: modelled[p] / dispatched[p] for p in dispatched},
             "dispatched_by_op": {k: v for k, v in sorted(ops.items()) if abs(v) > 0},
             "modelled_by_op": {k: v for k, v in sorted(modelled_ops.items()) if abs(v) > 0}}
@@ -227,7 +239,8 @@ def main() -> None:
     rows = [compare(label, changes) for label, changes in (jobs[::4] if QUICK else jobs)]
     result = {"machine": machine_line() + f", torch {torch.__version__}", "shapes": SHAPES,
               "base": BASE, "rank": RANK, "rows": rows, "quick": QUICK}
-    lines = ["# Memory-bound bytes per block: traffic.py against a dispatched step", "",
+    lines = ["# Memory-bound bytes and matmul FLOPs per block: the model against a dispatched "
+             "step", "",
              f"Counted on {result['machine']} (the counts do not depend on the device). "
              f"Blocks (Llama's unless named) shrunk to {SHAPES['hidden_size']} wide "
              f"({SHAPES['intermediate_size']} MLP, {SHAPES['num_attention_heads']} heads of "
@@ -236,16 +249,19 @@ def main() -> None:
              "block = the 2-block step less the 1-block one; backward includes the "
              "recomputation.", "",
              "| job | forward MB: dispatched / traffic.py | backward MB: dispatched / "
-             "traffic.py | ops per block fwd / bwd: dispatched / traffic.py's kernels |",
-             "|---|---:|---:|---:|"]
+             "traffic.py | ops per block fwd / bwd: dispatched / traffic.py's kernels | "
+             "linears' GFLOP fwd / bwd: dispatched / flops.py |", "|---|---:|---:|---:|---:|"]
     for r in rows:
-        d, m, k = r["dispatched"], r["modelled"], r["launches"]
+        d, m, k, f = r["dispatched"], r["modelled"], r["launches"], r["linear_flops"]
+        gflop = " / ".join(f"{f[p]['dispatched'] / 1e9:.3f} / {f[p]['modelled'] / 1e9:.3f}"
+                           for p in ("forward", "backward"))
         per = " / ".join(f"{k[p]['dispatched_ops']} / {k[p]['traffic_kernels']:g} "
                          f"({k[p]['dispatched_ops'] / k[p]['traffic_kernels']:.1f})"
                          for p in ("forward", "backward"))
         lines.append(f"| {r['job']} | {d['forward'] / 1e6:.1f} / {m['forward'] / 1e6:.1f} "
                      f"({r['ratio']['forward']:.2f}) | {d['backward'] / 1e6:.1f} / "
-                     f"{m['backward'] / 1e6:.1f} ({r['ratio']['backward']:.2f}) | {per} |")
+                     f"{m['backward'] / 1e6:.1f} ({r['ratio']['backward']:.2f}) | {per} | "
+                     f"{gflop} |")
     write_results("traffic_vs_dispatch", result, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
