@@ -167,6 +167,19 @@ def _extra_rows():
                 f"{_pct(loso['median'], 0)}, p90 {_pct(loso['p90'], 0)}); in-sample fit "
                 f"{n['fitted_all']:.3f}, shipped {n['shipped_efficiency']:.2f}",
                 f"`nccl_vs_model.py` ({VM}; times as published by their sources)"))
+    if (RESULTS / "traffic_vs_dispatch.json").exists():
+        t = _load("traffic_vs_dispatch.json")["rows"]
+        adapters = [r for r in t if "LoRA" in r["job"]]
+        ratios = [r["ratio"][p] for r in adapters for p in ("forward", "backward")]
+        exact = sum(r["linear_flops"][p]["dispatched"] == r["linear_flops"][p]["modelled"]
+                    for r in t for p in ("forward", "backward"))
+        yield (f"the step-time model's counts against a real HF / peft micro-batch dispatched "
+               f"on the CPU ({len(t)} shrunk setups: full fine-tuning, LoRA and QLoRA as our "
+               "runs and the published ones ran them)",
+               (f"memory-bound bytes per block of the {len(adapters)} LoRA / QLoRA setups: "
+                f"{min(ratios):.2f}-{max(ratios):.2f} of the dispatched (forward and "
+                f"backward); the linears' matmul FLOPs equal in {exact} of {2 * len(t)} "
+                "phases", f"`traffic_vs_dispatch.py` ({VM})"))
     if (RESULTS / "plan_speed.json").exists():
         p = _load("plan_speed.json")
         cases = "; ".join(f"{c['case']}: {c['seconds_median']:.2f} s" for c in p["plan"])
