@@ -96,7 +96,8 @@ def _tensors(value) -> list[torch.Tensor]:
 
 
 class _Bytes(TorchDispatchMode):
-    """Bytes of memory-bound work per phase (and per op name), matmul FLOPs aside."""
+    """Per phase: the bytes of memory-bound work (also per op name), the matmuls' FLOPs and
+    the ops dispatched."""
 
     def __init__(self):
         super().__init__()
@@ -118,10 +119,9 @@ class _Bytes(TorchDispatchMode):
         self.ops[self.phase] += 1  # every dispatched op, views too (host_ops.py's count)
         name = func._schema.name.split("::")[-1]
         returns = func._schema.returns
-        if any(r.alias_info is not None and not r.alias_info.is_write for r in returns):
-            return out  # a view
-        if name in VIEWS:
-            return out
+        if name in VIEWS or any(r.alias_info is not None and not r.alias_info.is_write
+                                for r in returns):
+            return out  # a view moves nothing
         ins = _tensors(list(args) + list((kwargs or {}).values()))
         if name.startswith(ATTENTION):  # its FLOPs are timed apart; its inputs and outputs
             name = "attention io"       # stream through HBM as traffic.py's "attention io"
@@ -152,6 +152,7 @@ def _dequantise(counter: _Bytes):
         finally:
             counter.paused = False
         constants = [t for t in (layer.packed, layer.absmax, layer.absmax2) if t is not None]
+        counter.ops[counter.phase] += 1
         counter.charge("dequantise", sum(t.numel() * t.element_size() for t in constants)
                        + weight.numel() * weight.element_size())
         return weight
