@@ -32,11 +32,22 @@ def validation_message(errors: Iterable[dict[str, Any]], root: type | None = Non
                        examples: dict[str, object] | None = None) -> str:
     """pydantic's errors (ValidationError.errors()) of a `root` model as one line: each
     field, its problem, what was given and, where `examples` has the field, a good value.
-    The one wording of a bad field for the Job, the plan options and the training amount."""
-    return "; ".join(_describe(e, root, examples or {}) for e in errors)
+    The one wording of a bad field for the Job, the plan options, the training amount and
+    the web API (which shows each (field, problem) of `describe` beside its field)."""
+    parts = []
+    for error in errors:
+        where, what = describe(error, root, examples)
+        # an unknown key's problem names the key itself
+        known_key = where and error["type"] != "extra_forbidden"
+        parts.append(f"{where}: {what}" if known_key else what)
+    return "; ".join(parts)
 
 
-def _describe(error: dict[str, Any], root: type | None, examples: dict[str, object]) -> str:
+def describe(error: dict[str, Any], root: type | None = None,
+             examples: dict[str, object] | None = None) -> tuple[str, str]:
+    """One of pydantic's errors as (field, problem): the dotted field below `root`; an
+    unknown key's close match and the keys allowed there; a bad value's problem, the value
+    (quoted up to MAX_QUOTED characters) and, from `examples`, a good one."""
     where = ".".join(str(p) for p in error["loc"])
     if len(where) > MAX_QUOTED:
         where = where[:MAX_QUOTED - 3] + "..."
@@ -45,7 +56,8 @@ def _describe(error: dict[str, Any], root: type | None, examples: dict[str, obje
         known = list(parent.model_fields) if parent else []
         close = difflib.get_close_matches(str(error["loc"][-1]), known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        return f"unknown key {where!r}{hint}; allowed: {', '.join(known)}"
+        allowed = f"; allowed: {', '.join(known)}" if known else ""
+        return where, f"unknown key {where!r}{hint}{allowed}"
     message = error["msg"]
     if error["type"] == "literal_error":
         message = "must be one of " + message.removeprefix("Input should be ")
@@ -56,9 +68,9 @@ def _describe(error: dict[str, Any], root: type | None, examples: dict[str, obje
         if len(quoted) > MAX_QUOTED:
             quoted = quoted[:MAX_QUOTED - 3] + "..."
         message += f" (got {quoted})"
-    if where in examples:
+    if where in (examples or {}):
         message += f"; e.g. {examples[where]}"
-    return f"{where}: {message}" if where else message
+    return where, message
 
 
 def _model_at(path: tuple, root: type) -> type | None:

@@ -68,7 +68,9 @@ def test_estimate_charts_and_html(client):
     ({"model": "gpt2", "batch_size": 10**9}, "job.batch_size", "less than or equal to 1000000"),
     ({"model": "gpt2", "target_len": 10**12}, "job.target_len", "less than or equal"),
     ({"model": "gpt2", "precision": "fp9"}, "job.precision", "must be one of"),
-    ({"model": "gpt2", "colour": "red"}, "job.colour", "unknown field"),
+    ({"model": "gpt2", "colour": "red"}, "job.colour", "unknown key 'colour'; allowed: model,"),
+    ({"model": "gpt2", "batchsize": 2}, "job.batchsize", "(did you mean 'batch_size'?)"),
+    ({"model": "gpt2", "peft": {"rnk": 8}}, "job.peft.rnk", "(did you mean 'rank'?)"),
     ({"model": "gpt2", "parallel": {"network_gb_s": 0}}, "job.parallel.network_gb_s",
      "greater than 0"),
     ({"model": "gpt2", "gpu": "L5"}, "job.gpu", "Did you mean 'L4'"),
@@ -84,6 +86,21 @@ def test_bad_input_is_a_422_naming_the_field(client, job, field, words):
     fields = {e["field"]: e["message"] for e in r.json()["errors"]}
     assert field in fields and words in fields[field]
     assert "Traceback" not in r.text
+
+
+def test_a_bad_field_reads_as_a_job_file_with_it_does(client):
+    """One wording (errors.describe): the web's message for each field is the CLI's."""
+    from vramplan.errors import JobError
+    from vramplan.job import job_from_dict
+
+    job = {"model": "gpt2", "batch_size": 0, "precison": "bf16-mixed"}
+    with pytest.raises(JobError) as cli:
+        job_from_dict(job)
+    r = client.post("/api/v1/estimate", json={"job": job})
+    assert r.status_code == 422
+    messages = [e["message"] for e in r.json()["errors"]]
+    assert len(messages) == 2 and all(m in str(cli.value) for m in messages)
+    assert "batch_size: Input should be greater than or equal to 1 (got 0)" in str(cli.value)
 
 
 def test_a_catalog_hf_id_is_accepted(client):

@@ -12,6 +12,9 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from vramplan.errors import describe
+from vramplan.job import Job
+
 _LOCATIONS = ("body", "query", "path")
 
 
@@ -24,24 +27,20 @@ def error_response(status: int, problems: Sequence[tuple[str, str]]) -> JSONResp
 
 
 def validation_errors(errors: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
-    """pydantic/FastAPI errors as (field, message): 'job.batch_size', 'must be ...'."""
+    """pydantic/FastAPI errors as (field, message), worded as the CLI words a job file's
+    (errors.describe): 'job.batch_size', 'Input should be greater than ... (got 0)'."""
     out = []
     for error in errors:
-        loc = [str(p) for p in error.get("loc", ())]
+        loc = tuple(error.get("loc", ()))
         if loc and loc[0] in _LOCATIONS:
             loc = loc[1:]
-        message = str(error.get("msg", "invalid"))
-        message = message.removeprefix("Value error, ")
-        if error.get("type") == "extra_forbidden":
-            message = "unknown field"
-        elif error.get("type") == "literal_error":
-            message = "must be one of " + message.removeprefix("Input should be ")
-        field = ".".join(loc)
+        in_job = loc[:1] == ("job",)  # a Job's own fields: its keys for an unknown one
+        field, message = describe({**error, "loc": loc[1:] if in_job else loc},
+                                  Job if in_job else None)
+        if in_job:
+            field = f"job.{field}" if field else "job"
         if not field and message.startswith("job.model: "):  # a whole-request check
             field, message = "job.model", message.removeprefix("job.model: ")
-        got = error.get("input")
-        if isinstance(got, (int, float, str)) and not isinstance(got, bool) and len(str(got)) < 60:
-            message += f" (got {got!r})"
         out.append((field, message))
     return out
 
