@@ -40,7 +40,7 @@ BENCHMARKS: list[tuple[list[str], bool]] = [
     (["memory_ops_check.py"], True),                # under 1 s: 143 published kernel times
     (["nccl_vs_model.py"], True),                   # 2 s: 340 published nccl-tests rows
     (["host_ops.py"], True),                        # quick: 2 models, tiny shapes on the CPU
-    (["traffic_vs_dispatch.py"], True),             # quick: 4 of 13 jobs, shrunk, 8 s
+    (["traffic_vs_dispatch.py"], True),             # quick: 4 of 15 jobs, shrunk, 8 s
     (["cpu_adam.py"], True),                        # quick: 8 Mi parameters, a second
     (["nf4_dequantise.py"], True),                  # quick: 2 weights, torchao on the CPU
     (["optimizer_ops.py"], True),                   # quick: a 1/16-width layer, 5 s

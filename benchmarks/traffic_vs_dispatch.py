@@ -55,6 +55,9 @@ JOBS = {
     "full, bf16 autocast, eager attention": dict(attention="eager"),
     "GPT-2, full, bf16 autocast": dict(model="gpt2-medium"),
     "BERT, full, bf16 autocast (dropout)": dict(model="bert-base-uncased"),
+    "Qwen2.5, full, bf16 autocast (q/k/v bias)": dict(model="qwen2.5-0.5b"),
+    "Gemma-2, full, bf16 autocast, eager attention": dict(model="gemma-2-2b",
+                                                          attention="eager"),
     "LoRA q,v, no dropout, pure bf16 (optimum-benchmark)": dict(
         precision="bf16-pure", peft=dict(rank=RANK, dropout=0.0, target_modules=QV)),
     "QLoRA q,v, no dropout, pure bf16, fp32 adapters (optimum-benchmark)": dict(
