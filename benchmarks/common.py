@@ -14,6 +14,27 @@ from pathlib import Path
 QUICK = os.environ.get("VRAMPLAN_BENCH_QUICK") == "1"
 
 
+# the config keys of a model's depth, across transformers' families
+DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers",
+              "encoder_layers", "decoder_layers")
+
+
+def shrunk_config(model: str, depth: int, widths: dict[str, int]) -> dict:
+    """A model's transformers config with `widths` set where it has those keys, `depth`
+    blocks, and its special token ids inside the shrunk vocabulary: a step the CPU runs
+    in seconds whose per-block counts scale to the real model."""
+    from vramplan.training.hf_model import load_model_config
+
+    config = dict(load_model_config(model))
+    config.update({k: v for k, v in widths.items() if k in config})
+    config.update({k: depth for k in DEPTH_KEYS if k in config})
+    for i, k in enumerate(("pad_token_id", "bos_token_id", "eos_token_id",
+                           "decoder_start_token_id")):
+        if isinstance(config.get(k), int):
+            config[k] = i
+    return config
+
+
 def results_dir() -> Path:
     folder = Path(os.environ.get("VRAMPLAN_BENCH_OUT") or Path(__file__).parent / "results")
     folder.mkdir(parents=True, exist_ok=True)

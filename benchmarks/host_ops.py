@@ -33,14 +33,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import torch  # noqa: E402
-from common import QUICK, machine_line, write_results  # noqa: E402
+from common import QUICK, machine_line, shrunk_config, write_results  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from vramplan.job import OP_LEVEL_CHECKPOINTING, Job  # noqa: E402
 from vramplan.models import load_architecture  # noqa: E402
 from vramplan.planning.efficiency import shipped_factors  # noqa: E402
 from vramplan.planning.traffic import step_traffic  # noqa: E402
-from vramplan.training.hf_model import load_model_config  # noqa: E402
 from vramplan.training.saved import SavedTensorBytes  # noqa: E402
 from vramplan.training.setup import build_training_setup  # noqa: E402
 
@@ -53,8 +52,6 @@ JOBS = [Job(model="llama-3.2-1b", batch_size=1, seq_len=64),
         Job(model="vit-base-patch16-224", batch_size=1),
         Job(model="t5-base", batch_size=1, seq_len=64, precision="bf16-pure"),
         Job(model="whisper-small", batch_size=1, seq_len=64)]
-DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers",
-              "encoder_layers", "decoder_layers")
 SHRUNK = {"hidden_size": 64, "n_embd": 64, "d_model": 64, "intermediate_size": 128,
           "n_inner": 128, "d_ff": 128, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
           "num_attention_heads": 4, "n_head": 4, "num_heads": 4, "encoder_attention_heads": 4,
@@ -118,14 +115,8 @@ SAC_DEPTHS = (2, 6)
 def _shrunk_setup(job: Job, depth: int):
     """The job's training setup (training/setup.py) on the CPU, its model shrunk (SHRUNK)
     to `depth` blocks."""
-    config = dict(load_model_config(job.model))
-    config.update({k: v for k, v in SHRUNK.items() if k in config})
-    config.update({k: depth for k in DEPTH_KEYS if k in config})
-    for i, k in enumerate(("pad_token_id", "bos_token_id", "eos_token_id",
-                           "decoder_start_token_id")):  # inside the shrunk vocabulary
-        if isinstance(config.get(k), int):
-            config[k] = i
-    return build_training_setup(job, "cpu", model_config=config)
+    return build_training_setup(job, "cpu", model_config=shrunk_config(job.model, depth,
+                                                                       SHRUNK))
 
 
 def _step_seconds(setup, repeats: int) -> float:

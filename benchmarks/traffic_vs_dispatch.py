@@ -28,7 +28,7 @@ from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).parent))
 import torch  # noqa: E402
-from common import QUICK, machine_line, write_results  # noqa: E402
+from common import QUICK, machine_line, shrunk_config, write_results  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from vramplan.job import Job  # noqa: E402
@@ -36,7 +36,6 @@ from vramplan.models.derive import architecture_from_config  # noqa: E402
 from vramplan.planning.flops import step_flops  # noqa: E402
 from vramplan.planning.traffic import step_traffic  # noqa: E402
 from vramplan.training.emulate.lowbit import Packed4bitLinear  # noqa: E402
-from vramplan.training.hf_model import load_model_config  # noqa: E402
 from vramplan.training.setup import build_training_setup, train_step  # noqa: E402
 
 RANK = 8  # below every other width, so that an adapter's matmul is told by its shape
@@ -44,7 +43,6 @@ RANK = 8  # below every other width, so that an adapter's matmul is told by its 
 SHAPES = {"hidden_size": 256, "n_embd": 256, "intermediate_size": 704, "n_inner": 704,
           "num_attention_heads": 4, "n_head": 4, "num_key_value_heads": 4, "head_dim": 64,
           "vocab_size": 512}
-DEPTH_KEYS = ("num_hidden_layers", "n_layer")
 BASE = dict(model="llama-3.2-1b", batch_size=2, seq_len=256)
 QV = ("q_proj", "v_proj")
 # each a setup of a published or own run the model misses (docs/performance.md)
@@ -165,13 +163,7 @@ def _dequantise(counter: _Bytes):
 
 
 def _config(model: str, depth: int) -> dict:
-    config = dict(load_model_config(model))
-    config.update({k: v for k, v in SHAPES.items() if k in config})
-    config.update({k: depth for k in DEPTH_KEYS if k in config})
-    for i, k in enumerate(("pad_token_id", "bos_token_id", "eos_token_id")):
-        if isinstance(config.get(k), int):
-            config[k] = i
-    return config
+    return shrunk_config(model, depth, SHAPES)
 
 
 def _dispatched(job: Job, depth: int) -> _Bytes:
