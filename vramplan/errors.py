@@ -37,9 +37,9 @@ def validation_message(errors: Iterable[dict[str, Any]], root: type | None = Non
     parts = []
     for error in errors:
         where, what = describe(error, root, examples)
-        # an unknown key's problem names the key itself
-        known_key = where and error["type"] != "extra_forbidden"
-        parts.append(f"{where}: {what}" if known_key else what)
+        # an unknown key's problem names the key itself, so it takes no "field: " prefix
+        names_itself = not where or error["type"] == "extra_forbidden"
+        parts.append(what if names_itself else f"{where}: {what}")
     return "; ".join(parts)
 
 
