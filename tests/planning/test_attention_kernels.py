@@ -12,7 +12,8 @@ from vramplan.errors import JobError
 from vramplan.hardware import get_gpu
 from vramplan.job import Job
 from vramplan.planning import performance
-from vramplan.planning.efficiency import attention_kernel
+from vramplan.planning.attention_shape import shape_rates
+from vramplan.planning.efficiency import CUDNN, FLASH_2, attention_kernel
 
 TOML = Path(vramplan.__file__).parent / "planning" / "efficiency.toml"
 HOPPER = tomllib.loads(TOML.read_text())["architectures"]["hopper"]
@@ -50,19 +51,26 @@ def test_the_kernel_each_attention_runs(attention, gpu, speedup, note):
 
 
 def test_kernels_change_the_attention_time_only():
-    """On an H100 the attention term divides by the kernel's speedup over FlashAttention-2;
-    the matmuls, the memory-bound work and the memory estimate stay the same."""
+    """On an H100 the attention term divides by the kernel's speedup over FlashAttention-2
+    and by its rate at the job's shape (2048 tokens, head size 64, causal) over
+    FlashAttention-2's, each over its own at the reference shape; the matmuls, the
+    memory-bound work and the memory estimate stay the same."""
     base = Job(model="llama-3.2-1b", batch_size=2, seq_len=2048, attention="flash-attn-2")
     h100 = get_gpu("H100-SXM")
     reference = performance.step_terms(base, h100)
-    for attention, ratio in (("sdpa", HOPPER["cudnn_attention"]),
-                             ("cudnn", HOPPER["cudnn_attention"]),
-                             ("flash-attn-3", HOPPER["flash_attn_3"])):
+    flash_2 = shape_rates(FLASH_2, 2048, 64, True)
+    for attention, kernel, ratio in (("sdpa", CUDNN, HOPPER["cudnn_attention"]),
+                                     ("cudnn", CUDNN, HOPPER["cudnn_attention"]),
+                                     ("flash-attn-3", "FlashAttention-3",
+                                      HOPPER["flash_attn_3"])):
         job = base.with_changes(attention=attention)
         terms = performance.step_terms(job, h100)
         assert terms.fused_attention
+        rates = shape_rates(kernel, 2048, 64, True)
         for ref, p in zip(reference.phases, terms.phases, strict=True):
-            assert p.attention_s == pytest.approx(ref.attention_s / ratio)
+            shape = (rates.backward / flash_2.backward if p.phase == "backward"
+                     else rates.forward / flash_2.forward)
+            assert p.attention_s == pytest.approx(ref.attention_s / ratio / shape)
             assert (p.matmul_s, p.memory_s) == (ref.matmul_s, ref.memory_s)
         assert vramplan.estimate(job).peak_allocated == vramplan.estimate(base).peak_allocated
     # eager attention is timed at the matmul factor (no kernel, no note)

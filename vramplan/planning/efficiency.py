@@ -156,6 +156,12 @@ def collective_calls() -> dict[str, float]:
             "zero_bucket_elements": float(c["zero_bucket_elements"])}
 
 
+def attention_shape_table() -> dict:
+    """Fused attention kernels' measured rates by sequence length, head size and mask
+    ([attention_shape]; planning/attention_shape.py reads them)."""
+    return _data()["attention_shape"]
+
+
 def sm_count(gpu: GPU) -> int | None:
     """Streaming multiprocessors of `gpu` ([sm_count]); None when not listed."""
     return _data()["sm_count"].get(gpu.name)

@@ -40,6 +40,7 @@ from vramplan.hardware.gpu import GPU
 from vramplan.job import OP_LEVEL_CHECKPOINTING, Job
 from vramplan.models import Architecture, load_architecture
 from vramplan.planning.amount import TrainingAmount, training_amount
+from vramplan.planning.attention_shape import ShapeRates, step_shape_rates
 from vramplan.planning.comm import (
     collective_latency_s,
     collectives,
@@ -316,11 +317,13 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
                      f"call ({per_element:.3g} bytes moved per weight, bitsandbytes' kernel "
                      f"{BNB_DEQUANTISE[0]:.3g}), in each forward, recomputation and backward")
     fused = work[3].attention != "eager"
+    rates = ShapeRates()
     # fp32 SDPA (TF32 or not) runs the memory-efficient kernel: no cuDNN, no FlashAttention
     if fused and job.precision != "fp32":
         kernel = attention_kernel(job.attention, gpu)
         attention_peak *= kernel.speedup
-        notes += [kernel.note] if kernel.note else []
+        rates = step_shape_rates(kernel.name, work[3])
+        notes += [n for n in (kernel.note, rates.note) if n]
     # torchao's rowwise_with_gw_hp keeps grad_weight's GEMM in bf16, at head_rate (torchao/
     # float8/config.py Float8LinearConfig.from_recipe_name: its grad_weight cast is
     # disabled); Transformer Engine's recipes run all three in fp8
@@ -338,7 +341,9 @@ def step_terms(job: Job, gpu: GPU, arch: Architecture | None = None) -> StepTerm
         sixteen_mm = head_mm + (wgrad_mm if sixteen_bit_wgrad else 0.0)
         phases.append(PhaseTerms(phase, job.grad_accum,
                                  (mm - sixteen_mm) / (peak * shape) + sixteen_mm / head_rate,
-                                 attention / attention_peak, moved / bandwidth,
+                                 attention / (attention_peak * (
+                                     rates.backward if phase == "backward" else rates.forward)),
+                                 moved / bandwidth,
                                  kernels, mm + attention, moved, modules=modules,
                                  host_scale=policy if phase in ("forward", "recompute")
                                  else 1.0))
