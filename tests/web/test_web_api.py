@@ -103,6 +103,25 @@ def test_a_bad_field_reads_as_a_job_file_with_it_does(client):
     assert "batch_size: Input should be greater than or equal to 1 (got 0)" in str(cli.value)
 
 
+@pytest.mark.parametrize(("path", "model"), [
+    ("/api/v1/estimate", "EstimateRequest"), ("/api/v1/plan", "PlanRequest")])
+def test_an_unknown_request_key_names_the_route_s_keys(client, path, model):
+    """A mistyped key beside the job gets its close match and the keys the route's request
+    body allows (its own model's fields), as a Job key does."""
+    from vramplan.web import schemas
+
+    allowed = list(getattr(schemas, model).model_fields)
+    r = client.post(path, json={"job": {"model": "gpt2"}, "max_gpu": 4, "tokns": 10})
+    assert r.status_code == 422
+    errors = {e["field"]: e["message"] for e in r.json()["errors"]}
+    hint = {"max_gpu": "max_gpus" if "max_gpus" in allowed else None, "tokns": "tokens"}
+    for key, close in hint.items():
+        message = errors[key]
+        assert message.startswith(f"unknown key {key!r}")
+        assert (f"did you mean {close!r}" in message) == (close is not None)
+        assert message.endswith("allowed: " + ", ".join(allowed))
+
+
 def test_a_catalog_hf_id_is_accepted(client):
     r = client.post("/api/v1/estimate", json={"job": {"model": "openai-community/gpt2"}})
     assert r.status_code == 200, r.text

@@ -356,7 +356,9 @@ def _html(text: str) -> HTMLResponse:
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
-        return error_response(422, validation_errors(error.errors()))
+        body = getattr(request.scope.get("route"), "body_field", None)
+        model = body.field_info.annotation if body is not None else None
+        return error_response(422, validation_errors(error.errors(), model))
 
     @app.exception_handler(UnknownNameError)
     async def unknown(request: Request, error: UnknownNameError) -> JSONResponse:

@@ -26,9 +26,12 @@ def error_response(status: int, problems: Sequence[tuple[str, str]]) -> JSONResp
     return JSONResponse({"error": summary[:2000], "errors": items[:50]}, status_code=status)
 
 
-def validation_errors(errors: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
+def validation_errors(errors: Iterable[dict[str, Any]],
+                      request_model: type | None = None) -> list[tuple[str, str]]:
     """pydantic/FastAPI errors as (field, message), worded as the CLI words a job file's
-    (errors.describe): 'job.batch_size', 'Input should be greater than ... (got 0)'."""
+    (errors.describe): 'job.batch_size', 'Input should be greater than ... (got 0)'. An
+    unknown key names the keys allowed where it stands: the Job's, or `request_model`'s
+    (the route's request body) beside the job."""
     out = []
     for error in errors:
         loc = tuple(error.get("loc", ()))
@@ -36,7 +39,7 @@ def validation_errors(errors: Iterable[dict[str, Any]]) -> list[tuple[str, str]]
             loc = loc[1:]
         in_job = loc[:1] == ("job",)  # a Job's own fields: its keys for an unknown one
         field, message = describe({**error, "loc": loc[1:] if in_job else loc},
-                                  Job if in_job else None)
+                                  Job if in_job else request_model)
         if in_job:
             field = f"job.{field}" if field else "job"
         if not field and message.startswith("job.model: "):  # a whole-request check
