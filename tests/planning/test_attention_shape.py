@@ -57,6 +57,9 @@ def test_no_mask_and_head_size_64():
     ref_back = _at("backward_128", 16384) * ref / _at("forward_128", 16384)
     assert rates.backward == pytest.approx(_at("backward_64", 1024) / ref_back)
     assert "head size 64, no mask" in rates.note  # 0.73x forward: worth saying
+    assert "fewest measured" not in rates.note
+    assert shape_rates(FLASH_2, 197, 64, False).note.endswith(
+        "below 512 tokens, the fewest measured, at 512's rate)")
 
 
 def test_between_and_beyond_the_measured_points():

@@ -77,7 +77,10 @@ def shape_rates(kernel: str, seq: int, head_dim: int, causal: bool) -> ShapeRate
         note = (f"attention at {seq} tokens, head size {head_dim}, {mask}: {kernel} runs "
                 f"{rates[0]:.2f}x (forward) and {rates[1]:.2f}x (backward) its rate at "
                 f"{ref['seq']} tokens, head size {ref['head_dim']}, causal (efficiency.toml "
-                "[attention_shape])")
+                "[attention_shape]")
+        if seq < seqs[0]:
+            note += f"; below {seqs[0]} tokens, the fewest measured, at {seqs[0]}'s rate"
+        note += ")"
     return ShapeRates(*rates, note)
 
 
