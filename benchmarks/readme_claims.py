@@ -167,6 +167,16 @@ def _extra_rows():
                 f"{_pct(loso['median'], 0)}, p90 {_pct(loso['p90'], 0)}); in-sample fit "
                 f"{n['fitted_all']:.3f}, shipped {n['shipped_efficiency']:.2f}",
                 f"`nccl_vs_model.py` ({VM}; times as published by their sources)"))
+    if (RESULTS / "attention_shape_check.json").exists():
+        a = _load("attention_shape_check.json")
+        series = sorted({(r["series"], r["kernel"]) for r in a["rows"]})
+        yield (f"the attention-shape curves (FlashAttention-3 paper) against fused attention "
+               f"rates measured elsewhere ({len(series)} series of pytorch/benchmark: "
+               f"{', '.join(k for _, k in series)}; H100, 512-16k tokens)",
+               (f"each rate over its series' longest: median \\|error\\| "
+                f"{_pct(a['median_abs_error'], 1)}, max {_pct(a['max_abs_error'], 1)} over "
+                f"{len(a['rows'])} ratios (nothing fitted)",
+                f"`attention_shape_check.py` ({VM}; rates as published by their sources)"))
     if (RESULTS / "traffic_vs_dispatch.json").exists():
         t = _load("traffic_vs_dispatch.json")["rows"]
         adapters = [r for r in t if "LoRA" in r["job"]]

@@ -39,6 +39,7 @@ BENCHMARKS: list[tuple[list[str], bool]] = [
     (["gemm_shape_fit.py"], True),                  # 6 s: a grid over two constants
     (["memory_ops_check.py"], True),                # under 1 s: 143 published kernel times
     (["nccl_vs_model.py"], True),                   # 2 s: 340 published nccl-tests rows
+    (["attention_shape_check.py"], True),           # under 1 s: 11 published kernel rates
     (["host_ops.py"], True),                        # quick: 2 models, tiny shapes on the CPU
     (["traffic_vs_dispatch.py"], True),             # quick: 4 of 15 jobs, shrunk, 8 s
     (["cpu_adam.py"], True),                        # quick: 8 Mi parameters, a second
