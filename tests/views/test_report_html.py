@@ -270,3 +270,8 @@ def test_performance_section_when_the_report_has_one():
     assert "Time and cost on L4" in page
     assert duration(report.performance.training_time_s) in page
     assert money(report.performance.cost_usd) in page
+    # the factors' source and every assumption the terminal prints beside the numbers
+    from html import escape
+    assert f"factors: {escape(report.performance.factors)}" in page
+    assert report.performance.notes  # an L4 at 1024 tokens: the attention-shape note at least
+    assert all(f"<li>{escape(n)}</li>" in page for n in report.performance.notes)

@@ -335,6 +335,10 @@ def test_the_page_shows_the_one_estimates_verdict_time_cost_and_fixes(page, serv
     assert page.inner_text("#kpi-cost") == f"${perf.cost_per_million_tokens_usd:.3f} / M tokens"
     shown = [li.inner_text() for li in page.query_selector_all("#fixes li")]
     assert [s.split(" — ")[0] for s in shown] == [f"To fit: {f.flags}" for f in expected.to_fit]
+    # the time model's factors and assumptions, as the CLI prints them under its table
+    assert page.inner_text("#perf-factors") == f"Time model factors: {perf.factors}"
+    notes = [li.inner_text() for li in page.query_selector_all("#perf-notes li")]
+    assert notes == perf.notes and notes
     assert page.problems == []
 
 

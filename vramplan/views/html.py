@@ -225,7 +225,10 @@ def performance_section(report: MemoryReport) -> Section:
     body = kpis + table_html(("phase", "time", "x per step", "bound"), rows, numeric=(1, 2))
     body += (f"<p>{esc(perf.num_gpus)} x {esc(perf.gpu)}, {esc(perf.compute_dtype)} "
              f"{esc(perf.cores)}; predicted by the performance model "
-             "(vramplan/planning/performance.py).</p>")
+             f"(vramplan/planning/performance.py); factors: {esc(perf.factors)}.</p>")
+    if perf.notes:  # the assumptions the terminal prints beside the same numbers
+        body += "<ul class='notes'>" + "".join(f"<li>{esc(n)}</li>" for n in perf.notes) + \
+            "</ul>"
     return Section(f"Time and cost on {perf.gpu}", body, "performance")
 
 
