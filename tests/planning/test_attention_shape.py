@@ -11,7 +11,7 @@ import vramplan
 from vramplan.hardware import get_gpu
 from vramplan.job import Job
 from vramplan.planning import performance
-from vramplan.planning.attention_shape import _interpolate, shape_rates
+from vramplan.planning.attention_shape import _interpolate, ring_rates, shape_rates
 from vramplan.planning.efficiency import CUDNN, FLASH_2
 from vramplan.planning.flops import step_flops
 
@@ -91,3 +91,31 @@ def test_the_step_times_its_attention_at_its_own_shape():
         assert per_flop[0] == pytest.approx(per_flop[1])
     notes = performance.step_terms(short, h100).notes
     assert any("attention at 512 tokens, head size 64, causal" in n for n in notes)
+
+
+def test_ring_attention_runs_one_causal_call_and_the_rest_unmasked():
+    """Over 16 ranks, 131k tokens: the rank's causal call over its own 8192 tokens holds
+    (1 + 128 / 8192) / (1 + 128 / 131072) / 16 of its executed FLOPs, the unmasked calls the
+    rest; their times add."""
+    share = (1 + 128 / 8192) / (1 + 128 / 131072) / 16
+    causal = shape_rates(FLASH_2, 8192, 128, True)
+    plain = shape_rates(FLASH_2, 8192, 128, False)
+    rates = ring_rates(FLASH_2, 131072, 16, 128)
+    for d in ("forward", "backward"):
+        expected = 1 / (share / getattr(causal, d) + (1 - share) / getattr(plain, d))
+        assert getattr(rates, d) == pytest.approx(expected)
+    # a job split so: its step's attention takes these rates, not the local causal curve's;
+    # one GPU at the local length takes the causal curve (time per FLOP x rate: the same)
+    job = Job(model="llama-3.1-8b", seq_len=131072, attention="flash-attn-2",
+              parallel={"num_gpus": 16, "context_parallel": 16})
+    one = Job(model="llama-3.1-8b", seq_len=8192, attention="flash-attn-2")
+    h100 = get_gpu("H100-SXM")
+    per_flop = []
+    for j, r in ((job, rates), (one, causal)):
+        terms = {p.phase: p for p in performance.step_terms(j, h100).phases}
+        flops = step_flops(j).by_class["attention"].forward / j.parallel.context_parallel
+        per_flop.append(terms["forward"].attention_s * r.forward / flops)
+    assert per_flop[0] == pytest.approx(per_flop[1])
+    # 2048 tokens a rank of 8: the causal call holds 1.0625 / 1.0078 / 8 = 13% of the FLOPs
+    assert "2048 tokens a rank of 8 (ring attention: 87% of its FLOPs unmasked)" in ring_rates(
+        CUDNN, 16384, 8, 128).note

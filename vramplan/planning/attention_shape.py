@@ -59,6 +59,19 @@ def _rate(curves: dict, seqs: list[int], direction: str, seq: float, head_dim: f
     return _interpolate([64, 128], [at(64), at(128)], head_dim)
 
 
+def _note(kernel: str, shape: str, rates: tuple[float, float], below: int | None) -> str:
+    """The report's line where a rate is more than 10% off the reference's."""
+    if 0.9 <= min(rates) and max(rates) <= 1.1:
+        return ""
+    ref = attention_shape_table()["reference"]
+    note = (f"attention at {shape}: {kernel} runs {rates[0]:.2f}x (forward) and "
+            f"{rates[1]:.2f}x (backward) its rate at {ref['seq']} tokens, head size "
+            f"{ref['head_dim']}, causal (efficiency.toml [attention_shape]")
+    if below is not None:
+        note += f"; below {below} tokens, the fewest measured, at {below}'s rate"
+    return note + ")"
+
+
 @functools.lru_cache(maxsize=256)
 def shape_rates(kernel: str, seq: int, head_dim: int, causal: bool) -> ShapeRates:
     """`kernel`'s (attention_kernel's name) rates at this shape over the reference's; 1 for
@@ -71,28 +84,41 @@ def shape_rates(kernel: str, seq: int, head_dim: int, causal: bool) -> ShapeRate
     rates = [_rate(curves, seqs, d, seq, head_dim, causal)
              / _rate(curves, seqs, d, ref["seq"], ref["head_dim"], ref["causal"])
              for d in ("forward", "backward")]
-    note = ""
-    if min(rates) < 0.9 or max(rates) > 1.1:
-        mask = "causal" if causal else "no mask"
-        note = (f"attention at {seq} tokens, head size {head_dim}, {mask}: {kernel} runs "
-                f"{rates[0]:.2f}x (forward) and {rates[1]:.2f}x (backward) its rate at "
-                f"{ref['seq']} tokens, head size {ref['head_dim']}, causal (efficiency.toml "
-                "[attention_shape]")
-        if seq < seqs[0]:
-            note += f"; below {seqs[0]} tokens, the fewest measured, at {seqs[0]}'s rate"
-        note += ")"
-    return ShapeRates(*rates, note)
+    shape = f"{seq} tokens, head size {head_dim}, {'causal' if causal else 'no mask'}"
+    return ShapeRates(*rates, _note(kernel, shape, rates, seqs[0] if seq < seqs[0] else None))
+
+
+@functools.lru_cache(maxsize=256)
+def ring_rates(kernel: str, seq: int, ranks: int, head_dim: int) -> ShapeRates:
+    """A causal attention split over `ranks` context-parallel ranks (ring attention: torch's
+    context_parallel, Megatron's): each rank runs one causal call over its own chunk of the
+    sequence and unmasked calls against the other ranks' chunks (the ones a causal mask
+    leaves whole; the rest are skipped). Of the rank's executed FLOPs (flops.py's count / ranks)
+    the causal call's share is (1 + 128 / local) / (1 + 128 / seq) / ranks."""
+    local = max(1, seq // ranks)
+    causal, plain = shape_rates(kernel, local, head_dim, True), shape_rates(
+        kernel, local, head_dim, False)
+    share = min(1.0, _executed(local) / _executed(seq) / ranks)
+    rates = [1 / (share / getattr(causal, d) + (1 - share) / getattr(plain, d))
+             for d in ("forward", "backward")]
+    shape = (f"{local} tokens a rank of {ranks} (ring attention: {1 - share:.0%} of its FLOPs "
+             f"unmasked), head size {head_dim}")
+    below = attention_shape_table()["seq"][0]
+    return ShapeRates(*rates, _note(kernel, shape, rates, below if local < below else None))
 
 
 def step_shape_rates(kernel: str, step: Step) -> ShapeRates:
     """The rates of the step's first stack's self-attention (the one flops.py times with a
-    causal mask in a decoder), per context-parallel rank's share of the sequence."""
+    causal mask in a decoder); a causal one split over context-parallel ranks as
+    ring_rates runs it."""
     arch, job = step.arch, step.job
     if not arch.stacks:
         return ShapeRates()
     stack = arch.stacks[0]
     mla = stack.latent_attention
     head_dim = mla.qk_head_dim if mla else stack.head_dim
-    seq = max(1, step.shapes.stack_seq[0] // job.parallel.context_parallel)
+    seq, ranks = step.shapes.stack_seq[0], job.parallel.context_parallel
     causal = stack.role == "decoder" and arch.kind != "vision"
-    return shape_rates(kernel, seq, head_dim, causal)
+    if ranks > 1 and causal:
+        return ring_rates(kernel, seq, ranks, head_dim)
+    return shape_rates(kernel, max(1, seq // ranks), head_dim, causal)
