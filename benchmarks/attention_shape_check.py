@@ -8,11 +8,14 @@ length over its own rate at its longest is set beside the same ratio of the curv
 (the level is each kernel's `flash` x the fitted attention share). Nothing is fitted here.
 
     PYTHONPATH=. python benchmarks/attention_shape_check.py
+    PYTHONPATH=. python benchmarks/attention_shape_check.py --microbench OUT/microbench.json
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -20,7 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from common import machine_line, write_results  # noqa: E402
 
+from vramplan.hardware import get_gpu  # noqa: E402
 from vramplan.planning.attention_shape import shape_rates  # noqa: E402
+from vramplan.planning.efficiency import CUDNN, FLASH_2, attention_kernel  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "attention_shape_check.csv"
 
@@ -36,7 +41,32 @@ def rows() -> list[dict]:
 
 def _curve(row: dict, seq: int) -> float:
     rates = shape_rates(row["kernel"], seq, row["head_dim"], row["causal"])
+    if row["direction"] == "forward+backward":  # the backward does 2.5x the forward's FLOPs
+        return 3.5 / (1 / rates.forward + 2.5 / rates.backward)
     return getattr(rates, row["direction"])
+
+
+# gpu_microbench.py's backends: SDPA's own choice is the kernel attention_kernel names
+MICROBENCH_KERNELS = {"FLASH_ATTENTION": FLASH_2, "CUDNN_ATTENTION": CUDNN}
+
+
+def microbench_rows(path: Path) -> list[dict]:
+    """gpu_microbench.py's attention rows (forward + backward) as series: one per backend,
+    head size and mask, over its sequence lengths."""
+    data = json.loads(path.read_text())
+    gpu = data["machine"].get("gpu", "")
+    default = attention_kernel("sdpa", get_gpu(gpu)).name if gpu else FLASH_2
+    out = []
+    for r in data["attention"]:
+        if "tflops" not in r:  # a kernel the GPU lacks
+            continue
+        kernel = MICROBENCH_KERNELS.get(r["backend"], default)
+        mask = "causal" if r.get("causal", True) else "none"
+        out.append({"series": f"{gpu or 'microbench'} {r['backend']} d{r['head_dim']} {mask}",
+                    "kernel": kernel, "direction": "forward+backward",
+                    "head_dim": r["head_dim"], "causal": r.get("causal", True),
+                    "seq": r["seq"], "tflops": r["tflops"]})
+    return out
 
 
 def compare(data: list[dict]) -> list[dict]:
@@ -76,7 +106,12 @@ def markdown(result: dict) -> str:
 
 
 def main() -> None:
-    compared = compare(rows())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--microbench", type=Path, help="a gpu_microbench.py microbench.json "
+                        "whose attention rows join the published series")
+    args = parser.parse_args()
+    data = rows() + (microbench_rows(args.microbench) if args.microbench else [])
+    compared = compare(data)
     errors = [abs(r["error"]) for r in compared]
     result = {"machine": machine_line(), "rows": compared,
               "median_abs_error": statistics.median(errors), "max_abs_error": max(errors)}

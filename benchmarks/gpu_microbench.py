@@ -4,7 +4,9 @@ What it measures (each a fact efficiency.toml can take, with this file as its so
   * GEMM TFLOP/s by shape and dtype (bf16, fp16, fp32/TF32 off, fp8 where torch has
     torch._scaled_mm): square sizes and LLM-like shapes, small M and K, misaligned sizes;
     the GEMM shape model (planning/gemm.py) is refitted from these;
-  * attention: torch SDPA forward + backward, causal, by head size and sequence length,
+  * attention: torch SDPA forward + backward by head size, sequence length and mask, 16k
+    tokens a call as the FlashAttention-3 paper sizes them (efficiency.toml
+    [attention_shape]; benchmarks/attention_shape_check.py --microbench compares them),
     with SDPA's own kernel and with FlashAttention-2's and cuDNN's forced (CUDA);
   * HBM bandwidth: device-to-device copy and an elementwise add (STREAM-like);
   * host cost per kernel launch: a chain of tiny kernels, eager, timed on the host;
@@ -41,7 +43,10 @@ GEMM_SHAPES = [  # (m, n, k): squares, LLM layers, small M / K, misaligned
     (16384, 768, 768), (16384, 3072, 768), (512, 4096, 4096), (128, 4096, 4096),
     (16384, 16, 4096), (16384, 4096, 16), (4095, 4095, 4095), (4100, 4100, 4100),
 ]
-ATTENTION = [(64, 2048), (128, 2048), (128, 8192), (128, 32768), (256, 4096)]  # (head, seq)
+# (head size, sequence, causal): the shapes of efficiency.toml [attention_shape], sized as the
+# FlashAttention-3 paper sizes them (batch x sequence = 16k tokens, hidden 2048), and beyond
+ATTENTION = [(64, 2048, True), (128, 512, True), (128, 1024, True), (128, 2048, True),
+             (128, 2048, False), (128, 8192, True), (128, 32768, True), (256, 4096, True)]
 
 
 def _timer(torch, device: str):
@@ -104,25 +109,27 @@ def attention(torch, device: str, quick: bool, run) -> list[dict]:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    cases = [(64, 128)] if quick else ATTENTION
+    cases = [(64, 128, True)] if quick else ATTENTION
     dt = torch.bfloat16 if device == "cuda" else torch.float32
     # SDPA's own choice, then each fused kernel forced: FlashAttention-2 against cuDNN's is
     # efficiency.toml's cudnn_attention (a kernel the GPU lacks is recorded as an error)
     backends = ["default"] + (["FLASH_ATTENTION", "CUDNN_ATTENTION"] if device == "cuda"
                               else [])
     out = []
-    for head, seq in cases:
-        heads = max(1, 4096 // head) if not quick else 2
-        q, k, v = (torch.randn(1, heads, seq, head, device=device, dtype=dt,
+    for head, seq, causal in cases:
+        heads = max(1, 2048 // head) if not quick else 2
+        batch = max(1, 16384 // seq) if not quick else 1
+        q, k, v = (torch.randn(batch, heads, seq, head, device=device, dtype=dt,
                                requires_grad=True) for _ in range(3))
 
-        def fn(q=q, k=k, v=v):
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        def fn(q=q, k=k, v=v, causal=causal):
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
             y.sum().backward()
-        # causal: half of the s x s tiles; forward 2 matmuls, backward 2.5x the forward
-        flops = 3.5 * 2 * 2 * heads * seq * seq * head / 2
+        # the papers' count: forward 2 matmuls, backward 2.5x the forward, a causal mask half
+        flops = 3.5 * 2 * 2 * batch * heads * seq * seq * head / (2 if causal else 1)
         for backend in backends:
-            row = {"head_dim": head, "seq": seq, "heads": heads, "backend": backend}
+            row = {"head_dim": head, "seq": seq, "heads": heads, "batch": batch,
+                   "causal": causal, "backend": backend}
             try:
                 with (sdpa_kernel(getattr(SDPBackend, backend)) if backend != "default"
                       else contextlib.nullcontext()):
