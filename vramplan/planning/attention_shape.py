@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from vramplan.engines.step import Step
 from vramplan.planning.efficiency import attention_shape_table
-from vramplan.planning.flops import CAUSAL_TILE
+from vramplan.planning.flops import causal_tile_fraction
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def _interpolate(xs: list[float], ys: list[float], x: float) -> float:
 def _executed(seq: float) -> float:
     """Executed FLOPs of a causal kernel over the mask's half (flops.py's whole diagonal
     tiles): a published causal rate times this is the rate per executed FLOP."""
-    return 1 + CAUSAL_TILE / seq if seq > CAUSAL_TILE else 2.0
+    return 2 * causal_tile_fraction(seq)
 
 
 def _rate(curves: dict, seqs: list[int], direction: str, seq: float, head_dim: float,

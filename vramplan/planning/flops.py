@@ -39,6 +39,12 @@ from vramplan.models.arch import Linear
 # (FlashAttention-2 forward: kBlockM = 128; flash_fwd_launch_template.h), so a causal mask
 # saves (1 - tile / s) / 2 of the dense FLOPs.
 CAUSAL_TILE = 128
+
+
+def causal_tile_fraction(seq: int | float) -> float:
+    """The share of a dense seq x seq score matrix a causal fused kernel computes: the
+    tiles below the diagonal and the whole diagonal ones, (1 + tile / s) / 2."""
+    return (1 + CAUSAL_TILE / seq) / 2 if seq > CAUSAL_TILE else 1.0
 OP_CLASSES = ("linear", "lora", "attention", "head", "frontend")
 
 
@@ -216,9 +222,8 @@ def _block(stack: Stack, tokens: int, enc_tokens: int, b: int, seq: int, enc_seq
 
     def core(s_q: int, s_k: int, needs_grad: bool, is_causal: bool) -> None:
         tile = 2 * b * stack.num_heads * s_q * s_k  # x head size = one s_q x s_k matmul
-        fraction = 1.0
-        if is_causal and attention == "sdpa" and not dense_attention and s_q > CAUSAL_TILE:
-            fraction = (1 + CAUSAL_TILE / s_q) / 2
+        fused_causal = is_causal and attention == "sdpa" and not dense_attention
+        fraction = causal_tile_fraction(s_q) if fused_causal else 1.0
         into["attention"].forward += tile * (d_qk + d_v) * fraction  # q k^T and p v
         # backward: dp = do v^T and dv = p^T do (v's size), dq = ds k and dk = ds^T q (q/k's);
         # fused kernels also recompute q k^T, eager keeps p
